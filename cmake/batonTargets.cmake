@@ -1,0 +1,107 @@
+# Defines baton::baton (standard library only) and one INTERFACE target per optional
+# backend. Each backend target defines the BATON_ENABLE_* macro that baton/config.hpp
+# turns into BATON_HAS_*(), so no flag other than that define reaches a consumer.
+include(batonKokkosFix)
+
+file(GLOB_RECURSE baton_headers CONFIGURE_DEPENDS
+     RELATIVE "${PROJECT_SOURCE_DIR}/include"
+     "${PROJECT_SOURCE_DIR}/include/baton/*.hpp" "${PROJECT_SOURCE_DIR}/include/baton/*.cuh")
+list(TRANSFORM baton_headers PREPEND "${PROJECT_SOURCE_DIR}/include/" OUTPUT_VARIABLE baton_header_paths)
+
+add_library(baton INTERFACE)
+add_library(baton::baton ALIAS baton)
+target_compile_features(baton INTERFACE cxx_std_20)
+target_sources(baton INTERFACE
+  FILE_SET HEADERS BASE_DIRS "${PROJECT_SOURCE_DIR}/include" FILES ${baton_header_paths})
+
+# Threads: the local (in-process) world runs ranks as threads.
+find_package(Threads REQUIRED)
+target_link_libraries(baton INTERFACE Threads::Threads)
+
+set(baton_components "")
+
+function(baton_backend_wanted var name)
+  string(TOUPPER "${name}" upper)
+  set(mode "${BATON_WITH_${upper}}")
+  if(mode STREQUAL "OFF")
+    set(${var} OFF PARENT_SCOPE)
+  else()
+    set(${var} ON PARENT_SCOPE)
+  endif()
+endfunction()
+
+function(baton_backend_missing name)
+  string(TOUPPER "${name}" upper)
+  if(BATON_WITH_${upper} STREQUAL "ON")
+    message(FATAL_ERROR "baton: BATON_WITH_${upper}=ON but ${name} was not found. "
+                        "Run scripts/install-deps.sh, or configure with -DBATON_WITH_${upper}=OFF.")
+  endif()
+  message(STATUS "baton: ${name} not found; baton::${name} is not built")
+endfunction()
+
+# --- Kokkos ----------------------------------------------------------------------
+baton_backend_wanted(want Kokkos)
+if(want)
+  find_package(Kokkos QUIET)
+  if(Kokkos_FOUND)
+    baton_fix_kokkos_targets()
+    add_library(baton_kokkos INTERFACE)
+    add_library(baton::kokkos ALIAS baton_kokkos)
+    set_target_properties(baton_kokkos PROPERTIES EXPORT_NAME kokkos)
+    target_link_libraries(baton_kokkos INTERFACE baton Kokkos::kokkos)
+    target_compile_definitions(baton_kokkos INTERFACE BATON_ENABLE_KOKKOS=1)
+    list(APPEND baton_components kokkos)
+    message(STATUS "baton: Kokkos ${Kokkos_VERSION} found; baton::kokkos is available")
+  else()
+    baton_backend_missing(kokkos)
+  endif()
+endif()
+
+# --- MPI -------------------------------------------------------------------------
+baton_backend_wanted(want MPI)
+if(want)
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
+    add_library(baton_mpi INTERFACE)
+    add_library(baton::mpi ALIAS baton_mpi)
+    set_target_properties(baton_mpi PROPERTIES EXPORT_NAME mpi)
+    target_link_libraries(baton_mpi INTERFACE baton MPI::MPI_CXX)
+    target_compile_definitions(baton_mpi INTERFACE BATON_ENABLE_MPI=1)
+    list(APPEND baton_components mpi)
+    message(STATUS "baton: MPI ${MPI_CXX_VERSION} found; baton::mpi is available")
+  else()
+    baton_backend_missing(mpi)
+  endif()
+endif()
+
+# --- CUDA and NCCL ---------------------------------------------------------------
+baton_backend_wanted(want CUDA)
+if(want)
+  if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    add_library(baton_cuda INTERFACE)
+    add_library(baton::cuda ALIAS baton_cuda)
+    set_target_properties(baton_cuda PROPERTIES EXPORT_NAME cuda)
+    target_link_libraries(baton_cuda INTERFACE baton CUDA::cudart)
+    target_compile_definitions(baton_cuda INTERFACE BATON_ENABLE_CUDA=1)
+    list(APPEND baton_components cuda)
+    message(STATUS "baton: CUDA ${CUDAToolkit_VERSION} found; baton::cuda is available")
+    find_package(NCCL QUIET)
+    if(NCCL_FOUND)
+      add_library(baton_nccl INTERFACE)
+      add_library(baton::nccl ALIAS baton_nccl)
+      set_target_properties(baton_nccl PROPERTIES EXPORT_NAME nccl)
+      target_link_libraries(baton_nccl INTERFACE baton_cuda NCCL::nccl)
+      target_compile_definitions(baton_nccl INTERFACE BATON_ENABLE_NCCL=1)
+      list(APPEND baton_components nccl)
+      message(STATUS "baton: NCCL ${NCCL_VERSION} found; baton::nccl is available")
+    else()
+      baton_backend_missing(nccl)
+    endif()
+  else()
+    baton_backend_missing(cuda)
+  endif()
+endif()

@@ -1,0 +1,84 @@
+# Helpers that every tests/<layer>/CMakeLists.txt uses. Keep test registration here so the
+# sanitizer presets, labels and MPI launch line are decided once.
+include_guard(GLOBAL)
+
+option(BATON_TEST_INSTALL "Test the installed package with a consumer project" ON)
+option(BATON_CHECK_HEADERS "Compile every public header on its own" ON)
+set(BATON_TEST_TIMEOUT 300 CACHE STRING "Default per-test timeout in seconds")
+
+# Warnings for baton's own targets only; never on baton::baton itself.
+set(BATON_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion)
+
+function(baton_warnings target)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${BATON_WARNINGS}>)
+endfunction()
+
+# baton_add_test(NAME n SOURCES a.cpp... [LIBS l...] [LABELS l...] [THREADS] [TIMEOUT s])
+#   One executable, one ctest entry. THREADS marks tests that run ranks (or any work) on
+#   several threads: they are the ones the tsan preset runs (label "threads").
+function(baton_add_test)
+  cmake_parse_arguments(arg "THREADS" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${arg_NAME} ${arg_SOURCES})
+  set(main baton_test_main)
+  if("baton::kokkos" IN_LIST arg_LIBS)
+    set(main baton_test_main_kokkos)
+  endif()
+  target_link_libraries(${arg_NAME} PRIVATE ${main} baton::baton ${arg_LIBS})
+  target_include_directories(${arg_NAME} PRIVATE "${PROJECT_SOURCE_DIR}/tests/support")
+  baton_warnings(${arg_NAME})
+  add_test(NAME ${arg_NAME} COMMAND ${arg_NAME})
+  set(labels ${arg_LABELS})
+  if(arg_THREADS)
+    list(APPEND labels threads)
+  endif()
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${BATON_TEST_TIMEOUT})
+  endif()
+  set_tests_properties(${arg_NAME} PROPERTIES LABELS "${labels}" TIMEOUT ${arg_TIMEOUT}
+                       SKIP_REGULAR_EXPRESSION "SKIPPED:")
+endfunction()
+
+# baton_add_mpi_test(NAME n SOURCES a.cpp... [LIBS ...] [LABELS ...] NP 2 4)
+#   One executable with the MPI Catch main, one ctest entry per rank count (n_np2, ...),
+#   labelled "mpi". Runs as root and oversubscribed, as the CI machines need.
+function(baton_add_mpi_test)
+  cmake_parse_arguments(arg "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS;NP" ${ARGN})
+  if(NOT TARGET baton::mpi)
+    return()
+  endif()
+  add_executable(${arg_NAME} ${arg_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/mpi_main.cpp")
+  target_link_libraries(${arg_NAME} PRIVATE baton::mpi Catch2::Catch2 ${arg_LIBS})
+  target_include_directories(${arg_NAME} PRIVATE "${PROJECT_SOURCE_DIR}/tests/support")
+  baton_warnings(${arg_NAME})
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${BATON_TEST_TIMEOUT})
+  endif()
+  foreach(np IN LISTS arg_NP)
+    add_test(NAME ${arg_NAME}_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+                     --allow-run-as-root --bind-to none ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:${arg_NAME}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${arg_NAME}_np${np} PROPERTIES
+      LABELS "mpi;${arg_LABELS}" TIMEOUT ${arg_TIMEOUT} PROCESSORS ${np}
+      SKIP_REGULAR_EXPRESSION "SKIPPED:"
+      # OpenMPI keeps process-lifetime allocations LeakSanitizer would report; the
+      # shared-memory transport needs no network interface.
+      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0;OMPI_MCA_btl=self,vader;OMPI_MCA_rmaps_base_oversubscribe=1")
+  endforeach()
+endfunction()
+
+# baton_add_compile_fail_test(NAME n SOURCE f.cpp REGEX "re" [FLAGS ...])
+#   The source must fail to compile and the compiler's output must match REGEX, so that
+#   the test checks the error says what it should (not merely that something broke).
+function(baton_add_compile_fail_test)
+  cmake_parse_arguments(arg "" "NAME;SOURCE;REGEX" "FLAGS;LABELS" ${ARGN})
+  get_filename_component(source "${arg_SOURCE}" ABSOLUTE)
+  add_test(NAME ${arg_NAME}
+           COMMAND ${CMAKE_COMMAND}
+                   "-DCOMPILER=${CMAKE_CXX_COMPILER}"
+                   "-DSOURCE=${source}"
+                   "-DREGEX=${arg_REGEX}"
+                   "-DFLAGS=-std=c++20;-fsyntax-only;-I${PROJECT_SOURCE_DIR}/include;${arg_FLAGS}"
+                   -P "${PROJECT_SOURCE_DIR}/cmake/batonCheckCompileFails.cmake")
+  set_tests_properties(${arg_NAME} PROPERTIES LABELS "compile_fail;${arg_LABELS}" TIMEOUT 120)
+endfunction()

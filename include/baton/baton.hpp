@@ -1,0 +1,5 @@
+// baton/baton.hpp — the umbrella header: every layer whose dependencies are present.
+// Prefer the layer headers (baton/payload.hpp, ...) in your own code to keep builds lean.
+#pragma once
+
+#include <baton/config.hpp>

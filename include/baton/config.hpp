@@ -1,0 +1,49 @@
+// baton/config.hpp — the one place that says which optional backends are compiled in.
+//
+// Each backend's CMake target (baton::kokkos, baton::mpi, baton::cuda, baton::nccl) defines
+// BATON_ENABLE_<NAME>=1. Code tests the function-like macros below, never the raw defines
+// and never __CUDACC__ directly, so a misspelt backend name is a compile error rather than
+// a silent 0.
+#pragma once
+
+#define BATON_VERSION_MAJOR 0
+#define BATON_VERSION_MINOR 1
+#define BATON_VERSION_PATCH 0
+
+#if defined(BATON_ENABLE_KOKKOS) && BATON_ENABLE_KOKKOS
+#define BATON_HAS_KOKKOS() 1
+#else
+#define BATON_HAS_KOKKOS() 0
+#endif
+
+#if defined(BATON_ENABLE_MPI) && BATON_ENABLE_MPI
+#define BATON_HAS_MPI() 1
+#else
+#define BATON_HAS_MPI() 0
+#endif
+
+#if defined(BATON_ENABLE_CUDA) && BATON_ENABLE_CUDA
+#define BATON_HAS_CUDA() 1
+#else
+#define BATON_HAS_CUDA() 0
+#endif
+
+#if defined(BATON_ENABLE_NCCL) && BATON_ENABLE_NCCL
+#define BATON_HAS_NCCL() 1
+#else
+#define BATON_HAS_NCCL() 0
+#endif
+
+// True while nvcc compiles device-capable code (a .cu file or a .cuh header).
+#if defined(__CUDACC__)
+#define BATON_CUDA_COMPILATION() 1
+#else
+#define BATON_CUDA_COMPILATION() 0
+#endif
+
+// One host/device annotation for code shared by CPU and CUDA kernels.
+#if BATON_CUDA_COMPILATION()
+#define BATON_HOST_DEVICE __host__ __device__
+#else
+#define BATON_HOST_DEVICE
+#endif
