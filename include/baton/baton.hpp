@@ -3,3 +3,8 @@
 #pragma once
 
 #include <baton/config.hpp>
+
+#include <baton/payload.hpp>
+#if BATON_HAS_KOKKOS()
+#include <baton/payload/kokkos.hpp>
+#endif

@@ -1,0 +1,101 @@
+// baton/payload/constant.hpp — constant<T>: a tensor that is split and sent but never
+// differentiated (token positions, segment ids, an index tensor).
+#pragma once
+
+#include <baton/payload/traits.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace baton {
+
+template <class T>
+struct constant;
+
+namespace detail::payload_impl {
+template <class T>
+struct is_constant_wrapper : std::false_type {};
+template <class T>
+struct is_constant_wrapper<constant<T>> : std::true_type {};
+
+template <class T>
+constexpr bool check_constant_argument() {
+  if constexpr (is_record_v<T>) {
+    static_assert(dependent_false_v<T>,
+                  "baton::constant<T>: T is a record; mark the individual tensor fields as constant "
+                  "instead (field<\"positions\", constant<Tensor>>)");
+  } else if constexpr (is_constant_wrapper<T>::value) {
+    static_assert(dependent_false_v<T>, "baton::constant<constant<T>>: T is already constant");
+  } else if constexpr (!has_payload_traits<T>) {
+    (void)payload_traits<T>::role;  // the "not specialised" message, naming T
+  } else if constexpr (payload_traits<T>::role == payload_role::opaque) {
+    static_assert(dependent_false_v<T>,
+                  "baton::constant<T>: T is opaque; constant<T> marks a tensor that is split and "
+                  "sent without a gradient. Opaque values cannot cross a stage boundary; pass them "
+                  "as a side input");
+  } else {
+    require_tensor<T>();
+  }
+  return true;
+}
+}  // namespace detail::payload_impl
+
+/// A tensor that is split into microbatches and sent between stages but has no gradient:
+/// grad_t drops it from records, and asking for grad_t<constant<T>> is a compile error.
+///
+/// Example: `record<field<"hidden", H>, field<"positions", constant<P>>> r{h, constant{p}};`
+template <class T>
+struct constant {
+  static_assert(detail::payload_impl::check_constant_argument<T>());
+
+  using tensor_type = T;
+  T value;
+
+  constant() = default;
+  explicit constant(T v) noexcept(std::is_nothrow_move_constructible_v<T>) : value(std::move(v)) {}
+
+  T& get() & noexcept { return value; }
+  const T& get() const& noexcept { return value; }
+  T&& get() && noexcept { return std::move(value); }
+  T& operator*() noexcept { return value; }
+  const T& operator*() const noexcept { return value; }
+  T* operator->() noexcept { return &value; }
+  const T* operator->() const noexcept { return &value; }
+};
+
+template <class T>
+constant(T) -> constant<T>;
+
+/// constant<T> is a tensor with role constant; every operation forwards to T's traits.
+template <class T>
+struct payload_traits<constant<T>> {
+  static constexpr payload_role role = payload_role::constant;
+  using inner = payload_traits<T>;
+  using value_type = typename inner::value_type;
+
+  static decltype(auto) shape(const constant<T>& c) { return inner::shape(c.value); }
+  static std::span<const std::byte> bytes(const constant<T>& c) { return inner::bytes(c.value); }
+  static std::span<std::byte> mutable_bytes(constant<T>& c) { return inner::mutable_bytes(c.value); }
+  static constant<T> allocate(std::span<const std::int64_t> shape) { return constant<T>(inner::allocate(shape)); }
+  static constant<T> allocate_like(const constant<T>& c) { return constant<T>(inner::allocate_like(c.value)); }
+  static constant<T> slice(const constant<T>& c, int dim, std::int64_t begin, std::int64_t count) {
+    return constant<T>(inner::slice(c.value, dim, begin, count));
+  }
+  static constant<T> concat(std::span<const constant<T>> parts, int dim) {
+    std::vector<const T*> inner_parts;
+    inner_parts.reserve(parts.size());
+    for (const auto& p : parts) inner_parts.push_back(&p.value);
+    return constant<T>(detail::payload_impl::concat_pointers<T>(inner_parts, dim));
+  }
+  static constant<T> concat_pointers(std::span<const constant<T>* const> parts, int dim) {
+    std::vector<const T*> inner_parts;
+    inner_parts.reserve(parts.size());
+    for (const auto* p : parts) inner_parts.push_back(&p->value);
+    return constant<T>(detail::payload_impl::concat_pointers<T>(inner_parts, dim));
+  }
+};
+
+}  // namespace baton

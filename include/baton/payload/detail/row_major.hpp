@@ -1,0 +1,106 @@
+// baton/payload/detail/row_major.hpp — slice and concatenate contiguous row-major buffers.
+//
+// Shared by host_tensor and the Kokkos adapter. A row-major tensor sliced along dim d is
+// `outer` blocks (the product of the extents before d) of `count * inner` contiguous elements,
+// so slicing along dim 0 is a single memcpy and any other dim is one memcpy per outer block.
+#pragma once
+
+#include <baton/payload/traits.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton::detail::payload_impl {
+
+inline std::int64_t product(std::span<const std::int64_t> extents) {
+  std::int64_t p = 1;
+  for (auto e : extents) p *= e;
+  return p;
+}
+
+// Number of elements of a shape; throws on a negative extent.
+inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, std::string_view what) {
+  std::int64_t n = 1;
+  for (auto e : shape) {
+    if (e < 0) {
+      throw payload_error(std::string(what) + ": negative extent in shape " + shape_string(shape));
+    }
+    n *= e;
+  }
+  return n;
+}
+
+struct row_major_split {
+  std::int64_t outer;  // product of extents before dim
+  std::int64_t inner;  // product of extents after dim
+};
+
+inline row_major_split split_at(std::span<const std::int64_t> shape, int dim) {
+  const auto d = static_cast<std::size_t>(dim);
+  return {product(shape.first(d)), product(shape.subspan(d + 1))};
+}
+
+// Copies rows [begin, begin + count) along dim of `src` (shape `shape`) into `dst`, which
+// holds exactly the sliced tensor. Sizes are in elements of `element_size` bytes.
+inline void row_major_slice(const std::byte* src, std::span<const std::int64_t> shape, int dim,
+                            std::int64_t begin, std::int64_t count, std::size_t element_size,
+                            std::byte* dst) {
+  const auto [outer, inner] = split_at(shape, dim);
+  const std::int64_t extent = shape[static_cast<std::size_t>(dim)];
+  const auto block = static_cast<std::size_t>(count * inner) * element_size;
+  if (block == 0) return;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    const auto from = static_cast<std::size_t>((o * extent + begin) * inner) * element_size;
+    std::memcpy(dst + static_cast<std::size_t>(o) * block, src + from, block);
+  }
+}
+
+// The shape of concatenating `parts` along dim, or a payload_error naming the first part
+// whose rank or other extents disagree with part 0.
+inline std::vector<std::int64_t> concat_shape(std::span<const std::vector<std::int64_t>> shapes, int dim,
+                                              std::string_view what) {
+  if (shapes.empty()) {
+    throw payload_error(std::string(what) + ": nothing to concatenate (no parts)");
+  }
+  std::vector<std::int64_t> out = shapes[0];
+  const int d = normalise_dim(dim, out.size(), what);
+  out[static_cast<std::size_t>(d)] = 0;
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    const auto& s = shapes[p];
+    bool ok = s.size() == shapes[0].size();
+    for (std::size_t i = 0; ok && i < s.size(); ++i) {
+      ok = static_cast<int>(i) == d || s[i] == shapes[0][i];
+    }
+    if (!ok) {
+      throw payload_error(std::string(what) + ": part " + std::to_string(p) + " has shape " +
+                          shape_string(s) + " but part 0 has " + shape_string(shapes[0]) +
+                          "; parts must agree on every extent except along dim " + std::to_string(d));
+    }
+    out[static_cast<std::size_t>(d)] += s[static_cast<std::size_t>(d)];
+  }
+  return out;
+}
+
+// Concatenates row-major buffers along dim into dst (shape `result_shape`).
+inline void row_major_concat(std::span<const std::byte* const> parts,
+                             std::span<const std::vector<std::int64_t>> shapes, int dim,
+                             std::span<const std::int64_t> result_shape, std::size_t element_size,
+                             std::byte* dst) {
+  const auto [outer, inner] = split_at(result_shape, dim);
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const auto block =
+          static_cast<std::size_t>(shapes[p][static_cast<std::size_t>(dim)] * inner) * element_size;
+      if (block == 0) continue;
+      std::memcpy(dst, parts[p] + static_cast<std::size_t>(o) * block, block);
+      dst += block;
+    }
+  }
+}
+
+}  // namespace baton::detail::payload_impl

@@ -1,0 +1,229 @@
+// baton/payload/host_tensor.hpp — a small owning, row-major host tensor and its payload_traits.
+//
+// It is the tensor of baton's tests, examples and reference layers; real models bring their
+// own tensor type (Kokkos::View through baton/payload/kokkos.hpp, or any type given
+// payload_traits, see docs/payloads.md).
+#pragma once
+
+#include <baton/payload/detail/row_major.hpp>
+#include <baton/payload/traits.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <initializer_list>
+#include <memory>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace baton {
+
+/// An owning, contiguous, row-major tensor of float, double, std::int32_t or std::int64_t.
+///
+/// The shape is fixed at construction; a shape of {} is a scalar (one element), and the
+/// default-constructed tensor has shape {0} (no elements). There is deliberately no
+/// operator==: compare values() explicitly, with the tolerance your test justifies.
+template <class T>
+class host_tensor {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                    std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>,
+                "baton::host_tensor<T> holds float, double, std::int32_t or std::int64_t; for "
+                "other element types use your own tensor type with payload_traits");
+
+ public:
+  using value_type = T;
+
+  host_tensor() : shape_{0} {}
+
+  /// A zero-filled tensor of the given shape (throws baton::payload_error on a negative extent).
+  explicit host_tensor(std::vector<std::int64_t> shape) : host_tensor(std::move(shape), for_overwrite_tag{}) {
+    std::fill_n(values_.get(), size_, T{});
+  }
+
+  /// A tensor holding `values` in row-major order; their number must match the shape.
+  host_tensor(std::vector<std::int64_t> shape, std::span<const T> values)
+      : host_tensor(std::move(shape), for_overwrite_tag{}) {
+    if (static_cast<std::int64_t>(values.size()) != size_) {
+      throw payload_error("baton::host_tensor: shape " + detail::payload_impl::shape_string(shape_) +
+                          " holds " + std::to_string(size_) + " elements but " +
+                          std::to_string(values.size()) + " values were given");
+    }
+    std::copy(values.begin(), values.end(), values_.get());
+  }
+  host_tensor(std::vector<std::int64_t> shape, std::initializer_list<T> values)
+      : host_tensor(std::move(shape), std::span<const T>(values.begin(), values.size())) {}
+
+  /// A tensor of the given shape with every element equal to `value`.
+  static host_tensor filled(std::vector<std::int64_t> shape, T value) {
+    host_tensor t(std::move(shape), for_overwrite_tag{});
+    std::fill_n(t.values_.get(), t.size_, value);
+    return t;
+  }
+
+  /// A tensor whose elements are indeterminate until written (a buffer about to be overwritten
+  /// by a copy or a receive): saves the zero-fill of the other constructors.
+  static host_tensor for_overwrite(std::vector<std::int64_t> shape) {
+    return host_tensor(std::move(shape), for_overwrite_tag{});
+  }
+
+  host_tensor(const host_tensor& other) : host_tensor(other.shape_, for_overwrite_tag{}) {
+    std::copy_n(other.values_.get(), size_, values_.get());
+  }
+  host_tensor(host_tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, std::vector<std::int64_t>{0})),
+        size_(std::exchange(other.size_, 0)),
+        values_(std::move(other.values_)) {}
+  host_tensor& operator=(const host_tensor& other) {
+    if (this != &other) *this = host_tensor(other);
+    return *this;
+  }
+  host_tensor& operator=(host_tensor&& other) noexcept {
+    shape_ = std::exchange(other.shape_, std::vector<std::int64_t>{0});
+    size_ = std::exchange(other.size_, 0);
+    values_ = std::move(other.values_);
+    return *this;
+  }
+  ~host_tensor() = default;
+
+  const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
+  int rank() const noexcept { return static_cast<int>(shape_.size()); }
+  /// Extent along dim d (negative d counts from the end); throws when d is out of range.
+  std::int64_t extent(int d) const {
+    return shape_[static_cast<std::size_t>(
+        detail::payload_impl::normalise_dim(d, shape_.size(), "baton::host_tensor::extent"))];
+  }
+  /// Number of elements.
+  std::int64_t size() const noexcept { return size_; }
+
+  T* data() noexcept { return values_.get(); }
+  const T* data() const noexcept { return values_.get(); }
+  std::span<T> values() noexcept { return {values_.get(), static_cast<std::size_t>(size_)}; }
+  std::span<const T> values() const noexcept { return {values_.get(), static_cast<std::size_t>(size_)}; }
+
+  /// Element by flat (row-major) index, unchecked.
+  T& operator[](std::int64_t flat) noexcept { return values_.get()[static_cast<std::size_t>(flat)]; }
+  const T& operator[](std::int64_t flat) const noexcept { return values_.get()[static_cast<std::size_t>(flat)]; }
+
+  /// Element by multi-index, unchecked (one index per dimension). Use at() for checked access.
+  template <std::integral... I>
+  T& operator()(I... index) noexcept {
+    return values_.get()[static_cast<std::size_t>(offset_unchecked(index...))];
+  }
+  template <std::integral... I>
+  const T& operator()(I... index) const noexcept {
+    return values_.get()[static_cast<std::size_t>(offset_unchecked(index...))];
+  }
+
+  /// Element by multi-index; throws baton::payload_error on a wrong index count or range.
+  template <std::integral... I>
+  T& at(I... index) {
+    return values_.get()[static_cast<std::size_t>(offset_checked(index...))];
+  }
+  template <std::integral... I>
+  const T& at(I... index) const {
+    return values_.get()[static_cast<std::size_t>(offset_checked(index...))];
+  }
+
+  void fill(T value) { std::fill_n(values_.get(), size_, value); }
+
+ private:
+  struct for_overwrite_tag {};
+  host_tensor(std::vector<std::int64_t> shape, for_overwrite_tag)
+      : shape_(std::move(shape)),
+        size_(detail::payload_impl::checked_element_count(shape_, "baton::host_tensor")),
+        values_(std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(size_))) {}
+
+  template <class... I>
+  std::int64_t offset_unchecked(I... index) const noexcept {
+    std::int64_t offset = 0;
+    std::size_t d = 0;
+    ((offset = offset * shape_[d++] + static_cast<std::int64_t>(index)), ...);
+    return offset;
+  }
+
+  template <class... I>
+  std::int64_t offset_checked(I... index) const {
+    if (sizeof...(I) != shape_.size()) {
+      throw payload_error("baton::host_tensor::at: " + std::to_string(sizeof...(I)) +
+                          " indices for a tensor of rank " + std::to_string(shape_.size()));
+    }
+    const std::int64_t idx[] = {static_cast<std::int64_t>(index)..., 0};
+    for (std::size_t d = 0; d < shape_.size(); ++d) {
+      if (idx[d] < 0 || idx[d] >= shape_[d]) {
+        throw payload_error("baton::host_tensor::at: index " + std::to_string(idx[d]) + " along dim " +
+                            std::to_string(d) + " is outside a tensor of shape " +
+                            detail::payload_impl::shape_string(shape_));
+      }
+    }
+    return offset_unchecked(index...);
+  }
+
+  std::vector<std::int64_t> shape_;
+  std::int64_t size_ = 0;
+  std::unique_ptr<T[]> values_;
+};
+
+/// host_tensor is an activation tensor.
+template <class T>
+struct payload_traits<host_tensor<T>> {
+  static constexpr payload_role role = payload_role::activation;
+  using value_type = T;
+  using tensor = host_tensor<T>;
+
+  static const std::vector<std::int64_t>& shape(const tensor& t) noexcept { return t.shape(); }
+
+  static std::span<const std::byte> bytes(const tensor& t) noexcept { return std::as_bytes(t.values()); }
+  static std::span<std::byte> mutable_bytes(tensor& t) noexcept { return std::as_writable_bytes(t.values()); }
+
+  static tensor allocate(std::span<const std::int64_t> shape) {
+    return tensor(std::vector<std::int64_t>(shape.begin(), shape.end()));
+  }
+  static tensor allocate_like(const tensor& t) { return tensor(t.shape()); }
+
+  static tensor slice(const tensor& t, int dim, std::int64_t begin, std::int64_t count) {
+    namespace pi = detail::payload_impl;
+    const int d = pi::normalise_dim(dim, t.shape().size(), "baton::host_tensor slice");
+    const auto extent = t.shape()[static_cast<std::size_t>(d)];
+    if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
+      throw payload_error("baton::host_tensor slice: rows [" + std::to_string(begin) + ", " +
+                          std::to_string(begin + count) + ") along dim " + std::to_string(d) +
+                          " are outside shape " + pi::shape_string(t.shape()));
+    }
+    std::vector<std::int64_t> shape = t.shape();
+    shape[static_cast<std::size_t>(d)] = count;
+    auto out = tensor::for_overwrite(std::move(shape));
+    pi::row_major_slice(reinterpret_cast<const std::byte*>(t.data()), t.shape(), d, begin, count,
+                        sizeof(T), reinterpret_cast<std::byte*>(out.data()));
+    return out;
+  }
+
+  static tensor concat(std::span<const tensor> parts, int dim) {
+    std::vector<const tensor*> pointers;
+    pointers.reserve(parts.size());
+    for (const auto& p : parts) pointers.push_back(&p);
+    return concat_pointers(pointers, dim);
+  }
+
+  static tensor concat_pointers(std::span<const tensor* const> parts, int dim) {
+    namespace pi = detail::payload_impl;
+    std::vector<std::vector<std::int64_t>> shapes;
+    std::vector<const std::byte*> sources;
+    shapes.reserve(parts.size());
+    sources.reserve(parts.size());
+    for (const tensor* p : parts) {
+      shapes.push_back(p->shape());
+      sources.push_back(reinterpret_cast<const std::byte*>(p->data()));
+    }
+    auto shape = pi::concat_shape(shapes, dim, "baton::host_tensor concat");
+    const int d = pi::normalise_dim(dim, shape.size(), "baton::host_tensor concat");
+    auto out = tensor::for_overwrite(std::move(shape));
+    pi::row_major_concat(sources, shapes, d, out.shape(), sizeof(T), reinterpret_cast<std::byte*>(out.data()));
+    return out;
+  }
+};
+
+}  // namespace baton
