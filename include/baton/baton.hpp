@@ -5,6 +5,7 @@
 #include <baton/config.hpp>
 
 #include <baton/payload.hpp>
+#include <baton/schedule.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/payload/kokkos.hpp>
 #endif

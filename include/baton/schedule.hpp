@@ -1,0 +1,15 @@
+// baton/schedule.hpp — the schedule layer: action IR, policies, lowering, validation,
+// simulation, CSV and pictures. Standard library only.
+#pragma once
+
+#include <baton/schedule/action.hpp>
+#include <baton/schedule/csv.hpp>
+#include <baton/schedule/grid.hpp>
+#include <baton/schedule/lower.hpp>
+#include <baton/schedule/policies.hpp>
+#include <baton/schedule/policy.hpp>
+#include <baton/schedule/program.hpp>
+#include <baton/schedule/registry.hpp>
+#include <baton/schedule/render.hpp>
+#include <baton/schedule/simulate.hpp>
+#include <baton/schedule/validate.hpp>

@@ -1,0 +1,442 @@
+// baton/schedule/validate.hpp — prove a program correct before it runs.
+//
+// A valid program (compute-only or lowered) has one row per rank and:
+//   - every action in range, each stage's actions on the rank the placement gives it;
+//   - every action exactly once; for each stage and microbatch one F and either one B, or
+//     one I followed by one W; I/B after F of the same stage and microbatch, W after I;
+//   - data dependencies across stages: F of s after F of s - 1, the backward of s after
+//     the backward of s + 1 (in the same row when the two stages share a rank);
+//   - lowered programs: each cross-rank F/B/I preceded by its receive, each send after the
+//     compute it sends, every send matched by a receive and vice versa, no message between
+//     stages that share a rank;
+//   - no deadlock: run with blocking receives and buffered sends, every rank finishes.
+// find_problem() and is_valid() are constexpr, so a fixed shape can be checked by
+// static_assert; validate() throws schedule_error with the place and a grid excerpt.
+#pragma once
+
+#include <baton/schedule/detail/analysis.hpp>
+#include <baton/schedule/grid.hpp>
+#include <baton/schedule/program.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace baton {
+
+enum class problem_kind : std::uint8_t {
+  bad_shape,                   // ranks, stages per rank or microbatches not in 1..2^20
+  wrong_row_count,             // not one row per rank
+  stage_out_of_range,
+  microbatch_out_of_range,
+  wrong_rank,                  // a stage's action on a rank that does not hold it
+  message_not_needed,          // SEND/RECV past the pipeline's ends or between co-located stages
+  duplicate_action,
+  mixed_backward,              // both B and I for one stage and microbatch
+  backward_before_forward,     // B or I before F of the same stage and microbatch
+  weight_before_input,         // W before I
+  weight_after_full_backward,  // W for a microbatch whose backward is a full B
+  input_not_ready,             // co-located neighbour stage's F/backward not earlier in the row
+  compute_before_receive,      // lowered: compute before the receive of its input
+  send_before_compute,         // lowered: send before the compute that produces it
+  receive_without_send,
+  send_without_receive,
+  missing_forward,
+  missing_backward,
+  missing_weight,
+  deadlock,
+};
+
+// Where and what. `other` is the related action (the first occurrence of a duplicate, the
+// action waited for, the receive that is missing...) at (other_rank, other_step) when it
+// exists. For a deadlock, wait_cycle lists the blocked (rank, step) pairs, each waiting for
+// an action of the next.
+struct schedule_problem {
+  problem_kind kind = problem_kind::bad_shape;
+  int rank = -1;
+  int step = -1;
+  std::optional<action> act;
+  std::optional<action> other;
+  int other_rank = -1;
+  int other_step = -1;
+  long long expected = 0;
+  long long got = 0;
+  std::vector<std::array<int, 2>> wait_cycle;
+};
+
+namespace detail::sched {
+
+constexpr schedule_problem make_problem(problem_kind kind, int rank, int step, std::optional<action> act) {
+  schedule_problem p;
+  p.kind = kind;
+  p.rank = rank;
+  p.step = step;
+  p.act = act;
+  return p;
+}
+
+constexpr schedule_problem with_other(schedule_problem p, action other, position where) {
+  p.other = other;
+  p.other_rank = where.rank;
+  p.other_step = where.step;
+  return p;
+}
+
+// When stages x microbatches dwarfs the program (a corrupt file naming microbatch 900000),
+// some forward is missing; find the first one without allocating the full index.
+constexpr schedule_problem first_missing_forward(const program& prog) {
+  std::vector<std::array<int, 2>> forwards;
+  for (const auto& row : prog.ranks)
+    for (const auto& a : row)
+      if (a.kind == action_kind::forward) forwards.push_back({a.stage, a.microbatch});
+  std::sort(forwards.begin(), forwards.end());
+  forwards.erase(std::unique(forwards.begin(), forwards.end()), forwards.end());
+  const int m = prog.shape.microbatches;
+  long long expected = 0;  // the (stage, microbatch) pairs in order, as stage * m + microbatch
+  for (const auto& f : forwards) {
+    const long long id = static_cast<long long>(f[0]) * m + f[1];
+    if (id != expected) break;
+    ++expected;
+  }
+  const int stage = static_cast<int>(expected / m);
+  const int microbatch = static_cast<int>(expected % m);
+  const int rank = stage_rank(prog.shape, stage);
+  return make_problem(problem_kind::missing_forward, rank,
+                      static_cast<int>(prog.ranks[static_cast<std::size_t>(rank)].size()),
+                      action{stage, action_kind::forward, microbatch});
+}
+
+}  // namespace detail::sched
+
+// The first problem of the program, in this order: shape, rows, ranges and placement,
+// duplicates, order within a rank, message pairing, completeness, deadlock.
+[[nodiscard]] constexpr std::optional<schedule_problem> find_problem(const program& prog) {
+  using detail::sched::make_problem;
+  using detail::sched::position;
+  using detail::sched::with_other;
+  using K = action_kind;
+  const schedule_shape& shape = prog.shape;
+  constexpr int limit = detail::sched::max_index;
+  if (shape.ranks < 1 || shape.stages_per_rank < 1 || shape.microbatches < 1 || shape.ranks > limit ||
+      shape.stages_per_rank > limit || shape.microbatches > limit ||
+      static_cast<long long>(shape.ranks) * shape.stages_per_rank > limit)
+    return make_problem(problem_kind::bad_shape, -1, -1, std::nullopt);
+
+  const int ranks = shape.ranks;
+  const int rows = static_cast<int>(prog.ranks.size());
+  if (rows != ranks) {
+    auto p = make_problem(problem_kind::wrong_row_count, std::min(rows, ranks), 0, std::nullopt);
+    if (rows > ranks && !prog.ranks[static_cast<std::size_t>(ranks)].empty())
+      p.act = prog.ranks[static_cast<std::size_t>(ranks)].front();
+    p.expected = ranks;
+    p.got = rows;
+    return p;
+  }
+
+  const int S = shape.num_stages();
+  const int m = shape.microbatches;
+  const bool lowered = is_lowered(prog);
+  for (int r = 0; r < ranks; ++r) {
+    const auto& row = prog.ranks[static_cast<std::size_t>(r)];
+    for (int t = 0; t < static_cast<int>(row.size()); ++t) {
+      const action& a = row[static_cast<std::size_t>(t)];
+      const int s = a.stage;
+      if (s < 0 || s >= S) {
+        auto p = make_problem(problem_kind::stage_out_of_range, r, t, a);
+        p.expected = S;
+        return p;
+      }
+      if (a.microbatch < 0 || a.microbatch >= m) {
+        auto p = make_problem(problem_kind::microbatch_out_of_range, r, t, a);
+        p.expected = m;
+        return p;
+      }
+      if (stage_rank(shape, s) != r) {
+        auto p = make_problem(problem_kind::wrong_rank, r, t, a);
+        p.other_rank = stage_rank(shape, s);
+        return p;
+      }
+      int peer = -1;  // the stage at the other end of a message
+      if (a.kind == K::send_forward) peer = s + 1;
+      if (a.kind == K::recv_forward) peer = s - 1;
+      if (a.kind == K::send_backward) peer = s - 1;
+      if (a.kind == K::recv_backward) peer = s + 1;
+      if (is_communication(a.kind) && (peer < 0 || peer >= S || stage_rank(shape, peer) == r)) {
+        auto p = make_problem(problem_kind::message_not_needed, r, t, a);
+        p.other_rank = peer;  // the peer stage, or out of range at the pipeline's ends
+        return p;
+      }
+    }
+  }
+
+  // Every (stage, microbatch) needs a forward; a program shorter than that is missing one,
+  // and the full index would be needlessly large.
+  if (static_cast<long long>(S) * m > static_cast<long long>(action_count(prog)))
+    return detail::sched::first_missing_forward(prog);
+
+  detail::sched::action_index index(prog, lowered);
+  for (int r = 0; r < ranks; ++r) {
+    const auto& row = prog.ranks[static_cast<std::size_t>(r)];
+    for (int t = 0; t < static_cast<int>(row.size()); ++t) {
+      const action& a = row[static_cast<std::size_t>(t)];
+      position& first = index.at(index.key(a));
+      if (first.found()) return with_other(make_problem(problem_kind::duplicate_action, r, t, a), a, first);
+      first = position{r, t};
+    }
+  }
+
+  // Order within a rank. All actions of a stage are on one rank now, so "earlier in this
+  // row" is a comparison of steps.
+  auto before = [&](K kind, int s, int mb, int step) {
+    const position& p = index.at(kind, s, mb);
+    return p.found() && p.step < step;
+  };
+  for (int r = 0; r < ranks; ++r) {
+    const auto& row = prog.ranks[static_cast<std::size_t>(r)];
+    for (int t = 0; t < static_cast<int>(row.size()); ++t) {
+      const action& a = row[static_cast<std::size_t>(t)];
+      const int s = a.stage;
+      const int mb = a.microbatch;
+      auto fail = [&](problem_kind kind, action other) {
+        return with_other(make_problem(kind, r, t, a), other, index.at(index.key(other)));
+      };
+      switch (a.kind) {
+        case K::forward:
+          if (s > 0 && index.colocated(s - 1, s) && !before(K::forward, s - 1, mb, t))
+            return fail(problem_kind::input_not_ready, action{s - 1, K::forward, mb});
+          if (lowered && s > 0 && !index.colocated(s - 1, s) && !before(K::recv_forward, s, mb, t))
+            return fail(problem_kind::compute_before_receive, action{s, K::recv_forward, mb});
+          break;
+        case K::backward:
+        case K::backward_input: {
+          const K other_kind = a.kind == K::backward ? K::backward_input : K::backward;
+          if (index.has(other_kind, s, mb)) {
+            const position& o = index.at(other_kind, s, mb);
+            if (o.step < t) return fail(problem_kind::mixed_backward, action{s, other_kind, mb});
+          }
+          if (!before(K::forward, s, mb, t))
+            return fail(problem_kind::backward_before_forward, action{s, K::forward, mb});
+          if (s + 1 < S && index.colocated(s + 1, s)) {
+            const action next = index.input_backward(s + 1, mb);
+            if (!before(next.kind, s + 1, mb, t)) return fail(problem_kind::input_not_ready, next);
+          }
+          if (lowered && s + 1 < S && !index.colocated(s + 1, s) && !before(K::recv_backward, s, mb, t))
+            return fail(problem_kind::compute_before_receive, action{s, K::recv_backward, mb});
+          break;
+        }
+        case K::backward_weight:
+          if (index.has(K::backward, s, mb))
+            return fail(problem_kind::weight_after_full_backward, action{s, K::backward, mb});
+          if (!before(K::backward_input, s, mb, t))
+            return fail(problem_kind::weight_before_input, action{s, K::backward_input, mb});
+          break;
+        case K::send_forward:
+          if (!before(K::forward, s, mb, t)) return fail(problem_kind::send_before_compute, action{s, K::forward, mb});
+          break;
+        case K::send_backward: {
+          const action produced = index.input_backward(s, mb);
+          if (!before(produced.kind, s, mb, t)) return fail(problem_kind::send_before_compute, produced);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+
+  // Every message has both ends.
+  for (int r = 0; r < ranks; ++r) {
+    const auto& row = prog.ranks[static_cast<std::size_t>(r)];
+    for (int t = 0; t < static_cast<int>(row.size()); ++t) {
+      const action& a = row[static_cast<std::size_t>(t)];
+      const int s = a.stage;
+      const int mb = a.microbatch;
+      std::optional<action> partner;
+      problem_kind kind = problem_kind::receive_without_send;
+      if (a.kind == K::recv_forward) partner = action{s - 1, K::send_forward, mb};
+      if (a.kind == K::recv_backward) partner = action{s + 1, K::send_backward, mb};
+      if (a.kind == K::send_forward) partner = action{s + 1, K::recv_forward, mb}, kind = problem_kind::send_without_receive;
+      if (a.kind == K::send_backward) partner = action{s - 1, K::recv_backward, mb}, kind = problem_kind::send_without_receive;
+      if (partner && !index.at(index.key(*partner)).found()) {
+        auto p = make_problem(kind, r, t, a);
+        p.other = partner;
+        p.other_rank = stage_rank(shape, partner->stage);
+        return p;
+      }
+    }
+  }
+
+  // Every stage runs every microbatch forward and backward.
+  for (int s = 0; s < S; ++s) {
+    const int r = stage_rank(shape, s);
+    const int end = static_cast<int>(prog.ranks[static_cast<std::size_t>(r)].size());
+    for (int mb = 0; mb < m; ++mb) {
+      if (!index.has(K::forward, s, mb)) {
+        auto p = make_problem(problem_kind::missing_forward, r, end, action{s, K::forward, mb});
+        p.expected = m;
+        return p;
+      }
+      if (!index.has(K::backward, s, mb) && !index.has(K::backward_input, s, mb))
+        return make_problem(problem_kind::missing_backward, r, end, action{s, K::backward, mb});
+      if (index.has(K::backward_input, s, mb) && !index.has(K::backward_weight, s, mb)) {
+        const action input{s, K::backward_input, mb};
+        return with_other(make_problem(problem_kind::missing_weight, r, end, action{s, K::backward_weight, mb}), input,
+                          index.at(index.key(input)));
+      }
+    }
+  }
+
+  // Run it: receives block, sends are buffered.
+  const auto walked = detail::sched::walk_in_dependency_order(prog, index, [](int, int, const action&, auto) {});
+  int blocked = -1;
+  for (int r = 0; r < ranks && blocked < 0; ++r)
+    if (walked.next_step[static_cast<std::size_t>(r)] < static_cast<int>(prog.ranks[static_cast<std::size_t>(r)].size()))
+      blocked = r;
+  if (blocked < 0) return std::nullopt;
+
+  // Each blocked rank waits for an action of a rank that is itself blocked before it; follow
+  // the waits until a rank repeats: that is the cycle.
+  std::vector<int> seen_at(static_cast<std::size_t>(ranks), -1);
+  std::vector<int> chain;
+  int r = blocked;
+  while (seen_at[static_cast<std::size_t>(r)] < 0) {
+    seen_at[static_cast<std::size_t>(r)] = static_cast<int>(chain.size());
+    chain.push_back(r);
+    r = index.at(walked.waiting[static_cast<std::size_t>(r)]).rank;
+  }
+  std::vector<std::array<int, 2>> cycle;
+  for (std::size_t i = static_cast<std::size_t>(seen_at[static_cast<std::size_t>(r)]); i < chain.size(); ++i)
+    cycle.push_back({chain[i], walked.next_step[static_cast<std::size_t>(chain[i])]});
+  const int head_rank = cycle.front()[0];
+  const int head_step = cycle.front()[1];
+  auto p = make_problem(problem_kind::deadlock, head_rank, head_step,
+                        prog.ranks[static_cast<std::size_t>(head_rank)][static_cast<std::size_t>(head_step)]);
+  const std::size_t awaited_key = walked.waiting[static_cast<std::size_t>(head_rank)];
+  const position awaited_at = index.at(awaited_key);
+  p = with_other(p, prog.ranks[static_cast<std::size_t>(awaited_at.rank)][static_cast<std::size_t>(awaited_at.step)],
+                 awaited_at);
+  p.wait_cycle = cycle;
+  return p;
+}
+
+[[nodiscard]] constexpr bool is_valid(const program& prog) { return !find_problem(prog).has_value(); }
+
+// The problem in words: "rank R, step S, action A: what is wrong and what to do", then the
+// grid around it.
+[[nodiscard]] inline std::string describe(const schedule_problem& p, const program& prog) {
+  using detail::sched::int_to_string;
+  const auto str = [](const std::optional<action>& a) { return a ? to_string(*a) : std::string("(none)"); };
+  const auto num = [](long long v) { return int_to_string(v); };
+  const auto where_other = [&]() -> std::string {
+    if (p.other_rank < 0 || p.other_step < 0) return "which never runs";
+    return "which is at rank " + num(p.other_rank) + ", step " + num(p.other_step);
+  };
+  const std::string place_name(to_string(prog.shape.place));
+  const std::string a = str(p.act);
+  const std::string o = str(p.other);
+  std::string text;
+  switch (p.kind) {
+    case problem_kind::bad_shape:
+      return "baton: invalid schedule shape (ranks " + num(prog.shape.ranks) + ", stages_per_rank " +
+             num(prog.shape.stages_per_rank) + ", microbatches " + num(prog.shape.microbatches) +
+             "): each must be at least 1, and ranks x stages_per_rank at most 1048576";
+    case problem_kind::wrong_row_count:
+      text = "the program has " + num(p.got) + " rank rows but the shape has " + num(p.expected) +
+             " ranks: give exactly one row per rank";
+      break;
+    case problem_kind::stage_out_of_range:
+      text = "stage " + num(p.act->stage) + " is out of range: the shape has " + num(p.expected) + " stages (0.." +
+             num(p.expected - 1) + ")";
+      break;
+    case problem_kind::microbatch_out_of_range:
+      text = "microbatch " + num(p.act->microbatch) + " is out of range: the shape has " + num(p.expected) +
+             " microbatches (0.." + num(p.expected - 1) + ")";
+      break;
+    case problem_kind::wrong_rank:
+      text = "stage " + num(p.act->stage) + " runs on rank " + num(p.rank) + ", but " + place_name +
+             " placement puts it on rank " + num(p.other_rank) +
+             "; each stage lives on exactly one rank (move the action to that rank's row, or change the placement)";
+      break;
+    case problem_kind::message_not_needed:
+      if (p.other_rank < 0 || p.other_rank >= prog.shape.num_stages())
+        text = "a message past the end of the pipeline (there is no stage " + num(p.other_rank) + "): remove it";
+      else
+        text = "stages " + num(p.act->stage) + " and " + num(p.other_rank) + " are both on rank " + num(p.rank) +
+               ": co-located stages hand over by call, without a message; remove this action";
+      break;
+    case problem_kind::duplicate_action:
+      text = "duplicate action: " + a + " already ran at rank " + num(p.other_rank) + ", step " + num(p.other_step) +
+             "; every action runs exactly once";
+      break;
+    case problem_kind::mixed_backward:
+      text = "stage " + num(p.act->stage) + " microbatch " + num(p.act->microbatch) + " has both " + o + " (step " +
+             num(p.other_step) + ") and " + a + ": use either a full backward B, or I followed by W";
+      break;
+    case problem_kind::backward_before_forward:
+      text = "backward before its forward " + o + " (" + where_other() + "); a backward needs the forward's saved state";
+      break;
+    case problem_kind::weight_before_input:
+      text = "weight gradient before its input gradient " + o + " (" + where_other() + "); W must follow I";
+      break;
+    case problem_kind::weight_after_full_backward:
+      text = "weight gradient for a microbatch whose full backward " + o + " (at step " + num(p.other_step) +
+             ") already computed it: use I then W, or B alone";
+      break;
+    case problem_kind::input_not_ready:
+      text = "needs " + o + " of a stage on the same rank, which must come earlier in this row (" + where_other() + ")";
+      break;
+    case problem_kind::compute_before_receive:
+      text = "runs before receiving its input: " + o + " must come earlier in this row (" + where_other() + ")";
+      break;
+    case problem_kind::send_before_compute:
+      text = "sends what " + o + " has not produced yet (" + where_other() + ")";
+      break;
+    case problem_kind::receive_without_send:
+      text = "a receive nobody sends: it waits for " + o + " from rank " + num(p.other_rank) +
+             ", which is not in the program";
+      break;
+    case problem_kind::send_without_receive:
+      text = "a send nobody receives: rank " + num(p.other_rank) + " has no " + o;
+      break;
+    case problem_kind::missing_forward:
+      text = "missing forward: stage " + num(p.act->stage) + " never runs microbatch " + num(p.act->microbatch) +
+             " forward (" + a + "); every stage runs one forward per microbatch";
+      break;
+    case problem_kind::missing_backward:
+      text = "missing backward: stage " + num(p.act->stage) + " never runs microbatch " + num(p.act->microbatch) +
+             " backward (B, or I and W)";
+      break;
+    case problem_kind::missing_weight:
+      text = "missing weight gradient: " + o + " at step " + num(p.other_step) + " is never followed by " + a;
+      break;
+    case problem_kind::deadlock: {
+      text = "deadlock under blocking receives:";
+      for (std::size_t i = 0; i < p.wait_cycle.size(); ++i) {
+        const auto [r, t] = p.wait_cycle[i];
+        const action& blocked = prog.ranks[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)];
+        const auto [nr, nt] = p.wait_cycle[(i + 1) % p.wait_cycle.size()];
+        text += (i == 0 ? " " : "; ") + std::string("rank ") + num(r) + " waits at step " + num(t) + " (" +
+                to_string(blocked) + ") for rank " + num(nr) + ", which is blocked at step " + num(nt);
+      }
+      text += ". Reorder so that what each rank waits for comes before its own wait (first awaited: " + o + ", " +
+              where_other() + ")";
+      break;
+    }
+  }
+  std::string message = "baton: invalid schedule: rank " + num(p.rank) + ", step " + num(p.step) + ", action " + a +
+                        ": " + text;
+  if (p.rank >= 0 && p.rank < static_cast<int>(prog.ranks.size()))
+    message += "\n" + format_grid_excerpt(prog, p.rank, p.step);
+  return message;
+}
+
+// Throws schedule_error naming rank, step and action, with the grid around them.
+inline void validate(const program& prog) {
+  if (auto problem = find_problem(prog))
+    throw schedule_error(describe(*problem, prog), problem->rank, problem->step, problem->act);
+}
+
+}  // namespace baton
