@@ -6,6 +6,7 @@
 
 #include <baton/payload.hpp>
 #include <baton/schedule.hpp>
+#include <baton/comm.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/payload/kokkos.hpp>
 #endif

@@ -1,0 +1,309 @@
+// baton/comm/detail/local_world.hpp — the shared state behind baton::local_communicator.
+//
+// One `world` per run_local call: the failure record and which ranks have returned.
+// One `group` per communicator (the world's, and one per split): mailboxes for
+// point-to-point messages and the rendezvous for collectives. All state is guarded by the
+// world's single mutex; bulk copies run outside it.
+//
+// Point-to-point is a rendezvous without intermediate buffers: isend and irecv each post a
+// descriptor of the caller's buffer; whichever call finds its partner already posted copies
+// the bytes straight from the sender's buffer into the receiver's (one memcpy, outside the
+// lock) and completes both. A request's wait() only waits for that to happen, so a rank
+// blocked in one wait never holds up a transfer another rank needs.
+#pragma once
+
+#include <baton/comm/detail/checks.hpp>
+#include <baton/comm/error.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace baton::detail::comm_local {
+
+using clock = std::chrono::steady_clock;
+
+/// Failure and exit records of one run_local world. Guarded by `mutex`.
+class world {
+ public:
+  explicit world(int n) : exited(static_cast<std::size_t>(n), 0) {}
+
+  std::mutex mutex;
+  std::condition_variable changed;  // any state change: completion, arrival, failure, exit
+
+  bool failed = false;
+  int failed_rank = -1;
+  std::string failure;  // what() of the first error
+  std::exception_ptr first_error;
+  std::vector<char> exited;  // by world rank: its function returned normally
+
+  /// Records the first error of the world and wakes every waiter. Later errors are
+  /// consequences (other ranks aborting) and are dropped.
+  void fail(int world_rank, std::exception_ptr error) {
+    std::string what;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "an exception not derived from std::exception";
+    }
+    std::lock_guard lock(mutex);
+    if (!failed) {
+      failed = true;
+      failed_rank = world_rank;
+      failure = std::move(what);
+      first_error = std::move(error);
+    }
+    changed.notify_all();
+  }
+
+  void mark_exited(int world_rank) {
+    std::lock_guard lock(mutex);
+    exited[static_cast<std::size_t>(world_rank)] = 1;
+    changed.notify_all();
+  }
+
+  /// "aborted because rank 2 failed: <what>" (lock held).
+  std::string abort_reason() const {
+    return "aborted because rank " + std::to_string(failed_rank) + " failed: " + failure;
+  }
+};
+
+enum class op_kind : std::uint8_t { send, recv };
+enum class op_state : std::uint8_t { posted, copying, done, failed };
+
+/// One posted isend or irecv: a view of the caller's buffer. Owned by its request; queued
+/// (by pointer) in a mailbox until matched or cancelled.
+struct p2p_op {
+  op_kind kind = op_kind::send;
+  int owner = 0;  // group rank that posted it
+  int peer = 0;   // destination of a send, source of a receive
+  int tag = 0;
+  const std::byte* send_data = nullptr;
+  std::byte* recv_data = nullptr;
+  std::size_t bytes = 0;
+  op_state state = op_state::posted;
+  std::string error;  // set when state == failed
+};
+
+/// Unmatched sends addressed to one rank, and that rank's unmatched receives, in post order.
+struct mailbox {
+  std::vector<p2p_op*> sends;
+  std::vector<p2p_op*> recvs;
+};
+
+enum class coll_kind : std::uint8_t { barrier, all_reduce, all_gather, all_to_all, all_to_all_v, broadcast, split };
+
+inline const char* name_of(coll_kind k) {
+  switch (k) {
+    case coll_kind::barrier: return "barrier";
+    case coll_kind::all_reduce: return "all_reduce";
+    case coll_kind::all_gather: return "all_gather";
+    case coll_kind::all_to_all: return "all_to_all";
+    case coll_kind::all_to_all_v: return "all_to_all_v";
+    case coll_kind::broadcast: return "broadcast";
+    case coll_kind::split: return "split";
+  }
+  return "collective";
+}
+
+/// What one rank brings to a collective. Published at arrival; read by every rank between
+/// the first and the last barrier of that collective.
+struct coll_entry {
+  coll_kind kind = coll_kind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;  // all_reduce: the in/out buffer
+  std::size_t send_bytes = 0;
+  std::size_t recv_bytes = 0;
+  std::size_t element_size = 1;
+  int type_code = 0;  // all_reduce: which reducible_element
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+  std::span<const std::int64_t> send_counts;
+  std::span<const std::int64_t> recv_counts;
+  int color = 0;
+  int key = 0;
+  std::shared_ptr<void> created;  // split: the new group, published by its leader
+};
+
+/// One communicator's ranks: mailboxes and the collective rendezvous.
+class group {
+ public:
+  group(std::shared_ptr<world> w, std::vector<int> ranks)
+      : the_world(std::move(w)),
+        world_ranks(std::move(ranks)),
+        boxes(world_ranks.size()),
+        entries(world_ranks.size()),
+        present(world_ranks.size(), 0) {}
+
+  int size() const noexcept { return static_cast<int>(world_ranks.size()); }
+
+  std::shared_ptr<world> the_world;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  std::vector<mailbox> boxes;    // guarded by the world mutex
+  std::vector<coll_entry> entries;
+  std::vector<char> present;  // guarded: who has arrived at the current barrier
+  int arrived = 0;
+  std::uint64_t generation = 0;
+  std::string broken;  // set when a collective failed part-way: the group cannot continue
+
+  /// "rank 1", or "rank 1 (world rank 3)" in a sub-group.
+  std::string rank_text(int rank) const {
+    const int w = world_ranks[static_cast<std::size_t>(rank)];
+    const bool is_world = world_ranks.size() == the_world->exited.size() && w == rank;
+    return "rank " + std::to_string(rank) + (is_world ? "" : " (world rank " + std::to_string(w) + ")");
+  }
+
+  bool peer_exited(int peer) const { return the_world->exited[static_cast<std::size_t>(world_ranks[static_cast<std::size_t>(peer)])] != 0; }
+
+  /// Posts `op`; if its partner is already posted, copies the message and completes both.
+  void post(p2p_op& op) {
+    world& w = *the_world;
+    std::unique_lock lock(w.mutex);
+    if (w.failed) {
+      throw comm_error(rank_text(op.owner) + ": " + describe(op) + " " + w.abort_reason());
+    }
+    p2p_op* partner = nullptr;
+    if (op.kind == op_kind::send) {
+      auto& waiting = boxes[static_cast<std::size_t>(op.peer)].recvs;
+      auto it = std::find_if(waiting.begin(), waiting.end(),
+                             [&](const p2p_op* r) { return r->peer == op.owner && r->tag == op.tag; });
+      if (it == waiting.end()) {
+        boxes[static_cast<std::size_t>(op.peer)].sends.push_back(&op);
+        return;
+      }
+      partner = *it;
+      waiting.erase(it);
+    } else {
+      auto& waiting = boxes[static_cast<std::size_t>(op.owner)].sends;
+      auto it = std::find_if(waiting.begin(), waiting.end(),
+                             [&](const p2p_op* s) { return s->owner == op.peer && s->tag == op.tag; });
+      if (it == waiting.end()) {
+        boxes[static_cast<std::size_t>(op.owner)].recvs.push_back(&op);
+        return;
+      }
+      partner = *it;
+      waiting.erase(it);
+    }
+    p2p_op& send = op.kind == op_kind::send ? op : *partner;
+    p2p_op& recv = op.kind == op_kind::send ? *partner : op;
+    send.state = op_state::copying;
+    recv.state = op_state::copying;
+    lock.unlock();
+
+    // The single copy of the message. Both buffers stay valid: their owners cannot finish
+    // (or cancel) a request while it is `copying`.
+    std::string error;
+    if (send.bytes != recv.bytes) {
+      error = rank_text(recv.owner) + ": " + describe(recv) + ": the message has " + std::to_string(send.bytes) +
+              " bytes but the receive buffer holds " + std::to_string(recv.bytes) +
+              "; a message must exactly fill its receive buffer (check the shapes both ranks use)";
+    } else if (send.bytes != 0) {
+      std::memcpy(recv.recv_data, send.send_data, send.bytes);
+    }
+
+    lock.lock();
+    send.state = op_state::done;  // the sender's data was delivered (or refused): it may reuse it
+    recv.state = error.empty() ? op_state::done : op_state::failed;
+    recv.error = std::move(error);
+    w.changed.notify_all();
+  }
+
+  /// Withdraws a posted op, or waits out a copy in progress (lock held).
+  void cancel(p2p_op& op, std::unique_lock<std::mutex>& lock) {
+    if (op.state == op_state::posted) {
+      auto& queue = op.kind == op_kind::send ? boxes[static_cast<std::size_t>(op.peer)].sends
+                                             : boxes[static_cast<std::size_t>(op.owner)].recvs;
+      queue.erase(std::remove(queue.begin(), queue.end(), &op), queue.end());
+      op.state = op_state::failed;
+      return;
+    }
+    the_world->changed.wait(lock, [&] { return op.state != op_state::copying; });
+  }
+
+  /// Why a posted op can never complete, or "" while it still may (lock held).
+  std::string hopeless(const p2p_op& op, clock::time_point deadline, std::chrono::nanoseconds timeout) const {
+    const world& w = *the_world;
+    if (w.failed) return rank_text(op.owner) + ": " + describe(op) + " " + w.abort_reason();
+    const bool sending = op.kind == op_kind::send;
+    if (peer_exited(op.peer)) {
+      return rank_text(op.owner) + ": " + describe(op) + " cannot complete: peer " + std::to_string(op.peer) +
+             " returned from its function without " +
+             (sending ? "receiving this message" : "sending a matching message") +
+             "; make both ranks agree on peer, tag and count";
+    }
+    if (clock::now() >= deadline) {
+      return rank_text(op.owner) + ": " + describe(op) + " timed out after " + comm::seconds_text(timeout) +
+             ": peer " + std::to_string(op.peer) + " posted no matching " + (sending ? "irecv" : "isend") +
+             " with tag " + std::to_string(op.tag) +
+             "; check that both ranks agree on peer, tag and order, or raise local_options::timeout";
+    }
+    return {};
+  }
+
+  static std::string describe(const p2p_op& op) {
+    return comm::p2p_text(op.kind == op_kind::send ? "isend" : "irecv", op.peer, op.tag, op.bytes);
+  }
+
+  /// Arrives at the group's barrier (publishing `mine` first when given) and returns once
+  /// every rank has arrived. Throws when the world failed, a member returned without
+  /// arriving, or the timeout passed; the last two break the group for everyone.
+  void arrive_and_wait(int rank, coll_kind kind, std::chrono::nanoseconds timeout, const coll_entry* mine) {
+    world& w = *the_world;
+    std::unique_lock lock(w.mutex);
+    const std::string who = rank_text(rank) + ": " + name_of(kind);
+    if (w.failed) throw comm_error(who + " " + w.abort_reason());
+    if (!broken.empty()) {
+      throw comm_error(who + " refused: an earlier collective of this communicator failed (" + broken +
+                       "); create a new communicator");
+    }
+    if (mine != nullptr) entries[static_cast<std::size_t>(rank)] = *mine;
+    present[static_cast<std::size_t>(rank)] = 1;
+    if (++arrived == size()) {
+      arrived = 0;
+      std::fill(present.begin(), present.end(), 0);
+      ++generation;
+      w.changed.notify_all();
+      return;
+    }
+    const std::uint64_t mine_generation = generation;
+    const auto deadline = comm::deadline_after(timeout);
+    for (;;) {
+      if (generation != mine_generation) return;
+      if (w.failed) throw comm_error(who + " " + w.abort_reason());
+      if (!broken.empty()) throw comm_error(who + " aborted: " + broken);
+      std::string missing;
+      std::string gone;
+      for (int r = 0; r < size(); ++r) {
+        if (present[static_cast<std::size_t>(r)] != 0) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (peer_exited(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if (!gone.empty()) {
+        broken = who + " cannot complete: rank(s) " + gone + " returned from their function without calling " +
+                 name_of(kind) + "; every rank of a communicator must call the same collectives in the same order";
+      } else if (clock::now() >= deadline) {
+        broken = who + " timed out after " + comm::seconds_text(timeout) + " waiting for rank(s) " + missing +
+                 " to join; every rank of a communicator must call the same collectives in the same order";
+      }
+      if (!broken.empty()) {
+        w.changed.notify_all();
+        throw comm_error(broken);
+      }
+      w.changed.wait_until(lock, deadline);
+    }
+  }
+};
+
+}  // namespace baton::detail::comm_local

@@ -1,0 +1,8 @@
+// run_local calls fn from n threads at once, so a mutable lambda (unsynchronised state) is
+// rejected with a message saying how to share state instead.
+#include <baton/comm/local.hpp>
+
+int main() {
+  int calls = 0;
+  baton::run_local(2, [calls](baton::local_communicator&) mutable { ++calls; });
+}

@@ -1,0 +1,226 @@
+// The communicator suite on the local world (2, 3 and 4 ranks as threads), and the faults
+// only a world of threads can stage: a rank that throws or returns early.
+#include "catch.hpp"
+#include "suite.hpp"
+
+#include <baton/comm.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using baton::local_communicator;
+using baton::local_options;
+using baton::run_local;
+
+namespace {
+
+/// Short timeouts: a broken test fails in a fraction of a second instead of hanging; the
+/// generic bodies only wait for peers that are running.
+const local_options quick{.timeout = 10s};
+
+}  // namespace
+
+TEST_CASE("local world: the communicator suite", "[comm][local]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  SECTION("point to point") {
+    REQUIRE_NOTHROW(run_local(n, [](local_communicator& c) {
+      comm_suite::p2p_in_order(c);
+      comm_suite::p2p_out_of_order_tags(c);
+      comm_suite::p2p_large_and_empty(c);
+      comm_suite::ring_shift(c);
+    }, quick));
+  }
+  SECTION("all_reduce") {
+    REQUIRE_NOTHROW(run_local(n, [](local_communicator& c) { comm_suite::all_reduce_all_types(c); }, quick));
+  }
+  SECTION("all_gather, all_to_all, all_to_all_v, broadcast, barrier") {
+    REQUIRE_NOTHROW(run_local(n, [](local_communicator& c) {
+      comm_suite::all_gather_blocks(c);
+      comm_suite::all_to_all_blocks(c);
+      comm_suite::all_to_all_v_blocks(c);
+      comm_suite::broadcast_from_last(c);
+    }, quick));
+  }
+  SECTION("split and device mesh") {
+    REQUIRE_NOTHROW(run_local(n, [](local_communicator& c) {
+      comm_suite::split_groups(c);
+      comm_suite::mesh_shapes(c);
+    }, quick));
+  }
+  SECTION("faults and bad input") {
+    REQUIRE_NOTHROW(run_local(n, [](local_communicator& c) { comm_suite::run_faults(c); }, quick));
+  }
+}
+
+TEST_CASE("local world: run_local returns each rank's result", "[comm][local]") {
+  const auto ranks = run_local(3, [](local_communicator& c) { return c.rank() * 10 + c.size(); });
+  REQUIRE(ranks == std::vector<int>{3, 13, 23});
+  REQUIRE(run_local(1, [](local_communicator& c) { return c.size(); }) == std::vector<int>{1});
+  REQUIRE_THROWS_WITH(run_local(0, [](local_communicator&) {}), Catch::Contains("at least one rank"));
+}
+
+TEST_CASE("local world: when a rank throws, the others stop and the first error is rethrown", "[comm][local]") {
+  // Rank 1 throws while rank 0 waits for its message and rank 2 waits in a barrier. The
+  // timeout is long: they must end because of the failure, not the timeout.
+  const local_options slow{.timeout = 60s};
+  std::atomic<int> aborted{0};
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(run_local(3, [&](local_communicator& c) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(20ms);
+      throw std::logic_error("stage 1 diverged");
+    }
+    try {
+      if (c.rank() == 0) {
+        std::int32_t v = 0;
+        baton::irecv(c, std::span(&v, 1), 1, 3).wait();
+      } else {
+        c.barrier();
+      }
+    } catch (const baton::comm_error& e) {
+      const std::string what = e.what();
+      if (what.find("rank 1 failed: stage 1 diverged") != std::string::npos) ++aborted;
+      throw;
+    }
+  }, slow), "stage 1 diverged");
+  REQUIRE(aborted == 2);
+  REQUIRE(std::chrono::steady_clock::now() - start < 5s);
+}
+
+TEST_CASE("local world: after a failure, new operations fail at once", "[comm][local]") {
+  std::atomic<bool> later_failed{false};
+  REQUIRE_THROWS_AS(run_local(2, [&](local_communicator& c) {
+    if (c.rank() == 0) throw std::runtime_error("root cause");
+    std::this_thread::sleep_for(50ms);  // rank 0 has failed by now (or we wait for it below)
+    try {
+      for (;;) {
+        std::int32_t v = 0;
+        (void)baton::isend(c, std::span(&v, 1), 0, 1);
+        std::this_thread::sleep_for(1ms);
+      }
+    } catch (const baton::comm_error& e) {
+      later_failed = std::string(e.what()).find("root cause") != std::string::npos;
+    }
+  }, quick), std::runtime_error);
+  REQUIRE(later_failed);
+}
+
+TEST_CASE("local world: a peer that returned without sending ends the wait", "[comm][local]") {
+  const local_options slow{.timeout = 60s};
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(run_local(2, [](local_communicator& c) {
+    if (c.rank() == 1) return;  // forgets to send
+    std::int32_t v = 0;
+    baton::irecv(c, std::span(&v, 1), 1, 8).wait();
+  }, slow), Catch::Contains("rank 0") && Catch::Contains("peer 1") && Catch::Contains("tag 8") &&
+                Catch::Contains("returned from its function without sending"));
+  REQUIRE_THROWS_WITH(run_local(3, [](local_communicator& c) {
+    if (c.rank() == 2) return;  // skips the collective
+    std::vector<double> x(4, 1.0);
+    c.all_reduce(std::span(x), baton::reduce_op::sum);
+  }, slow), Catch::Contains("all_reduce") && Catch::Contains("rank(s) 2 returned"));
+  REQUIRE(std::chrono::steady_clock::now() - start < 5s);
+}
+
+TEST_CASE("local world: mutually waiting ranks time out, naming rank, peer and tag", "[comm][local]") {
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(run_local(2, [](local_communicator& c) {
+    std::int32_t v = 0;  // both receive first: a deadlock in the user's schedule
+    baton::irecv(c, std::span(&v, 1), 1 - c.rank(), 40 + c.rank()).wait();
+  }, local_options{.timeout = 100ms}), Catch::Contains("timed out after 0.1 s") && Catch::Contains("peer") &&
+                                           Catch::Contains("tag 4") && Catch::Contains("local_options::timeout"));
+  const auto took = std::chrono::steady_clock::now() - start;
+  REQUIRE(took >= 100ms);
+  REQUIRE(took < 5s);
+  // A collective some rank never joins also times out, and names who is missing.
+  REQUIRE_THROWS_WITH(run_local(3, [](local_communicator& c) {
+    if (c.rank() == 1) {
+      std::int32_t v = 0;
+      baton::irecv(c, std::span(&v, 1), 0, 1).wait();  // never sent: times out too
+    }
+    c.barrier();
+  }, local_options{.timeout = 100ms}), Catch::Contains("timed out"));
+}
+
+TEST_CASE("local world: a send is never copied before the receive (one copy)", "[comm][local]") {
+  // isend only posts a descriptor of the caller's buffer; the receiver copies from it. So a
+  // change made after isend but before the receive is posted is what arrives. (Changing a
+  // buffer under a pending send is not allowed in real code; this test shows the design.)
+  REQUIRE_NOTHROW(run_local(2, [](local_communicator& c) {
+    std::vector<std::int32_t> buffer(1 << 16, 1);
+    if (c.rank() == 0) {
+      auto send = baton::isend(c, std::span(buffer), 1, 0);
+      std::fill(buffer.begin(), buffer.end(), 2);
+      c.barrier();
+      send.wait();
+    } else {
+      c.barrier();
+      baton::irecv(c, std::span(buffer), 0, 0).wait();
+      comm_suite::check(buffer.front() == 2 && buffer.back() == 2, "received the buffer as it was at receive time",
+                        __LINE__, c.rank());
+    }
+  }, quick));
+}
+
+TEST_CASE("local world: dropping an unwaited request withdraws it", "[comm][local]") {
+  REQUIRE_NOTHROW(run_local(2, [](local_communicator& c) {
+    std::int32_t v = 5;
+    if (c.rank() == 0) {
+      { auto dropped = baton::isend(c, std::span(&v, 1), 1, 0); }
+      c.barrier();
+      c.barrier();
+    } else {
+      c.barrier();
+      c.set_timeout(50ms);
+      const std::string what = SUITE_EXPECT_ERROR(c, baton::irecv(c, std::span(&v, 1), 0, 0).wait());
+      SUITE_CHECK_HAS(c, what, "timed out");
+      c.set_timeout(10s);
+      c.barrier();
+    }
+  }, quick));
+}
+
+TEST_CASE("local world: barrier holds every rank until all arrive", "[comm][local]") {
+  std::atomic<int> arrived{0};
+  std::atomic<int> early{0};
+  REQUIRE_NOTHROW(run_local(4, [&](local_communicator& c) {
+    for (int round = 1; round <= 20; ++round) {
+      if (c.rank() == round % 4) std::this_thread::sleep_for(1ms);  // a different straggler each round
+      ++arrived;
+      c.barrier();
+      if (arrived.load() < round * 4) ++early;
+      c.barrier();
+    }
+  }, quick));
+  REQUIRE(early == 0);
+}
+
+TEST_CASE("local world: many small messages between all pairs", "[comm][local]") {
+  // Stresses matching under contention (and gives ThreadSanitizer something to look at).
+  REQUIRE_NOTHROW(run_local(4, [](local_communicator& c) {
+    const int n = c.size(), r = c.rank();
+    std::vector<std::int64_t> out(static_cast<std::size_t>(n) * 30), in(out.size(), -1);
+    std::vector<local_communicator::request_type> requests;
+    for (int round = 0; round < 30; ++round) {
+      for (int p = 0; p < n; ++p) {
+        const auto at = static_cast<std::size_t>(round * n + p);
+        out[at] = r * 1000000 + p * 1000 + round;
+        const int tag = round % 3;  // tags repeat: order within a tag must hold
+        requests.push_back(baton::irecv(c, std::span(&in[at], 1), p, tag));
+        requests.push_back(baton::isend(c, std::span(&out[at], 1), p, tag));
+      }
+    }
+    baton::wait_all(requests);
+    for (int round = 0; round < 30; ++round) {
+      for (int p = 0; p < n; ++p) {
+        SUITE_CHECK(c, in[static_cast<std::size_t>(round * n + p)] == p * 1000000 + r * 1000 + round);
+      }
+    }
+  }, quick));
+}

@@ -1,0 +1,98 @@
+// The communicator suite on MPI processes (run under mpiexec -n 2 and -n 4). Every rank runs
+// every test case in the same order; a failed check throws on that rank, and the MPI main
+// fails the run if any rank failed.
+#include "catch.hpp"
+#include "docs_ring.hpp"
+#include "suite.hpp"
+
+#include <baton/comm/mpi.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+baton::mpi_communicator world() { return baton::mpi_communicator(MPI_COMM_WORLD, {.timeout = 20s}); }
+
+}  // namespace
+
+TEST_CASE("mpi: the communicator concepts", "[comm][mpi]") {
+  using C = baton::mpi_communicator;
+  STATIC_REQUIRE(baton::point_to_point_communicator<C>);
+  STATIC_REQUIRE(baton::collective_communicator<C>);
+  STATIC_REQUIRE(baton::splittable_communicator<C>);
+  STATIC_REQUIRE(baton::ring_communicator<C>);
+  STATIC_REQUIRE(baton::comm_request<baton::mpi_request>);
+  STATIC_REQUIRE(!std::is_copy_constructible_v<C>);
+}
+
+TEST_CASE("mpi: point to point", "[comm][mpi]") {
+  auto c = world();
+  REQUIRE_NOTHROW(comm_suite::p2p_in_order(c));
+  REQUIRE_NOTHROW(comm_suite::p2p_out_of_order_tags(c));
+  REQUIRE_NOTHROW(comm_suite::p2p_large_and_empty(c));
+  REQUIRE_NOTHROW(comm_suite::ring_shift(c));
+}
+
+TEST_CASE("mpi: all_reduce", "[comm][mpi]") {
+  auto c = world();
+  REQUIRE_NOTHROW(comm_suite::all_reduce_all_types(c));
+}
+
+TEST_CASE("mpi: all_gather, all_to_all, all_to_all_v, broadcast, barrier", "[comm][mpi]") {
+  auto c = world();
+  REQUIRE_NOTHROW(comm_suite::all_gather_blocks(c));
+  REQUIRE_NOTHROW(comm_suite::all_to_all_blocks(c));
+  REQUIRE_NOTHROW(comm_suite::all_to_all_v_blocks(c));
+  REQUIRE_NOTHROW(comm_suite::broadcast_from_last(c));
+}
+
+TEST_CASE("mpi: split and device mesh", "[comm][mpi]") {
+  auto c = world();
+  REQUIRE_NOTHROW(comm_suite::split_groups(c));
+  REQUIRE_NOTHROW(comm_suite::mesh_shapes(c));
+}
+
+TEST_CASE("mpi: faults and bad input", "[comm][mpi]") {
+  auto c = world();
+  REQUIRE_NOTHROW(comm_suite::run_faults(c));
+}
+
+TEST_CASE("mpi: unchecked collectives still work", "[comm][mpi]") {
+  baton::mpi_communicator c(MPI_COMM_WORLD, {.timeout = 20s, .check_collectives = false});
+  REQUIRE_NOTHROW(comm_suite::all_reduce_all_types(c));
+  REQUIRE_NOTHROW(comm_suite::all_to_all_v_blocks(c));
+  REQUIRE_NOTHROW(c.barrier());
+}
+
+TEST_CASE("mpi: a collective some rank skips times out and the communicator refuses more", "[comm][mpi]") {
+  auto c = world();
+  baton::mpi_communicator victim(MPI_COMM_WORLD, {.timeout = 200ms});
+  if (c.rank() == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE_THROWS_WITH(victim.barrier(), Catch::Contains("rank 0") && Catch::Contains("barrier timed out after 0.2 s"));
+    REQUIRE(std::chrono::steady_clock::now() - start < 5s);
+    REQUIRE_THROWS_WITH(victim.barrier(), Catch::Contains("refused"));
+  }
+  c.barrier();
+  // The others now join rank 0's pending barrier (its request is still posted), so the
+  // abandoned collective completes in MPI before `victim` is freed.
+  if (c.rank() != 0) {
+    victim.set_timeout(20s);
+    victim.barrier();
+  }
+}
+
+TEST_CASE("mpi: the documentation's generic ring example", "[comm][mpi][docs]") {
+  // [mpi-ring]
+  baton::mpi_communicator world;  // a private duplicate of MPI_COMM_WORLD
+  const std::vector<float> mine{float(world.rank())};
+  const std::vector<float> all = ring_all_gather(world, mine);  // the same code as on threads
+  // [mpi-ring end]
+  std::vector<float> expected(static_cast<std::size_t>(world.size()));
+  std::iota(expected.begin(), expected.end(), 0.f);
+  REQUIRE(all == expected);
+}

@@ -1,0 +1,119 @@
+// The NCCL backend: concept checks always; transfers on every visible GPU (one rank per GPU,
+// ranks as threads of the local world, NCCL bootstrapped over it). Without a CUDA device the
+// runtime part prints "SKIPPED: no CUDA device", which ctest reports as skipped.
+#include "catch.hpp"
+#include "suite.hpp"
+
+#include <baton/comm/local.hpp>
+#include <baton/comm/nccl.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <iostream>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace {
+
+int visible_devices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+/// Managed memory, so that the host can fill and check what NCCL moves.
+template <class T>
+struct managed {
+  explicit managed(std::size_t n) : size(n) {
+    if (cudaMallocManaged(&data, std::max<std::size_t>(n, 1) * sizeof(T)) != cudaSuccess) {
+      throw std::runtime_error("cudaMallocManaged failed");
+    }
+  }
+  managed(const managed&) = delete;
+  managed& operator=(const managed&) = delete;
+  ~managed() { cudaFree(data); }
+  std::span<T> span() { return {data, size}; }
+  T& operator[](std::size_t i) { return data[i]; }
+  T* data = nullptr;
+  std::size_t size;
+};
+
+void nccl_rank_body(baton::local_communicator& host) {
+  auto c = baton::nccl_communicator::bootstrap(host, host.rank());
+  const int n = c.size(), r = c.rank();
+  SUITE_CHECK(c, n == host.size() && r == host.rank());
+
+  // Ring shift by one.
+  managed<std::int32_t> out(256), in(256);
+  for (std::size_t i = 0; i < 256; ++i) out[i] = r * 1000 + static_cast<std::int32_t>(i);
+  auto req = baton::shift(c, std::span<const std::int32_t>(out.span()), in.span(), 1, 0);
+  req.wait();
+  const int prev = comm_suite::mod(r - 1, n);
+  SUITE_CHECK(c, in[0] == prev * 1000 && in[255] == prev * 1000 + 255);
+
+  // all_reduce: integers exact, floats identical on every rank.
+  managed<std::int64_t> ints(1000);
+  for (std::size_t i = 0; i < 1000; ++i) ints[i] = comm_suite::contribution<std::int64_t>(r, i);
+  c.all_reduce(ints.span(), baton::reduce_op::sum);
+  for (std::size_t i = 0; i < 1000; ++i) {
+    std::int64_t expected = 0;
+    for (int s = 0; s < n; ++s) expected += comm_suite::contribution<std::int64_t>(s, i);
+    SUITE_CHECK(c, ints[i] == expected);
+  }
+  managed<float> floats(1000), gathered(1000 * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < 1000; ++i) floats[i] = comm_suite::contribution<float>(r, i);
+  c.all_reduce(floats.span(), baton::reduce_op::sum);
+  c.all_gather(std::span<const float>(floats.span()), gathered.span());
+  for (int s = 1; s < n; ++s) {
+    SUITE_CHECK(c, std::equal(gathered.data, gathered.data + 1000, gathered.data + 1000 * static_cast<std::size_t>(s),
+                              [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
+  }
+
+  // all_to_all and broadcast.
+  managed<std::int32_t> a2a_out(static_cast<std::size_t>(n) * 4), a2a_in(static_cast<std::size_t>(n) * 4);
+  for (int j = 0; j < n; ++j) {
+    for (int k = 0; k < 4; ++k) a2a_out[static_cast<std::size_t>(j * 4 + k)] = r * 100 + j * 10 + k;
+  }
+  c.all_to_all(std::span<const std::int32_t>(a2a_out.span()), a2a_in.span());
+  for (int i = 0; i < n; ++i) SUITE_CHECK(c, a2a_in[static_cast<std::size_t>(i * 4 + 3)] == i * 100 + r * 10 + 3);
+  managed<double> root_data(8);
+  for (std::size_t i = 0; i < 8; ++i) root_data[i] = r == 0 ? 0.25 * static_cast<double>(i) : -1.0;
+  c.broadcast(root_data.span(), 0);
+  SUITE_CHECK(c, root_data[7] == 1.75);
+  c.barrier();
+
+  // split by parity; a negative color is refused on every rank.
+  auto sub = c.split(r % 2, r);
+  SUITE_CHECK(c, sub.size() == (n - r % 2 + 1) / 2);
+  const std::string bad = SUITE_EXPECT_ERROR(c, (void)c.split(-3, 0));
+  SUITE_CHECK_HAS(c, bad, "passed color -3");
+
+  // Bad peers are rejected before NCCL sees them.
+  const std::string peer = SUITE_EXPECT_ERROR(c, (void)baton::isend(c, std::span<const std::int32_t>(out.span()), n, 0));
+  SUITE_CHECK_HAS(c, peer, "peer " + std::to_string(n));
+}
+
+}  // namespace
+
+TEST_CASE("nccl: the communicator concepts", "[comm][nccl]") {
+  using C = baton::nccl_communicator;
+  STATIC_REQUIRE(baton::point_to_point_communicator<C>);
+  STATIC_REQUIRE(baton::collective_communicator<C>);
+  STATIC_REQUIRE(baton::splittable_communicator<C>);
+  STATIC_REQUIRE(baton::ring_communicator<C>);
+  STATIC_REQUIRE(baton::comm_request<baton::nccl_request>);
+}
+
+TEST_CASE("nccl: transfers on every visible GPU", "[comm][nccl]") {
+  const int devices = visible_devices();
+  if (devices == 0) {
+    std::cout << "SKIPPED: no CUDA device\n";
+    return;
+  }
+  const int n = std::min(devices, 4);  // NCCL needs one GPU per rank
+  REQUIRE_NOTHROW(baton::run_local(n, [](baton::local_communicator& host) { nccl_rank_body(host); },
+                                   baton::local_options{.timeout = std::chrono::seconds(60)}));
+}
