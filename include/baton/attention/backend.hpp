@@ -1,0 +1,188 @@
+// baton/attention/backend.hpp — the contract every attention backend keeps.
+//
+// forward(q, k, v, mask, out, lse, params) and backward(q, k, v, out, lse, dout, mask, dq,
+// dk, dv, params): every tensor the computation needs is an argument, nothing is saved
+// between the calls. A ring-attention backward therefore hands each step the K/V it actually
+// attended to (seed 001: a backward that re-read K/V saved at step 0 silently corrupted
+// every gradient).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <baton/attention/error.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/positions.hpp>
+#include <baton/attention/tensor_view.hpp>
+
+namespace baton {
+
+/// The type of the log-sum-exp for element type T: at least fp32 (float for float, double
+/// for double).
+template <class T>
+struct lse_type {
+  static_assert(std::is_floating_point_v<T>,
+                "baton attention: the element type must be float or double (add an lse_type "
+                "specialisation for a custom type, mapping it to float or wider)");
+  using type = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
+};
+template <class T>
+using lse_t = typename lse_type<std::remove_cv_t<T>>::type;
+
+/// Per-call settings shared by forward and backward.
+struct attention_params {
+  /// Global positions of the rows of q (and out, lse, dout, dq) and of k (and v, dk, dv).
+  /// Default: 0..n-1. Masks see these, so a context-parallel shard only changes them.
+  positions q_pos{};
+  positions k_pos{};
+  /// Multiplies q.k before the softmax; 0 selects 1/sqrt(head dim).
+  double softmax_scale = 0;
+  /// backward adds its gradients into dq, dk, dv instead of overwriting them, so a caller
+  /// can sum the contributions of several key/value blocks (ring steps).
+  bool accumulate = false;
+};
+
+/// A backend B models attention_backend<B, T> (T = float or double) when, with q, k, v, out,
+/// dout viewed as tensor_view<const T, 4>, outputs as tensor_view<T, 4> and the LSE as
+/// tensor_view<lse_t<T>, 3> (const in backward), and any attention_mask:
+///   1. `b.forward(q, k, v, mask, out, lse, params)` writes out [batch, seq_q, heads_q, dim]
+///      and lse [batch, heads_q, seq_q] (natural log of the softmax denominator, including
+///      the scale; -inf and out = 0 for a query that may attend to nothing);
+///   2. `b.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params)` writes (or with
+///      params.accumulate adds) the gradients of sum(out * dout), computing P from the given
+///      lse and D = rowsum(dout * out) from the given out — so a ring step may pass the final
+///      merged out and lse rather than its own;
+///   3. k and v are [batch, seq_k, heads_kv, dim] with heads_q % heads_kv == 0 (GQA/MQA);
+///   4. bad shapes throw attention_error naming the tensor and the expected shape;
+///   5. calls are stateless and may run concurrently from several threads.
+template <class B, class T>
+concept attention_backend =
+    requires(B& b, tensor_view<const T, 4> in, tensor_view<T, 4> out_view, tensor_view<lse_t<T>, 3> lse,
+             tensor_view<const lse_t<T>, 3> saved_lse, const no_mask& mask, const attention_params& params) {
+      b.forward(in, in, in, mask, out_view, lse, params);
+      b.backward(in, in, in, in, saved_lse, in, mask, out_view, out_view, out_view, params);
+    };
+
+namespace detail::attn {
+
+/// The problem a call describes, after every check passed.
+struct problem {
+  std::int64_t batch = 0, seq_q = 0, seq_k = 0, heads_q = 0, heads_kv = 0, dim = 0;
+  double scale = 1;
+  positions q_pos, k_pos;
+  [[nodiscard]] std::int64_t group() const noexcept { return heads_q / heads_kv; }
+};
+
+template <class T, std::size_t N>
+void expect_shape(const tensor_view<T, N>& t, const char* name, const std::array<std::int64_t, N>& expected,
+                  const char* meaning) {
+  if (t.extents != expected)
+    throw attention_error(std::string("baton attention: tensor '") + name + "' has shape " +
+                          shape_string(t.extents) + " but expected " + shape_string(expected) + " " + meaning);
+  if (t.data == nullptr && t.size() > 0)
+    throw attention_error(std::string("baton attention: tensor '") + name + "' has shape " +
+                          shape_string(t.extents) + " but a null data pointer");
+}
+
+template <class T, std::size_t N>
+void expect_unit_last_stride(const tensor_view<T, N>& t, const char* name, const char* backend) {
+  if (t.extents[N - 1] > 1 && t.strides[N - 1] != 1)
+    throw attention_error(std::string("baton attention: tensor '") + name + "' has stride " +
+                          std::to_string(t.strides[N - 1]) + " along its last axis; " + backend +
+                          " needs the head dim contiguous (stride 1): pass a copy laid out [..., dim]");
+}
+
+/// Checks q, k, v (and out/lse when given) and returns the problem they describe.
+template <class TQ, class TK, class TV>
+problem check_inputs(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v,
+                     const attention_params& params) {
+  problem p;
+  p.batch = q.extents[0];
+  p.seq_q = q.extents[1];
+  p.heads_q = q.extents[2];
+  p.dim = q.extents[3];
+  for (auto e : q.extents)
+    if (e < 0) throw attention_error("baton attention: tensor 'q' has a negative extent " + shape_string(q.extents));
+  if (q.data == nullptr && q.size() > 0)
+    throw attention_error("baton attention: tensor 'q' has shape " + shape_string(q.extents) + " but a null data pointer");
+  if (p.dim == 0 && q.size() == 0 && p.batch * p.seq_q * p.heads_q > 0)
+    throw attention_error("baton attention: tensor 'q' has head dim 0; expected [batch, seq_q, heads_q, dim] with dim >= 1");
+  p.seq_k = k.extents[1];
+  p.heads_kv = k.extents[2];
+  if (p.seq_k < 0)
+    throw attention_error("baton attention: tensor 'k' has a negative extent " + shape_string(k.extents));
+  if (p.heads_kv <= 0 && p.heads_q > 0)
+    throw attention_error("baton attention: tensor 'k' has shape " + shape_string(k.extents) +
+                          "; expected [batch, seq_k, heads_kv, dim] with heads_kv >= 1");
+  if (p.heads_kv > 0 && p.heads_q % p.heads_kv != 0)
+    throw attention_error("baton attention: q has " + std::to_string(p.heads_q) + " heads and k/v have " +
+                          std::to_string(p.heads_kv) +
+                          "; the query heads must be a multiple of the key/value heads (GQA/MQA), "
+                          "e.g. k/v shape [" + std::to_string(p.batch) + ", " + std::to_string(p.seq_k) +
+                          ", heads_kv dividing " + std::to_string(p.heads_q) + ", " + std::to_string(p.dim) + "]");
+  const std::array<std::int64_t, 4> kv_shape{p.batch, p.seq_k, p.heads_kv, p.dim};
+  expect_shape(k, "k", kv_shape, "(k is [batch, seq_k, heads_kv, dim] with batch and dim of q)");
+  expect_shape(v, "v", kv_shape, "(v must have the shape of k)");
+  const double scale = params.softmax_scale;
+  if (!(scale >= 0) || std::isinf(scale))
+    throw attention_error("baton attention: softmax_scale is " + std::to_string(scale) +
+                          "; it must be positive and finite (0 selects 1/sqrt(head dim))");
+  p.scale = scale == 0 ? (p.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(p.dim)) : 1.0) : scale;
+  p.q_pos = params.q_pos.resolved(p.seq_q, "attention_params::q_pos");
+  p.k_pos = params.k_pos.resolved(p.seq_k, "attention_params::k_pos");
+  return p;
+}
+
+template <class TO, class TL>
+void check_forward_outputs(const problem& p, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse) {
+  const std::array<std::int64_t, 4> q_shape{p.batch, p.seq_q, p.heads_q, p.dim};
+  expect_shape(out, "out", q_shape, "(out has the shape of q: [batch, seq_q, heads_q, dim])");
+  expect_shape(lse, "lse", std::array<std::int64_t, 3>{p.batch, p.heads_q, p.seq_q}, "(lse is [batch, heads_q, seq_q])");
+}
+
+template <class TO, class TL, class TD, class TG, class TKV>
+void check_backward_tensors(const problem& p, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse,
+                            const tensor_view<TD, 4>& dout, const tensor_view<TG, 4>& dq,
+                            const tensor_view<TKV, 4>& dk, const tensor_view<TKV, 4>& dv) {
+  check_forward_outputs(p, out, lse);
+  const std::array<std::int64_t, 4> q_shape{p.batch, p.seq_q, p.heads_q, p.dim};
+  const std::array<std::int64_t, 4> kv_shape{p.batch, p.seq_k, p.heads_kv, p.dim};
+  expect_shape(dout, "dout", q_shape, "(dout has the shape of out: [batch, seq_q, heads_q, dim])");
+  expect_shape(dq, "dq", q_shape, "(dq has the shape of q: [batch, seq_q, heads_q, dim])");
+  expect_shape(dk, "dk", kv_shape, "(dk has the shape of k: [batch, seq_k, heads_kv, dim])");
+  expect_shape(dv, "dv", kv_shape, "(dv has the shape of v: [batch, seq_k, heads_kv, dim])");
+}
+
+/// Compile-time checks shared by backends: one element type, mutable outputs, lse_t LSE.
+template <class TQ, class TK, class TV, class TO, class TL>
+constexpr void static_check_forward_types() {
+  using T = std::remove_const_t<TQ>;
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "baton attention: q, k, v must hold float or double");
+  static_assert(std::is_same_v<std::remove_const_t<TK>, T> && std::is_same_v<std::remove_const_t<TV>, T>,
+                "baton attention: q, k and v must have the same element type");
+  static_assert(std::is_same_v<TO, T>, "baton attention: out must be a mutable tensor_view<T, 4> with T the element type of q");
+  static_assert(std::is_same_v<TL, lse_t<T>>,
+                "baton attention: lse must be a mutable tensor_view<lse_t<T>, 3> (float for float, double for double)");
+}
+
+template <class TQ, class TK, class TV, class TO, class TL, class TD, class TG1, class TG2, class TG3>
+constexpr void static_check_backward_types() {
+  using T = std::remove_const_t<TQ>;
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "baton attention: q, k, v must hold float or double");
+  static_assert(std::is_same_v<std::remove_const_t<TK>, T> && std::is_same_v<std::remove_const_t<TV>, T> &&
+                    std::is_same_v<std::remove_const_t<TO>, T> && std::is_same_v<std::remove_const_t<TD>, T>,
+                "baton attention: q, k, v, out and dout must have the same element type");
+  static_assert(std::is_same_v<std::remove_const_t<TL>, lse_t<T>>,
+                "baton attention: lse must be a tensor_view<const lse_t<T>, 3> (float for float, double for double)");
+  static_assert(std::is_same_v<TG1, T> && std::is_same_v<TG2, T> && std::is_same_v<TG3, T>,
+                "baton attention: dq, dk, dv must be mutable tensor_view<T, 4> with T the element type of q");
+}
+
+}  // namespace detail::attn
+}  // namespace baton

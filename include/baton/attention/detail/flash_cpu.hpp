@@ -1,0 +1,794 @@
+// baton/attention/detail/flash_cpu.hpp — tiled flash attention on the host: the tiles only.
+//
+// The Kokkos backend (attention/kokkos.hpp) launches these per work item; nothing here
+// knows about Kokkos, and nothing here is shared between work items except read-only
+// packed inputs, so any number of items (and any number of calling threads) may run at once.
+//
+// Algorithm (FlashAttention-2, on a CPU):
+//   forward, per (batch, head, block of 64 queries): S = Q K^T for a block of 64 keys as a
+//     register-tiled GEMM, an online softmax in the log2 domain (running max m, sum l), and
+//     O += P V; out = O / l, lse = (m + log2 l) ln 2.
+//   backward: D = rowsum(dO * O); a key-block pass (per batch, kv head, key block: loop over
+//     every query block of every query head of the group) accumulating dV += P^T dO and
+//     dK += dS^T Q; and a query-block pass accumulating dQ += dS K. Each output element is
+//     written by exactly one work item: deterministic, no atomics.
+// Inputs are packed once per call into contiguous, zero-padded blocks (K^T per key block,
+// V rows, ...), so the inner loops read unit-stride memory that stays in L1/L2 whatever the
+// caller's strides (a [batch, seq, heads, dim] row is heads*dim elements from the next).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <vector>
+
+#include <baton/attention/backend.hpp>
+#include <baton/attention/detail/simd.hpp>
+#include <baton/attention/detail/workspace.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/tensor_view.hpp>
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define BATON_ATTN_UNROLL _Pragma("GCC unroll 16")
+#else
+#define BATON_ATTN_UNROLL
+#endif
+
+namespace baton::detail::attn {
+
+inline constexpr std::int64_t block_q = 64;  // queries per tile
+inline constexpr std::int64_t block_k = 64;  // keys per tile
+inline constexpr int tile_rows = 4;          // rows of the register tile
+// Vectors per register-tile row: 4 x 4 accumulators + 4 operands fit 32 registers (AVX-512);
+// with 16 registers, 4 x 2.
+inline constexpr int tile_vectors = vector_registers >= 32 ? 4 : 2;
+// Contraction chunk: keeps a 128 x (tile_vectors * width) panel of B in L1.
+inline constexpr std::int64_t contraction_chunk = 128;
+
+[[nodiscard]] constexpr std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
+
+// Key columns of a score tile are computed in whole vectors and read in whole register-tile
+// rows (P^T as the A operand): round up to both. Both are powers of two.
+template <class T>
+inline constexpr std::int64_t key_column_multiple = std::max<std::int64_t>(width_v<T>, tile_rows);
+
+/// Zero-initialised, 64-byte aligned heap array: per-call and per-item scratch (never global).
+template <class T>
+class scratch {
+ public:
+  scratch() = default;
+  explicit scratch(std::int64_t n, bool zeroed = true) : n_(n) {
+    if (n_ > 0) {
+      p_ = static_cast<T*>(::operator new(static_cast<std::size_t>(n_) * sizeof(T), std::align_val_t{64}));
+      if (zeroed) std::memset(static_cast<void*>(p_), 0, static_cast<std::size_t>(n_) * sizeof(T));
+    }
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  scratch(scratch&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  scratch& operator=(scratch&& o) noexcept {
+    std::swap(n_, o.n_);
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~scratch() {
+    if (p_) ::operator delete(static_cast<void*>(p_), std::align_val_t{64});
+  }
+  [[nodiscard]] T* data() const noexcept { return p_; }
+  T& operator[](std::int64_t i) const noexcept { return p_[i]; }
+
+ private:
+  std::int64_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------
+// GEMM tiles. C[rows x cols] (= or +=) A[rows x kdim] * B[kdim x cols], where
+// A(r, k) = a[r * a_row + k * a_k] (so A^T is the same call with the strides swapped) and B
+// is row-major with leading dimension ldb. rows is a multiple of tile_rows and cols of the
+// vector width: callers pad their packed operands with zeros.
+
+template <class T, int R, int NV, bool Accumulate>
+BATON_ATTN_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std::int64_t a_row, std::int64_t a_k,
+                                       const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  using V = vec_t<T>;
+  constexpr int W = width_v<T>;
+  V acc[R][NV];
+  BATON_ATTN_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BATON_ATTN_UNROLL
+    for (int v = 0; v < NV; ++v) acc[r][v] = Accumulate ? load(c + r * ldc + v * W) : V{};
+  }
+  for (std::int64_t k = 0; k < kdim; ++k) {
+    const T* bk = b + k * ldb;
+    V bv[NV];
+    BATON_ATTN_UNROLL
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = load(bk + v * W);
+      pin_register(bv[v]);
+    }
+    const T* ak = a + k * a_k;
+    BATON_ATTN_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const V ar = broadcast(ak[r * a_row]);
+      BATON_ATTN_UNROLL
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, bv[v], acc[r][v]);
+    }
+  }
+  BATON_ATTN_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BATON_ATTN_UNROLL
+    for (int v = 0; v < NV; ++v) store(c + r * ldc + v * W, acc[r][v]);
+  }
+}
+
+// Not inlined on purpose: inlined into a large caller, GCC spills the pinned operand
+// registers to the stack on every iteration.
+template <class T, int NV, bool Accumulate>
+BATON_ATTN_NOINLINE void gemm_column_panel(T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
+                              std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  // Narrow panels (a partial tile's few key columns, small head dims) take more rows per
+  // register tile, so that enough independent accumulators hide the FMA latency.
+  constexpr int R = std::max(tile_rows, vector_registers / 2 / NV / tile_rows * tile_rows);
+  std::int64_t r0 = 0;
+  if constexpr (R > tile_rows)
+    for (; r0 + R <= rows; r0 += R)
+      gemm_micro_tile<T, R, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim);
+  for (; r0 < rows; r0 += tile_rows)
+    gemm_micro_tile<T, tile_rows, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim);
+}
+
+template <class T, bool Accumulate>
+inline void gemm_panel_dispatch(int nv, T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
+                                std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  static_assert(tile_vectors == 4 || tile_vectors == 2);
+  switch (nv) {
+    case 4:
+      if constexpr (tile_vectors >= 4) gemm_column_panel<T, 4, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim);
+      break;
+    case 3:
+      if constexpr (tile_vectors >= 3) gemm_column_panel<T, 3, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim);
+      break;
+    case 2: gemm_column_panel<T, 2, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim); break;
+    default: gemm_column_panel<T, 1, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim); break;
+  }
+}
+
+template <class T, bool Accumulate>
+inline void gemm(T* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols, const T* a, std::int64_t a_row,
+                 std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  constexpr int W = width_v<T>;
+  if (kdim <= 0) {
+    if constexpr (!Accumulate)
+      for (std::int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + cols, T(0));
+    return;
+  }
+  for (std::int64_t k0 = 0; k0 < kdim; k0 += contraction_chunk) {
+    const std::int64_t kc = std::min(contraction_chunk, kdim - k0);
+    const T* ak = a + k0 * a_k;
+    const T* bk = b + k0 * ldb;
+    for (std::int64_t c0 = 0; c0 < cols; c0 += tile_vectors * W) {
+      const int nv = static_cast<int>(std::min<std::int64_t>(tile_vectors, (cols - c0) / W));
+      if (Accumulate || k0 > 0)
+        gemm_panel_dispatch<T, true>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc);
+      else
+        gemm_panel_dispatch<T, false>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared per-call data: the problem, packed operands and the position blocks masks classify.
+
+template <class T>
+struct flash_layout {
+  problem p;
+  std::int64_t dim_padded = 0;  // head dim rounded up to the vector width (packed rows)
+  std::int64_t q_blocks = 0, k_blocks = 0;
+  std::int64_t seq_q_padded = 0, seq_k_padded = 0;
+  std::vector<position_block> q_tiles, k_tiles;
+
+  explicit flash_layout(const problem& prob) : p(prob) {
+    dim_padded = round_up(std::max<std::int64_t>(p.dim, 1), width_v<T>);
+    q_blocks = (p.seq_q + block_q - 1) / block_q;
+    k_blocks = (p.seq_k + block_k - 1) / block_k;
+    seq_q_padded = q_blocks * block_q;
+    seq_k_padded = k_blocks * block_k;
+    // position_block keeps a pointer to its positions: they live in this->p, which does not
+    // move while the layout is used (the layout is neither copied nor moved).
+    q_tiles.reserve(static_cast<std::size_t>(q_blocks));
+    for (std::int64_t i = 0; i < q_blocks; ++i)
+      q_tiles.emplace_back(p.q_pos, i * block_q, std::min(block_q, p.seq_q - i * block_q));
+    k_tiles.reserve(static_cast<std::size_t>(k_blocks));
+    for (std::int64_t j = 0; j < k_blocks; ++j)
+      k_tiles.emplace_back(p.k_pos, j * block_k, std::min(block_k, p.seq_k - j * block_k));
+  }
+  flash_layout(const flash_layout&) = delete;
+  flash_layout& operator=(const flash_layout&) = delete;
+
+  [[nodiscard]] std::int64_t kv_block_index(std::int64_t b, std::int64_t hk, std::int64_t kb) const noexcept {
+    return (b * p.heads_kv + hk) * k_blocks + kb;
+  }
+  [[nodiscard]] std::int64_t q_row_index(std::int64_t b, std::int64_t h, std::int64_t i) const noexcept {
+    return (b * p.heads_q + h) * seq_q_padded + i;
+  }
+};
+
+/// Which part of a 64 x 64 tile a mask leaves, at the granularity of register-tile row groups.
+/// Full tiles are computed whole. In a partial tile every pair is tested once, up front;
+/// each group of 4 query rows then computes only the key columns (rounded out to whole
+/// vectors) holding an allowed pair, and each group of 4 keys contracts only over the query
+/// rows holding one. On a causal diagonal tile that skips ~40% of the GEMM work; elsewhere
+/// it costs one pass over the tile's pairs, which a partial tile needed anyway.
+template <class T>
+struct tile_extent {
+  static constexpr std::int64_t row_groups = block_q / tile_rows;
+  static constexpr std::int64_t key_groups = block_k / tile_rows;
+
+  std::int64_t rows = 0;   // query rows computed: qc rounded up to tile_rows (padding rows are masked)
+  std::int64_t kc = 0;     // keys in the tile
+  std::int64_t kcols = 0;  // key columns computed at most (vector and tile_rows multiple)
+  bool partial = false;
+  std::int64_t col_begin[row_groups], col_end[row_groups];  // per query row group; empty when equal
+  std::int64_t row_begin[key_groups], row_end[key_groups];  // per key group
+  alignas(64) T bias[block_q][block_k];                      // partial tiles: 0 allowed, -inf masked
+
+  template <class Mask>
+  void set(block_kind kind, const Mask& mask, const position_block& qt, const position_block& kt, std::int64_t qc,
+           std::int64_t key_count) {
+    constexpr std::int64_t W = width_v<T>;
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    rows = round_up(qc, tile_rows);
+    kc = key_count;
+    kcols = round_up(kc, key_column_multiple<T>);
+    partial = kind == block_kind::partial;
+    const std::int64_t groups = rows / tile_rows, kgroups = round_up(kc, tile_rows) / tile_rows;
+    if (!partial) {
+      for (std::int64_t g = 0; g < groups; ++g) {
+        col_begin[g] = 0;
+        col_end[g] = kcols;
+      }
+      for (std::int64_t g = 0; g < kgroups; ++g) {
+        row_begin[g] = 0;
+        row_end[g] = rows;
+      }
+      return;
+    }
+    std::int64_t kpos[block_k];
+    for (std::int64_t j = 0; j < kc; ++j) kpos[j] = kt[j];
+    for (std::int64_t g = 0; g < kgroups; ++g) {
+      row_begin[g] = rows;
+      row_end[g] = 0;
+    }
+    for (std::int64_t g = 0; g < groups; ++g) {
+      std::int64_t lo = kc, hi = 0;
+      for (std::int64_t i = g * tile_rows; i < (g + 1) * tile_rows; ++i) {
+        T* row = bias[i];
+        std::fill(row + (i < qc ? kc : 0), row + kcols, neg_inf);
+        if (i >= qc) continue;
+        const std::int64_t qpos = qt[i];
+        std::int64_t first = kc, last = -1;
+        for (std::int64_t j = 0; j < kc; ++j) {  // branch-free: vectorises for the built-in masks
+          const bool a = mask.allowed(qpos, kpos[j]);
+          row[j] = a ? T(0) : neg_inf;
+          first = a && j < first ? j : first;
+          last = a && j > last ? j : last;
+        }
+        if (last < 0) continue;
+        // The row's first and last allowed key bound everything below: a key group's row
+        // range may then include rows with no allowed key in it (their P is 0, which is
+        // harmless), never exclude one that has.
+        lo = std::min(lo, first);
+        hi = std::max(hi, last + 1);
+        for (std::int64_t kg = first / tile_rows; kg <= last / tile_rows; ++kg) {
+          row_begin[kg] = std::min(row_begin[kg], i);
+          row_end[kg] = std::max(row_end[kg], i + 1);
+        }
+      }
+      col_begin[g] = lo < hi ? lo / W * W : 0;
+      col_end[g] = lo < hi ? round_up(hi, W) : 0;
+    }
+    for (std::int64_t g = 0; g < kgroups; ++g)
+      if (row_begin[g] >= row_end[g]) row_begin[g] = row_end[g] = 0;
+  }
+
+  [[nodiscard]] std::int64_t groups() const noexcept { return rows / tile_rows; }
+  /// Number of consecutive row groups from g with g's column range (one GEMM call for them).
+  [[nodiscard]] std::int64_t same_columns_run(std::int64_t g) const noexcept {
+    std::int64_t n = 1;
+    while (g + n < groups() && col_begin[g + n] == col_begin[g] && col_end[g + n] == col_end[g]) ++n;
+    return n;
+  }
+  [[nodiscard]] std::int64_t key_groups_used() const noexcept { return round_up(kc, tile_rows) / tile_rows; }
+};
+
+/// The mask's verdict on every key tile for one query tile, computed once per work item.
+template <class Mask>
+std::vector<block_kind> classify_row_of_tiles(const Mask& mask, const position_block& q_tile,
+                                              const std::vector<position_block>& k_tiles) {
+  std::vector<block_kind> kinds(k_tiles.size());
+  for (std::size_t j = 0; j < k_tiles.size(); ++j) kinds[j] = mask.classify(q_tile, k_tiles[j]);
+  return kinds;
+}
+
+[[nodiscard]] inline std::int64_t next_nonempty(const std::vector<block_kind>& kinds, std::int64_t after) noexcept {
+  std::int64_t j = after + 1;
+  while (j < static_cast<std::int64_t>(kinds.size()) && kinds[static_cast<std::size_t>(j)] == block_kind::empty) ++j;
+  return j;
+}
+
+/// C (=) A B^T-style products whose output columns are the tile's keys: S = Q K^T and
+/// dP = dO V^T. a: packed rows [rows][a_ld]; bt: the key tile transposed, [dim][block_k].
+template <class T>
+inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t a_ld, const T* bt, std::int64_t dim) {
+  if (!t.partial) {
+    gemm<T, false>(c, block_k, t.rows, t.kcols, a, a_ld, 1, bt, block_k, dim);
+    return;
+  }
+  for (std::int64_t g = 0; g < t.groups();) {
+    const std::int64_t run = t.same_columns_run(g);
+    if (t.col_end[g] > t.col_begin[g]) {
+      const std::int64_t r0 = g * tile_rows, c0 = t.col_begin[g];
+      gemm<T, false>(c + r0 * block_k + c0, block_k, run * tile_rows, t.col_end[g] - c0, a + r0 * a_ld, a_ld, 1,
+                     bt + c0, block_k, dim);
+    }
+    g += run;
+  }
+}
+
+/// Masks the scores just computed: -inf for disallowed pairs and key columns past the end.
+template <class T>
+inline void tile_mask(const tile_extent<T>& t, T* s) {
+  constexpr int W = width_v<T>;
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  if (!t.partial) {
+    if (t.kc < t.kcols)
+      for (std::int64_t i = 0; i < t.rows; ++i) std::fill(s + i * block_k + t.kc, s + i * block_k + t.kcols, neg_inf);
+    return;
+  }
+  for (std::int64_t i = 0; i < t.rows; ++i) {  // adding -inf masks, adding 0 keeps
+    const std::int64_t g = i / tile_rows;
+    T* row = s + i * block_k;
+    for (std::int64_t j = t.col_begin[g]; j < t.col_end[g]; j += W) store(row + j, load(row + j) + load(t.bias[i] + j));
+  }
+}
+
+/// C[rows][cols] += P B, contracting over the tile's keys: O += P V and dQ += dS K.
+/// p: [rows][block_k]; b: the key tile's rows [kc][b_ld] (zero past kc).
+template <class T>
+inline void tile_accumulate_rows(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* p,
+                                 const T* b, std::int64_t b_ld) {
+  if (!t.partial) {
+    gemm<T, true>(c, ldc, t.rows, cols, p, block_k, 1, b, b_ld, t.kc);
+    return;
+  }
+  for (std::int64_t g = 0; g < t.groups();) {
+    const std::int64_t run = t.same_columns_run(g);
+    if (t.col_end[g] > t.col_begin[g]) {
+      const std::int64_t r0 = g * tile_rows, k0 = t.col_begin[g];
+      gemm<T, true>(c + r0 * ldc, ldc, run * tile_rows, cols, p + r0 * block_k + k0, block_k, 1, b + k0 * b_ld, b_ld,
+                    std::min(t.col_end[g], t.kc) - k0);
+    }
+    g += run;
+  }
+}
+
+/// C[keys][cols] += P^T B, contracting over the tile's query rows: dV += P^T dO and
+/// dK += dS^T Q. p: [rows][block_k] with zeros wherever it was not computed.
+template <class T>
+inline void tile_accumulate_keys(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* p,
+                                 const T* b, std::int64_t b_ld) {
+  if (!t.partial) {
+    gemm<T, true>(c, ldc, round_up(t.kc, tile_rows), cols, p, 1, block_k, b, b_ld, t.rows);
+    return;
+  }
+  for (std::int64_t g = 0; g < t.key_groups_used(); ++g)
+    if (t.row_end[g] > t.row_begin[g]) {
+      const std::int64_t j0 = g * tile_rows, i0 = t.row_begin[g];
+      gemm<T, true>(c + j0 * ldc, ldc, tile_rows, cols, p + i0 * block_k + j0, 1, block_k, b + i0 * b_ld, b_ld,
+                    t.row_end[g] - i0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward.
+
+template <class T>
+struct forward_packed {
+  T* kt = nullptr;  // per (b, hkv, key block): K^T, [dim][block_k]
+  T* v = nullptr;   // per (b, hkv): V rows [seq_k_padded][dim_padded]
+};
+
+/// Places the forward's packed arrays (carver with a null base: only counts the bytes).
+template <class T>
+forward_packed<T> carve_forward_packing(const flash_layout<T>& L, workspace_carver& carver) {
+  const auto& p = L.p;
+  forward_packed<T> packed;
+  packed.kt = carver.take<T>(p.batch * p.heads_kv * L.k_blocks * p.dim * block_k);
+  packed.v = carver.take<T>(p.batch * p.heads_kv * L.seq_k_padded * L.dim_padded);
+  return packed;
+}
+
+/// dst[d * block_k + j] = rows[j][d] for j < count, 0 for count <= j < block_k: a key tile
+/// transposed (K^T, V^T). 4 x 4 (float) or 2 x 2 (double) register transposes on x86; the
+/// scalar loop it replaces cost ~5% of a short causal forward.
+template <class T>
+inline void transpose_rows(const T* const* rows, std::int64_t count, std::int64_t dim, T* dst) noexcept {
+  std::int64_t j = 0;
+#if defined(__GNUC__) && (defined(__SSE2__) || defined(__x86_64__))
+  if constexpr (std::is_same_v<T, float>) {
+    for (; j + 4 <= count; j += 4) {
+      std::int64_t d = 0;
+      for (; d + 4 <= dim; d += 4) {
+        __m128 r0 = _mm_loadu_ps(rows[j] + d), r1 = _mm_loadu_ps(rows[j + 1] + d);
+        __m128 r2 = _mm_loadu_ps(rows[j + 2] + d), r3 = _mm_loadu_ps(rows[j + 3] + d);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+        _mm_storeu_ps(dst + d * block_k + j, r0);
+        _mm_storeu_ps(dst + (d + 1) * block_k + j, r1);
+        _mm_storeu_ps(dst + (d + 2) * block_k + j, r2);
+        _mm_storeu_ps(dst + (d + 3) * block_k + j, r3);
+      }
+      for (; d < dim; ++d)
+        for (std::int64_t jj = j; jj < j + 4; ++jj) dst[d * block_k + jj] = rows[jj][d];
+    }
+  } else {
+    for (; j + 2 <= count; j += 2) {
+      std::int64_t d = 0;
+      for (; d + 2 <= dim; d += 2) {
+        const __m128d r0 = _mm_loadu_pd(rows[j] + d), r1 = _mm_loadu_pd(rows[j + 1] + d);
+        _mm_storeu_pd(dst + d * block_k + j, _mm_unpacklo_pd(r0, r1));
+        _mm_storeu_pd(dst + (d + 1) * block_k + j, _mm_unpackhi_pd(r0, r1));
+      }
+      for (; d < dim; ++d) {
+        dst[d * block_k + j] = rows[j][d];
+        dst[d * block_k + j + 1] = rows[j + 1][d];
+      }
+    }
+  }
+#endif
+  for (; j < count; ++j)
+    for (std::int64_t d = 0; d < dim; ++d) dst[d * block_k + j] = rows[j][d];
+  if (count < block_k)
+    for (std::int64_t d = 0; d < dim; ++d) std::fill(dst + d * block_k + count, dst + (d + 1) * block_k, T(0));
+}
+
+/// Work item (b, hkv, key block) of the packing pass; items = batch * heads_kv * k_blocks.
+template <class T, class TK, class TV>
+inline void pack_kv_block(const flash_layout<T>& L, std::int64_t item, const tensor_view<TK, 4>& k,
+                          const tensor_view<TV, 4>& v, T* kt_out, T* v_rows_out, T* vt_out, T* k_rows_out) {
+  const auto& p = L.p;
+  const std::int64_t kb = item % L.k_blocks;
+  const std::int64_t hk = (item / L.k_blocks) % p.heads_kv;
+  const std::int64_t b = item / (L.k_blocks * p.heads_kv);
+  const std::int64_t k0 = kb * block_k;
+  const std::int64_t kc = std::min(block_k, p.seq_k - k0);
+  const std::int64_t blk = L.kv_block_index(b, hk, kb);
+  const std::int64_t row0 = (b * p.heads_kv + hk) * L.seq_k_padded + k0;
+  const std::int64_t dp = L.dim_padded;
+  // Every byte a tile reads is written here (the workspace is reused, not zeroed): key
+  // columns past the sequence end are 0 in K^T/V^T, and row padding (columns dim..dp, and
+  // whole rows past the end) is 0 in the row-major copies.
+  const T* k_rows[block_k];
+  const T* v_rows[block_k];
+  for (std::int64_t j = 0; j < kc; ++j) {
+    k_rows[j] = &k(b, k0 + j, hk, 0);
+    v_rows[j] = &v(b, k0 + j, hk, 0);
+  }
+  if (kt_out) transpose_rows(k_rows, kc, p.dim, kt_out + blk * p.dim * block_k);
+  if (vt_out) transpose_rows(v_rows, kc, p.dim, vt_out + blk * p.dim * block_k);
+  for (std::int64_t j = 0; j < block_k; ++j) {
+    const bool real = j < kc;
+    const auto copy_row = [&](const T* src, T* dst) {
+      if (real) std::copy(src, src + p.dim, dst);
+      std::fill(dst + (real ? p.dim : 0), dst + dp, T(0));
+    };
+    if (v_rows_out) copy_row(real ? v_rows[j] : nullptr, v_rows_out + (row0 + j) * dp);
+    if (k_rows_out) copy_row(real ? k_rows[j] : nullptr, k_rows_out + (row0 + j) * dp);
+  }
+}
+
+/// Work item (b, h, query block) of the forward pass; items = batch * heads_q * q_blocks.
+template <class T, class Mask, class TQ, class TO, class TL>
+inline void forward_tile(const flash_layout<T>& L, std::int64_t item, const Mask& mask, const tensor_view<TQ, 4>& q,
+                         const forward_packed<T>& packed, const tensor_view<TO, 4>& out,
+                         const tensor_view<TL, 3>& lse) {
+  using V = vec_t<T>;
+  constexpr int W = width_v<T>;
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const auto& p = L.p;
+  const std::int64_t dp = L.dim_padded;
+  const std::int64_t qb = item % L.q_blocks;
+  const std::int64_t h = (item / L.q_blocks) % p.heads_q;
+  const std::int64_t b = item / (L.q_blocks * p.heads_q);
+  const std::int64_t hk = h / p.group();
+  const std::int64_t q0 = qb * block_q;
+  const std::int64_t qc = std::min(block_q, p.seq_q - q0);
+  const std::int64_t rows = round_up(qc, tile_rows);
+  const T c = static_cast<T>(p.scale * 1.4426950408889634074);  // scores in log2 units
+
+  // Per row: running max m (log2 units) and the running sum kept as a vector of partial
+  // sums, reduced once at the end instead of once per tile.
+  // The score tile is written before it is read (see tile_scores / softmax_gradient_tile).
+  scratch<T> qt(block_q * dp), o(block_q * dp), s(block_q * block_k, false), m(block_q), l(block_q * W);
+  for (std::int64_t i = 0; i < qc; ++i) {
+    const auto* src = &q(b, q0 + i, h, 0);
+    std::copy(src, src + p.dim, qt.data() + i * dp);
+  }
+  for (std::int64_t i = 0; i < block_q; ++i) m[i] = neg_inf;
+
+  const T* v_rows = packed.v + (b * p.heads_kv + hk) * L.seq_k_padded * dp;
+  const auto tile_storage = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB: heap, not stack
+  tile_extent<T>& tile = *tile_storage;
+  const std::vector<block_kind> kinds = classify_row_of_tiles(mask, L.q_tiles[qb], L.k_tiles);
+  for (std::int64_t kb = next_nonempty(kinds, -1); kb < L.k_blocks;) {
+    const block_kind kind = kinds[static_cast<std::size_t>(kb)];
+    const std::int64_t next = next_nonempty(kinds, kb);
+    const std::int64_t k0 = kb * block_k;
+    tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], qc, std::min(block_k, p.seq_k - k0));
+    const T* kt = packed.kt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
+
+    tile_scores(tile, s.data(), qt.data(), dp, kt, p.dim);
+    tile_mask(tile, s.data());
+
+    // Online softmax, one row at a time, in the log2 domain, over the columns computed.
+    const V cv = broadcast(c);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t j_begin = tile.col_begin[i / tile_rows], j_end = tile.col_end[i / tile_rows];
+      if (j_begin >= j_end) continue;
+      T* row = s.data() + i * block_k;
+      V vmx = load(row + j_begin);
+      for (std::int64_t j = j_begin + W; j < j_end; j += W) vmx = vmax<T>(vmx, load(row + j));
+      const T row_max = hmax<T>(vmx) * c;
+      const T m_new = std::max(m[i], row_max);
+      const T m_sub = m_new == neg_inf ? T(0) : m_new;  // a row masked so far: exp2(-inf - 0) = 0
+      const V msub = broadcast(-m_sub);
+      V sum{};
+      for (std::int64_t j = j_begin; j < j_end; j += W) {
+        const V e = exp2(fma(load(row + j), cv, msub));
+        store(row + j, e);
+        sum = sum + e;
+      }
+      T* li = l.data() + i * W;
+      if (m_new != m[i]) {  // the max moved: rescale the running sum and the output row
+        const T alpha = std::exp2(m[i] - m_sub);
+        const V av = broadcast(alpha);
+        store(li, load(li) * av + sum);
+        T* orow = o.data() + i * dp;
+        for (std::int64_t d = 0; d < dp; d += W) store(orow + d, load(orow + d) * av);
+        m[i] = m_new;
+      } else {
+        store(li, load(li) + sum);
+      }
+    }
+    tile_accumulate_rows(tile, o.data(), dp, dp, s.data(), v_rows + k0 * dp, dp);
+    kb = next;
+  }
+
+  for (std::int64_t i = 0; i < qc; ++i) {
+    const T row_sum = hsum<T>(load(l.data() + i * W));
+    const bool attends = row_sum > T(0);
+    const T inv = attends ? T(1) / row_sum : T(0);
+    for (std::int64_t d = 0; d < p.dim; ++d) out(b, q0 + i, h, d) = o[i * dp + d] * inv;
+    lse(b, h, q0 + i) = attends ? static_cast<TL>((static_cast<double>(m[i]) + std::log2(static_cast<double>(row_sum))) *
+                                                  0.6931471805599453094)
+                                : -std::numeric_limits<TL>::infinity();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward.
+
+template <class T>
+struct backward_packed {
+  T* q = nullptr;      // per (b, h): Q rows [seq_q_padded][dim_padded]
+  T* dout = nullptr;   // per (b, h): dO rows, same layout
+  T* lse2 = nullptr;   // per (b, h): [seq_q_padded], lse in log2 units (+inf: no gradient)
+  T* delta = nullptr;  // per (b, h): [seq_q_padded], D = rowsum(dO * O)
+  T* kt = nullptr;     // per (b, hkv, key block): K^T, [dim][block_k]
+  T* vt = nullptr;     // per (b, hkv, key block): V^T, [dim][block_k]
+  T* k = nullptr;      // per (b, hkv): K rows [seq_k_padded][dim_padded]
+};
+
+template <class T>
+backward_packed<T> carve_backward_packing(const flash_layout<T>& L, workspace_carver& carver) {
+  const auto& p = L.p;
+  const std::int64_t q_rows = p.batch * p.heads_q * L.seq_q_padded;
+  const std::int64_t kv_blocks = p.batch * p.heads_kv * L.k_blocks;
+  backward_packed<T> packed;
+  packed.q = carver.take<T>(q_rows * L.dim_padded);
+  packed.dout = carver.take<T>(q_rows * L.dim_padded);
+  packed.lse2 = carver.take<T>(q_rows);
+  packed.delta = carver.take<T>(q_rows);
+  packed.kt = carver.take<T>(kv_blocks * p.dim * block_k);
+  packed.vt = carver.take<T>(kv_blocks * p.dim * block_k);
+  packed.k = carver.take<T>(p.batch * p.heads_kv * L.seq_k_padded * L.dim_padded);
+  return packed;
+}
+
+/// Work item (b, h, query block) of the backward packing pass: Q and dO rows, lse in log2
+/// units and D = rowsum(dO * O) (summed in double: it is subtracted from dP, where
+/// cancellation would magnify its error). Padding rows get lse2 = +inf, so P = 0 there.
+template <class T, class TQ, class TO, class TL, class TD>
+inline void pack_q_block(const flash_layout<T>& L, std::int64_t item, const tensor_view<TQ, 4>& q,
+                         const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse,
+                         const tensor_view<TD, 4>& dout, const backward_packed<T>& packed) {
+  const auto& p = L.p;
+  const std::int64_t qb = item % L.q_blocks;
+  const std::int64_t h = (item / L.q_blocks) % p.heads_q;
+  const std::int64_t b = item / (L.q_blocks * p.heads_q);
+  const std::int64_t q0 = qb * block_q;
+  const std::int64_t qc = std::min(block_q, p.seq_q - q0);
+  const std::int64_t dp = L.dim_padded;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  for (std::int64_t i = 0; i < block_q; ++i) {
+    const std::int64_t r = L.q_row_index(b, h, q0 + i);
+    T* q_dst = packed.q + r * dp;
+    T* g_dst = packed.dout + r * dp;
+    if (i >= qc) {  // padding rows: zeros, and P = 0 through lse2 = +inf
+      std::fill(q_dst, q_dst + dp, T(0));
+      std::fill(g_dst, g_dst + dp, T(0));
+      packed.lse2[r] = inf;
+      packed.delta[r] = T(0);
+      continue;
+    }
+    const auto* qrow = &q(b, q0 + i, h, 0);
+    const auto* orow = &out(b, q0 + i, h, 0);
+    const auto* grow = &dout(b, q0 + i, h, 0);
+    std::copy(qrow, qrow + p.dim, q_dst);
+    std::copy(grow, grow + p.dim, g_dst);
+    std::fill(q_dst + p.dim, q_dst + dp, T(0));
+    std::fill(g_dst + p.dim, g_dst + dp, T(0));
+    // Four independent partial sums: one running double sum is a chain of dependent adds
+    // (the compiler may not reassociate it), which cost more than all the packing copies.
+    double partial[4] = {0, 0, 0, 0};
+    std::int64_t d = 0;
+    for (; d + 4 <= p.dim; d += 4)
+      for (int u = 0; u < 4; ++u) partial[u] += static_cast<double>(grow[d + u]) * static_cast<double>(orow[d + u]);
+    for (; d < p.dim; ++d) partial[0] += static_cast<double>(grow[d]) * static_cast<double>(orow[d]);
+    packed.delta[r] = static_cast<T>((partial[0] + partial[1]) + (partial[2] + partial[3]));
+    const double l = static_cast<double>(lse(b, h, q0 + i));
+    // A row that attends to nothing (lse = -inf) contributes no gradient: P = 2^(s - inf) = 0.
+    packed.lse2[r] = (std::isinf(l) && l < 0) ? inf : static_cast<T>(l * 1.4426950408889634074);
+  }
+}
+
+/// P and dS for one tile, in place: s holds scores on entry and P on exit; dp holds dO V^T on
+/// entry and dS = P * (dP - D) on exit. In a partial tile, entries outside a row group's
+/// computed columns are set to 0, so the key-side products may contract over any rows.
+template <class T>
+inline void softmax_gradient_tile(const tile_extent<T>& t, T* s, T* dp, T c, const T* lse2, const T* delta) {
+  using V = vec_t<T>;
+  constexpr int W = width_v<T>;
+  const V cv = broadcast(c);
+  for (std::int64_t i = 0; i < t.rows; ++i) {
+    const std::int64_t j_begin = t.col_begin[i / tile_rows], j_end = t.col_end[i / tile_rows];
+    T* srow = s + i * block_k;
+    T* drow = dp + i * block_k;
+    if (t.partial) {
+      std::fill(srow, srow + j_begin, T(0));
+      std::fill(drow, drow + j_begin, T(0));
+      std::fill(srow + std::max(j_begin, j_end), srow + t.kcols, T(0));
+      std::fill(drow + std::max(j_begin, j_end), drow + t.kcols, T(0));
+    }
+    const V neg_lse = broadcast(-lse2[i]);
+    const V dv = broadcast(delta[i]);
+    for (std::int64_t j = j_begin; j < j_end; j += W) {
+      const V prob = exp2(fma(load(srow + j), cv, neg_lse));
+      store(srow + j, prob);
+      store(drow + j, prob * (load(drow + j) - dv));
+    }
+  }
+}
+
+/// Work item (b, hkv, key block) of the key pass: dK and dV of 64 keys, summed over every
+/// query head of the group and every query block.
+template <class T, class Mask, class TG>
+inline void backward_kv_tile(const flash_layout<T>& L, std::int64_t item, const Mask& mask,
+                             const backward_packed<T>& packed, const tensor_view<TG, 4>& dk,
+                             const tensor_view<TG, 4>& dv, bool accumulate) {
+  const auto& p = L.p;
+  const std::int64_t dp = L.dim_padded;
+  const std::int64_t kb = item % L.k_blocks;
+  const std::int64_t hk = (item / L.k_blocks) % p.heads_kv;
+  const std::int64_t b = item / (L.k_blocks * p.heads_kv);
+  const std::int64_t k0 = kb * block_k;
+  const std::int64_t kc = std::min(block_k, p.seq_k - k0);
+  const T c = static_cast<T>(p.scale * 1.4426950408889634074);
+  const T* kt = packed.kt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
+  const T* vt = packed.vt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
+
+  scratch<T> s(block_q * block_k, false), dpt(block_q * block_k, false), dk_acc(block_k * dp), dv_acc(block_k * dp);
+  bool touched = false;
+  const auto tile_storage = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB: heap, not stack
+  tile_extent<T>& tile = *tile_storage;
+  for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
+    for (std::int64_t qb = 0; qb < L.q_blocks; ++qb) {
+      const block_kind kind = mask.classify(L.q_tiles[qb], L.k_tiles[kb]);
+      if (kind == block_kind::empty) continue;
+      touched = true;
+      const std::int64_t q0 = qb * block_q;
+      tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], std::min(block_q, p.seq_q - q0), kc);
+      const std::int64_t r = L.q_row_index(b, h, q0);
+      const T* qrows = packed.q + r * dp;
+      const T* grows = packed.dout + r * dp;
+
+      tile_scores(tile, s.data(), qrows, dp, kt, p.dim);
+      tile_mask(tile, s.data());
+      tile_scores(tile, dpt.data(), grows, dp, vt, p.dim);
+      softmax_gradient_tile(tile, s.data(), dpt.data(), c, packed.lse2 + r, packed.delta + r);
+      tile_accumulate_keys(tile, dv_acc.data(), dp, dp, s.data(), grows, dp);   // dV += P^T dO
+      tile_accumulate_keys(tile, dk_acc.data(), dp, dp, dpt.data(), qrows, dp);  // dK += dS^T Q
+    }
+
+  const T scale = static_cast<T>(p.scale);
+  for (std::int64_t j = 0; j < kc; ++j)
+    for (std::int64_t d = 0; d < p.dim; ++d) {
+      const T gk = touched ? dk_acc[j * dp + d] * scale : T(0);
+      const T gv = touched ? dv_acc[j * dp + d] : T(0);
+      TG& tk = dk(b, k0 + j, hk, d);
+      TG& tv = dv(b, k0 + j, hk, d);
+      tk = accumulate ? tk + gk : gk;
+      tv = accumulate ? tv + gv : gv;
+    }
+}
+
+/// Work item (b, h, query block) of the query pass: dQ of 64 queries.
+template <class T, class Mask, class TG>
+inline void backward_q_tile(const flash_layout<T>& L, std::int64_t item, const Mask& mask,
+                            const backward_packed<T>& packed, const tensor_view<TG, 4>& dq, bool accumulate) {
+  const auto& p = L.p;
+  const std::int64_t dp = L.dim_padded;
+  const std::int64_t qb = item % L.q_blocks;
+  const std::int64_t h = (item / L.q_blocks) % p.heads_q;
+  const std::int64_t b = item / (L.q_blocks * p.heads_q);
+  const std::int64_t hk = h / p.group();
+  const std::int64_t q0 = qb * block_q;
+  const std::int64_t qc = std::min(block_q, p.seq_q - q0);
+  const T c = static_cast<T>(p.scale * 1.4426950408889634074);
+  const std::int64_t r = L.q_row_index(b, h, q0);
+  const T* qrows = packed.q + r * dp;
+  const T* grows = packed.dout + r * dp;
+  const T* k_rows = packed.k + (b * p.heads_kv + hk) * L.seq_k_padded * dp;
+
+  scratch<T> s(block_q * block_k, false), dpt(block_q * block_k, false), dq_acc(block_q * dp);
+  const auto tile_storage = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB: heap, not stack
+  tile_extent<T>& tile = *tile_storage;
+  const std::vector<block_kind> kinds = classify_row_of_tiles(mask, L.q_tiles[qb], L.k_tiles);
+  for (std::int64_t kb = next_nonempty(kinds, -1); kb < L.k_blocks;) {
+    const block_kind kind = kinds[static_cast<std::size_t>(kb)];
+    const std::int64_t next = next_nonempty(kinds, kb);
+    const std::int64_t k0 = kb * block_k;
+    tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], qc, std::min(block_k, p.seq_k - k0));
+    const T* kt = packed.kt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
+    const T* vt = packed.vt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
+
+    tile_scores(tile, s.data(), qrows, dp, kt, p.dim);
+    tile_mask(tile, s.data());
+    tile_scores(tile, dpt.data(), grows, dp, vt, p.dim);
+    softmax_gradient_tile(tile, s.data(), dpt.data(), c, packed.lse2 + r, packed.delta + r);
+    tile_accumulate_rows(tile, dq_acc.data(), dp, dp, dpt.data(), k_rows + k0 * dp, dp);  // dQ += dS K
+    kb = next;
+  }
+
+  const T scale = static_cast<T>(p.scale);
+  for (std::int64_t i = 0; i < qc; ++i)
+    for (std::int64_t d = 0; d < p.dim; ++d) {
+      const T g = dq_acc[i * dp + d] * scale;
+      TG& t = dq(b, q0 + i, h, d);
+      t = accumulate ? t + g : g;
+    }
+}
+
+}  // namespace baton::detail::attn
+
+#undef BATON_ATTN_UNROLL
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif

@@ -1,0 +1,314 @@
+// baton/attention/detail/simd.hpp — the few vector operations the CPU flash kernels use.
+//
+// One native vector register per value, through the GCC/Clang vector extension (so the
+// compiler keeps the tile accumulators in registers rather than hoping the auto-vectoriser
+// finds them), with a plain-array fallback for other compilers. Widths follow the target:
+// 64 bytes with AVX-512, 32 with AVX, 16 otherwise.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#endif
+
+namespace baton::detail::attn {
+
+#if defined(__AVX512F__)
+inline constexpr int vector_bytes = 64;
+inline constexpr int vector_registers = 32;
+#elif defined(__AVX__)
+inline constexpr int vector_bytes = 32;
+inline constexpr int vector_registers = 16;
+#else
+inline constexpr int vector_bytes = 16;
+inline constexpr int vector_registers = 16;
+#endif
+
+#if defined(__GNUC__)
+#define BATON_ATTN_INLINE inline __attribute__((always_inline))
+#define BATON_ATTN_NOINLINE __attribute__((noinline)) inline
+// Passing a 64-byte vector by value to a non-inlined function changes the psABI; every
+// function here is always_inline, so GCC's note about it is noise.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef float vf_t __attribute__((vector_size(vector_bytes)));
+typedef double vd_t __attribute__((vector_size(vector_bytes)));
+typedef std::int32_t vi32_t __attribute__((vector_size(vector_bytes)));
+typedef std::int64_t vi64_t __attribute__((vector_size(vector_bytes)));
+
+template <class T>
+struct simd;
+template <>
+struct simd<float> {
+  using type = vf_t;
+  using bits = vi32_t;
+};
+template <>
+struct simd<double> {
+  using type = vd_t;
+  using bits = vi64_t;
+};
+#else
+#define BATON_ATTN_INLINE inline
+#define BATON_ATTN_NOINLINE inline
+
+template <class T, class E>
+struct fallback_vector {
+  static constexpr int n = vector_bytes / sizeof(T);
+  T v[n];
+  T& operator[](int i) { return v[i]; }
+  T operator[](int i) const { return v[i]; }
+#define BATON_ATTN_OP(op)                                                         \
+  friend fallback_vector operator op(fallback_vector a, const fallback_vector& b) { \
+    for (int i = 0; i < n; ++i) a.v[i] = a.v[i] op b.v[i];                        \
+    return a;                                                                     \
+  }                                                                               \
+  friend fallback_vector operator op(fallback_vector a, T b) {                    \
+    for (int i = 0; i < n; ++i) a.v[i] = a.v[i] op b;                             \
+    return a;                                                                     \
+  }
+  BATON_ATTN_OP(+)
+  BATON_ATTN_OP(-)
+  BATON_ATTN_OP(*)
+#undef BATON_ATTN_OP
+};
+template <class T>
+struct simd {
+  using type = fallback_vector<T, void>;
+};
+#endif
+
+template <class T>
+using vec_t = typename simd<T>::type;
+template <class T>
+inline constexpr int width_v = vector_bytes / static_cast<int>(sizeof(T));
+
+template <class T>
+BATON_ATTN_INLINE vec_t<T> load(const T* p) noexcept {
+  vec_t<T> v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <class T>
+BATON_ATTN_INLINE void store(T* p, const vec_t<T>& v) noexcept {
+  std::memcpy(p, &v, sizeof(v));
+}
+/// Keeps v in a register: the compiler may not re-load it from memory at each use (it
+/// otherwise folds one load into every FMA that reads it, which makes the tile load-bound).
+template <class V>
+BATON_ATTN_INLINE void pin_register(V& v) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+template <class T>
+BATON_ATTN_INLINE vec_t<T> broadcast(T s) noexcept {
+#if defined(__GNUC__)
+  return s - vec_t<T>{};  // s - 0 is s for every s (-0 too), so this folds to a plain broadcast
+#else
+  vec_t<T> v;
+  for (int i = 0; i < width_v<T>; ++i) v[i] = s;
+  return v;
+#endif
+}
+
+/// a * b + c, fused where the target has FMA (independent of -ffp-contract).
+BATON_ATTN_INLINE vec_t<float> fma(const vec_t<float>& a, const vec_t<float>& b, const vec_t<float>& c) noexcept {
+#if defined(__GNUC__) && defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__GNUC__) && defined(__FMA__) && defined(__AVX__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+BATON_ATTN_INLINE vec_t<double> fma(const vec_t<double>& a, const vec_t<double>& b, const vec_t<double>& c) noexcept {
+#if defined(__GNUC__) && defined(__AVX512F__)
+  return _mm512_fmadd_pd(a, b, c);
+#elif defined(__GNUC__) && defined(__FMA__) && defined(__AVX__)
+  return _mm256_fmadd_pd(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+template <class T>
+BATON_ATTN_INLINE vec_t<T> vmax(const vec_t<T>& a, const vec_t<T>& b) noexcept {
+#if defined(__GNUC__)
+  return a > b ? a : b;
+#else
+  vec_t<T> r;
+  for (int i = 0; i < width_v<T>; ++i) r[i] = a[i] > b[i] ? a[i] : b[i];
+  return r;
+#endif
+}
+template <class T>
+BATON_ATTN_INLINE vec_t<T> vmin(const vec_t<T>& a, const vec_t<T>& b) noexcept {
+#if defined(__GNUC__)
+  return a < b ? a : b;
+#else
+  vec_t<T> r;
+  for (int i = 0; i < width_v<T>; ++i) r[i] = a[i] < b[i] ? a[i] : b[i];
+  return r;
+#endif
+}
+
+// Horizontal reductions: log-step shuffles where the target has them (a linear chain of 15
+// dependent scalar ops per row would cost as much as a fifth of a tile's GEMMs). Written
+// with plain AVX shuffles rather than _mm512_reduce_* / _mm512_extract*, whose undefined
+// operand trips -Wmaybe-uninitialized inside GCC 12's own header.
+#if defined(__GNUC__) && defined(__AVX__)
+struct reduce_max_op {
+  static __m128 f(__m128 a, __m128 b) noexcept { return _mm_max_ps(a, b); }
+  static __m128d f(__m128d a, __m128d b) noexcept { return _mm_max_pd(a, b); }
+};
+struct reduce_add_op {
+  static __m128 f(__m128 a, __m128 b) noexcept { return _mm_add_ps(a, b); }
+  static __m128d f(__m128d a, __m128d b) noexcept { return _mm_add_pd(a, b); }
+};
+template <class Op>
+BATON_ATTN_INLINE float reduce128(__m128 x) noexcept {
+  x = Op::f(x, _mm_movehl_ps(x, x));
+  x = Op::f(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
+template <class Op>
+BATON_ATTN_INLINE double reduce128(__m128d x) noexcept {
+  return _mm_cvtsd_f64(Op::f(x, _mm_unpackhi_pd(x, x)));
+}
+template <class Op, class T>
+BATON_ATTN_INLINE T reduce(const vec_t<T>& v) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+    __m256 lo, hi;  // halves by memcpy: compiles to one extract, no intrinsic with an undefined operand
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    const __m256 y = std::is_same_v<Op, reduce_max_op> ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);
+#else
+    const __m256 y = v;
+#endif
+    return reduce128<Op>(Op::f(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1)));
+  } else {
+#if defined(__AVX512F__)
+    __m256d lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    const __m256d y = std::is_same_v<Op, reduce_max_op> ? _mm256_max_pd(lo, hi) : _mm256_add_pd(lo, hi);
+#else
+    const __m256d y = v;
+#endif
+    return reduce128<Op>(Op::f(_mm256_castpd256_pd128(y), _mm256_extractf128_pd(y, 1)));
+  }
+}
+#endif
+
+template <class T>
+BATON_ATTN_INLINE T hmax(const vec_t<T>& v) noexcept {
+#if defined(__GNUC__) && defined(__AVX__)
+  return reduce<reduce_max_op, T>(v);
+#else
+  T m = v[0];
+  for (int i = 1; i < width_v<T>; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+#endif
+}
+template <class T>
+BATON_ATTN_INLINE T hsum(const vec_t<T>& v) noexcept {
+#if defined(__GNUC__) && defined(__AVX__)
+  return reduce<reduce_add_op, T>(v);
+#else
+  T s = v[0];
+  for (int i = 1; i < width_v<T>; ++i) s += v[i];
+  return s;
+#endif
+}
+
+/// 2^x per lane. Inputs below the smallest normal exponent give exactly 0 (so -inf, a
+/// masked score, gives 0 without a test); NaN gives 0 too. Relative error ~1e-7 (float,
+/// degree-7 Taylor of e^(f ln 2) on |f| <= 1/2) and ~3e-16 (double, degree 13).
+BATON_ATTN_INLINE vec_t<float> exp2(vec_t<float> x) noexcept {
+  x = vmax<float>(x, broadcast(-127.0f));  // NaN and -inf become -127: 2^n with n = -127 is 0 below
+  x = vmin<float>(x, broadcast(127.0f));
+  // Round to nearest through the 1.5 * 2^23 shifter: afterwards the low mantissa bits of t
+  // hold n + 2^22 + 2^23 in binary, so bits(t) - bits(shifter) = n.
+  const vec_t<float> shifter = broadcast(12582912.0f);
+  const vec_t<float> t = x + shifter;
+  const vec_t<float> n = t - shifter;
+  const vec_t<float> f = x - n;  // in [-1/2, 1/2]
+  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
+                  c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
+                  c7 = 1.525273380405984e-05f;
+  vec_t<float> p = broadcast(c7);
+  p = fma(p, f, broadcast(c6));
+  p = fma(p, f, broadcast(c5));
+  p = fma(p, f, broadcast(c4));
+  p = fma(p, f, broadcast(c3));
+  p = fma(p, f, broadcast(c2));
+  p = fma(p, f, broadcast(c1));
+  p = fma(p, f, broadcast(1.0f));
+#if defined(__GNUC__)
+  const vi32_t ni = std::bit_cast<vi32_t>(t) - std::bit_cast<std::int32_t>(12582912.0f);
+  const vi32_t scale_bits = (ni + 127) << 23;
+  return p * std::bit_cast<vf_t>(scale_bits);
+#else
+  vec_t<float> r;
+  for (int i = 0; i < width_v<float>; ++i) {
+    const std::int32_t ni = static_cast<std::int32_t>(n[i]);
+    r[i] = p[i] * std::bit_cast<float>(static_cast<std::int32_t>((ni + 127) << 23));
+  }
+  return r;
+#endif
+}
+
+BATON_ATTN_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {
+  x = vmax<double>(x, broadcast(-1023.0));
+  x = vmin<double>(x, broadcast(1023.0));
+  const vec_t<double> shifter = broadcast(6755399441055744.0);  // 1.5 * 2^52
+  const vec_t<double> t = x + shifter;
+  const vec_t<double> n = t - shifter;
+  const vec_t<double> f = x - n;
+  // ln(2)^k / k!
+  constexpr double c[] = {1.0,
+                          0.6931471805599453094,
+                          0.2402265069591007123,
+                          0.05550410866482157995,
+                          0.009618129107628477162,
+                          0.001333355814642844343,
+                          0.0001540353039338160995,
+                          1.525273380405984028e-05,
+                          1.321548679014430948e-06,
+                          1.017808600923969859e-07,
+                          7.054911620801123329e-09,
+                          4.445538271870811497e-10,
+                          2.567843599348820264e-11,
+                          1.369148885390412482e-12};
+  vec_t<double> p = broadcast(c[13]);
+  for (int k = 12; k >= 0; --k) p = fma(p, f, broadcast(c[k]));
+#if defined(__GNUC__)
+  const vi64_t ni = std::bit_cast<vi64_t>(t) - std::bit_cast<std::int64_t>(6755399441055744.0);
+  const vi64_t scale_bits = (ni + 1023) << 52;
+  return p * std::bit_cast<vd_t>(scale_bits);
+#else
+  vec_t<double> r;
+  for (int i = 0; i < width_v<double>; ++i) {
+    const std::int64_t ni = static_cast<std::int64_t>(n[i]);
+    r[i] = p[i] * std::bit_cast<double>(static_cast<std::int64_t>((ni + 1023) << 52));
+  }
+  return r;
+#endif
+}
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace baton::detail::attn

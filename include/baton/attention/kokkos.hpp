@@ -1,0 +1,173 @@
+// baton/attention/kokkos.hpp — tiled flash attention through Kokkos on host execution spaces,
+// and tensor_view from Kokkos::View.
+//
+// The tiles are in detail/flash_cpu.hpp; this header launches them. Every launch is a flat
+// Kokkos::RangePolicy parallel_for whose functor does all of an item's work (its reductions
+// included) with its own scratch: Kokkos 3.4's Serial backend keeps one global scratch
+// buffer for reductions and team policies, so those are not safe when several threads (the
+// ranks of an in-process world) launch at once; flat parallel_for is.
+#pragma once
+
+#include <baton/config.hpp>
+
+#if !BATON_HAS_KOKKOS()
+#error "baton/attention/kokkos.hpp needs Kokkos: link baton::kokkos (find_package(baton COMPONENTS kokkos)); Debian: apt-get install libtrilinos-kokkos-dev"
+#endif
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include <baton/attention/backend.hpp>
+#include <baton/attention/detail/flash_cpu.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/tensor_view.hpp>
+
+namespace baton {
+
+/// A tensor_view of a Kokkos::View's data (any layout: strides come from the view). The
+/// view must be host-accessible and stay alive while the tensor_view is used.
+///
+/// Example (compiled in tests/attention/test_attention_docs.cpp):
+/// ```
+///   Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> q("q", 2, 128, 8, 64);
+///   baton::tensor_view<float, 4> qv = baton::make_tensor_view(q);
+/// ```
+template <class DataType, class... Properties>
+[[nodiscard]] auto make_tensor_view(const Kokkos::View<DataType, Properties...>& view) {
+  using view_type = Kokkos::View<DataType, Properties...>;
+  using element = typename view_type::value_type;  // keeps const
+  constexpr std::size_t rank = static_cast<std::size_t>(view_type::rank);
+  static_assert(rank >= 1, "baton::make_tensor_view: a rank-0 Kokkos::View has no extents to view");
+  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename view_type::memory_space>::accessible,
+                "baton::make_tensor_view: the Kokkos::View's memory is not host-accessible; deep_copy it to a "
+                "HostSpace mirror (Kokkos::create_mirror_view_and_copy) first");
+  tensor_view<element, rank> t;
+  t.data = view.data();
+  std::size_t strides[8] = {};
+  view.stride(strides);
+  for (std::size_t d = 0; d < rank; ++d) {
+    t.extents[d] = static_cast<std::int64_t>(view.extent(d));
+    t.strides[d] = static_cast<std::int64_t>(strides[d]);
+  }
+  return t;
+}
+
+/// Flash attention (FlashAttention-2 tiling, 64 x 64 tiles, register-tiled GEMMs, online
+/// softmax) on a Kokkos host execution space; float and double. Models
+/// attention_backend<kokkos_attention, float> and <..., double>.
+///  - deterministic: each output element is written by one work item, sums run in a fixed
+///    order, no atomics; the same inputs give bit-identical outputs;
+///  - skips tiles the mask classifies empty and computes full tiles without mask tests;
+///  - safe to call from several threads at once, on one object or several (each call leases
+///    its own packing buffer and each work item allocates its own tile scratch);
+///  - needs the head dim contiguous (stride 1) in q, k, v, out, dout, dq, dk, dv; any other
+///    strides, any lengths, any head dim;
+///  - memory: O(seq) per call (packed copies of the inputs), never O(seq_q * seq_k); the
+///    packing buffers are kept for the next call (release_workspace() frees them).
+class kokkos_attention {
+ public:
+  using execution_space = Kokkos::DefaultHostExecutionSpace;
+
+  kokkos_attention() = default;
+  explicit kokkos_attention(execution_space space) : space_(std::move(space)) {}
+
+  /// Frees the packing buffers kept for reuse between calls (copies of this object share
+  /// them). The next call allocates again.
+  void release_workspace() const noexcept { workspace_->release(); }
+
+  template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
+  void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
+               tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
+    namespace da = detail::attn;
+    da::static_check_forward_types<TQ, TK, TV, TO, TL>();
+    using T = std::remove_const_t<TQ>;
+    const da::problem prob = da::check_inputs(q, k, v, params);
+    da::check_forward_outputs(prob, out, lse);
+    check_strides(q, "q");
+    check_strides(k, "k");
+    check_strides(v, "v");
+    check_strides(out, "out");
+    da::validate_mask(mask, prob.q_pos, prob.k_pos);
+    if (prob.batch * prob.heads_q * prob.seq_q == 0) return;
+
+    const da::flash_layout<T> layout(prob);
+    da::workspace_carver measure;
+    (void)da::carve_forward_packing(layout, measure);
+    const auto memory = workspace_->acquire(measure.bytes());
+    da::workspace_carver carver(memory.data());
+    const da::forward_packed<T> packed = da::carve_forward_packing(layout, carver);
+    const auto& L = layout;
+    const auto& P = packed;
+    launch("baton::attention::pack_kv", prob.batch * prob.heads_kv * L.k_blocks, [&](std::int64_t item) {
+      da::pack_kv_block(L, item, k, v, P.kt, P.v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+    });
+    launch("baton::attention::forward", prob.batch * prob.heads_q * L.q_blocks,
+           [&](std::int64_t item) { da::forward_tile(L, item, mask, q, P, out, lse); });
+  }
+
+  template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
+            class TG3>
+  void backward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, tensor_view<TO, 4> out,
+                tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
+                tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
+    namespace da = detail::attn;
+    da::static_check_backward_types<TQ, TK, TV, TO, TL, TD, TG1, TG2, TG3>();
+    using T = std::remove_const_t<TQ>;
+    const da::problem prob = da::check_inputs(q, k, v, params);
+    da::check_backward_tensors(prob, out, lse, dout, dq, dk, dv);
+    check_strides(q, "q");
+    check_strides(k, "k");
+    check_strides(v, "v");
+    check_strides(out, "out");
+    check_strides(dout, "dout");
+    check_strides(dq, "dq");
+    check_strides(dk, "dk");
+    check_strides(dv, "dv");
+    da::validate_mask(mask, prob.q_pos, prob.k_pos);
+
+    const da::flash_layout<T> layout(prob);
+    da::workspace_carver measure;
+    (void)da::carve_backward_packing(layout, measure);
+    const auto memory = workspace_->acquire(measure.bytes());
+    da::workspace_carver carver(memory.data());
+    const da::backward_packed<T> packed = da::carve_backward_packing(layout, carver);
+    const auto& L = layout;
+    const auto& P = packed;
+    const bool accumulate = params.accumulate;
+    launch("baton::attention::pack_q", prob.batch * prob.heads_q * L.q_blocks,
+           [&](std::int64_t item) { da::pack_q_block(L, item, q, out, lse, dout, P); });
+    launch("baton::attention::pack_kv", prob.batch * prob.heads_kv * L.k_blocks, [&](std::int64_t item) {
+      da::pack_kv_block(L, item, k, v, P.kt, static_cast<T*>(nullptr), P.vt, P.k);
+    });
+    launch("baton::attention::backward_kv", prob.batch * prob.heads_kv * L.k_blocks,
+           [&](std::int64_t item) { da::backward_kv_tile(L, item, mask, P, dk, dv, accumulate); });
+    launch("baton::attention::backward_q", prob.batch * prob.heads_q * L.q_blocks,
+           [&](std::int64_t item) { da::backward_q_tile(L, item, mask, P, dq, accumulate); });
+  }
+
+ private:
+  template <class F>
+  void launch(const char* label, std::int64_t items, const F& body) const {
+    if (items <= 0) return;
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(space_, 0, items),
+                         body);
+    space_.fence();
+  }
+
+  template <class T>
+  static void check_strides(const tensor_view<T, 4>& t, const char* name) {
+    detail::attn::expect_unit_last_stride(t, name, "baton::kokkos_attention");
+  }
+
+  execution_space space_{};
+  // Packed operands (O(seq) bytes per call) are reused across calls instead of reallocated:
+  // a fresh allocation costs page faults comparable to a short causal forward. The pool is
+  // thread-safe and hands concurrent calls distinct buffers.
+  std::shared_ptr<detail::attn::workspace_pool> workspace_ = std::make_shared<detail::attn::workspace_pool>();
+};
+
+}  // namespace baton

@@ -1,0 +1,128 @@
+// baton/attention/reference.hpp — the oracle: naive attention accumulated in double.
+//
+// Straight from the definitions, one query row at a time, every sum in double. Slow
+// (O(Sq Sk D) with no tiling) and meant to be: it is what every other backend is tested
+// against, so it must be obviously right rather than fast.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <baton/attention/backend.hpp>
+
+namespace baton {
+
+/// Naive attention in double precision; any strides, any head dim. Models
+/// attention_backend<reference_attention, float> and <..., double>.
+struct reference_attention {
+  template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
+  void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
+               tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
+    detail::attn::static_check_forward_types<TQ, TK, TV, TO, TL>();
+    const detail::attn::problem p = detail::attn::check_inputs(q, k, v, params);
+    detail::attn::check_forward_outputs(p, out, lse);
+    detail::attn::validate_mask(mask, p.q_pos, p.k_pos);
+
+    const double neg_inf = -std::numeric_limits<double>::infinity();
+    std::vector<double> score(static_cast<std::size_t>(p.seq_k));
+    std::vector<double> acc(static_cast<std::size_t>(p.dim));
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        const std::int64_t hk = h / p.group();
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          double row_max = neg_inf;
+          for (std::int64_t j = 0; j < p.seq_k; ++j) {
+            score[j] = neg_inf;
+            if (!mask.allowed(p.q_pos[i], p.k_pos[j])) continue;
+            double dot = 0;
+            for (std::int64_t d = 0; d < p.dim; ++d)
+              dot += static_cast<double>(q(b, i, h, d)) * static_cast<double>(k(b, j, hk, d));
+            score[j] = dot * p.scale;
+            row_max = std::max(row_max, score[j]);
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          double denominator = 0;
+          if (row_max != neg_inf) {
+            for (std::int64_t j = 0; j < p.seq_k; ++j) {
+              if (score[j] == neg_inf) continue;
+              const double w = std::exp(score[j] - row_max);
+              denominator += w;
+              for (std::int64_t d = 0; d < p.dim; ++d) acc[d] += w * static_cast<double>(v(b, j, hk, d));
+            }
+          }
+          // A query that may attend to nothing: out 0, lse -inf (the sum of no exponentials).
+          const bool any = denominator > 0;
+          for (std::int64_t d = 0; d < p.dim; ++d) out(b, i, h, d) = static_cast<TO>(any ? acc[d] / denominator : 0.0);
+          lse(b, h, i) = static_cast<TL>(any ? row_max + std::log(denominator) : neg_inf);
+        }
+      }
+  }
+
+  template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
+            class TG3>
+  void backward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, tensor_view<TO, 4> out,
+                tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
+                tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
+    detail::attn::static_check_backward_types<TQ, TK, TV, TO, TL, TD, TG1, TG2, TG3>();
+    const detail::attn::problem p = detail::attn::check_inputs(q, k, v, params);
+    detail::attn::check_backward_tensors(p, out, lse, dout, dq, dk, dv);
+    detail::attn::validate_mask(mask, p.q_pos, p.k_pos);
+
+    const auto n_q = static_cast<std::size_t>(p.batch * p.seq_q * p.heads_q * p.dim);
+    const auto n_kv = static_cast<std::size_t>(p.batch * p.seq_k * p.heads_kv * p.dim);
+    std::vector<double> gq(n_q, 0.0), gk(n_kv, 0.0), gv(n_kv, 0.0);
+    const auto q_index = [&](std::int64_t b, std::int64_t i, std::int64_t h, std::int64_t d) {
+      return static_cast<std::size_t>(((b * p.seq_q + i) * p.heads_q + h) * p.dim + d);
+    };
+    const auto kv_index = [&](std::int64_t b, std::int64_t j, std::int64_t h, std::int64_t d) {
+      return static_cast<std::size_t>(((b * p.seq_k + j) * p.heads_kv + h) * p.dim + d);
+    };
+
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        const std::int64_t hk = h / p.group();
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          const double row_lse = static_cast<double>(lse(b, h, i));
+          if (std::isinf(row_lse) && row_lse < 0) continue;  // attends to nothing: no gradient
+          double delta = 0;  // D_i = rowsum(dO * O)
+          for (std::int64_t d = 0; d < p.dim; ++d)
+            delta += static_cast<double>(dout(b, i, h, d)) * static_cast<double>(out(b, i, h, d));
+          for (std::int64_t j = 0; j < p.seq_k; ++j) {
+            if (!mask.allowed(p.q_pos[i], p.k_pos[j])) continue;
+            double s = 0, dp = 0;
+            for (std::int64_t d = 0; d < p.dim; ++d) {
+              s += static_cast<double>(q(b, i, h, d)) * static_cast<double>(k(b, j, hk, d));
+              dp += static_cast<double>(dout(b, i, h, d)) * static_cast<double>(v(b, j, hk, d));
+            }
+            const double prob = std::exp(s * p.scale - row_lse);
+            const double ds = prob * (dp - delta);
+            for (std::int64_t d = 0; d < p.dim; ++d) {
+              gq[q_index(b, i, h, d)] += p.scale * ds * static_cast<double>(k(b, j, hk, d));
+              gk[kv_index(b, j, hk, d)] += p.scale * ds * static_cast<double>(q(b, i, h, d));
+              gv[kv_index(b, j, hk, d)] += prob * static_cast<double>(dout(b, i, h, d));
+            }
+          }
+        }
+      }
+
+    const auto store = [&](auto view, const std::vector<double>& g, std::int64_t seq, std::int64_t heads) {
+      using E = typename decltype(view)::value_type;
+      for (std::int64_t b = 0; b < p.batch; ++b)
+        for (std::int64_t s = 0; s < seq; ++s)
+          for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t d = 0; d < p.dim; ++d) {
+              const double value = g[static_cast<std::size_t>(((b * seq + s) * heads + h) * p.dim + d)];
+              E& target = view(b, s, h, d);
+              target = params.accumulate ? static_cast<E>(static_cast<double>(target) + value) : static_cast<E>(value);
+            }
+    };
+    store(dq, gq, p.seq_q, p.heads_q);
+    store(dk, gk, p.seq_k, p.heads_kv);
+    store(dv, gv, p.seq_k, p.heads_kv);
+  }
+};
+
+}  // namespace baton

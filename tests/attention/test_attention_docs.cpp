@@ -1,0 +1,186 @@
+// The examples of docs/attention.md (and of the headers' comments), compiled and run. Each
+// SECTION is one example; keep them in sync with the document.
+#include "catch.hpp"
+
+#include <baton/attention.hpp>
+#if BATON_HAS_KOKKOS()
+#include <baton/attention/kokkos.hpp>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+TEST_CASE("docs/attention.md examples", "[attention][docs]") {
+  SECTION("tensor views") {
+    // [example: views]
+    std::vector<float> q(2 * 128 * 8 * 64);
+    auto view = baton::make_tensor_view(q.data(), {2, 128, 8, 64});  // [batch, seq, heads, dim]
+    view(1, 5, 3, 0) = 1.0f;
+    // [end example]
+    CHECK(q[((1 * 128 + 5) * 8 + 3) * 64] == 1.0f);
+  }
+
+  SECTION("positions (baton/attention/positions.hpp)") {
+    baton::positions all;                          // 0..n-1, n from the tensor
+    baton::positions chunk(4096, 1024);            // positions 4096..5119
+    std::vector<std::int64_t> zigzag = {0, 1, 6, 7};  // chunks 0 and 3 of a zigzag shard
+    auto shard = baton::positions::list(zigzag);
+    CHECK(all.resolved(3, "q_pos")[2] == 2);
+    CHECK(chunk[1023] == 5119);
+    CHECK(shard[2] == 6);
+  }
+
+  SECTION("causal attention, forward and backward") {
+    // [example: basic]
+    const std::int64_t B = 1, S = 256, H = 8, D = 64;
+    std::vector<float> q(B * S * H * D, 0.1f), k(q), v(q), out(q.size()), dout(q.size(), 1.0f);
+    std::vector<float> dq(q.size()), dk(q.size()), dv(q.size()), lse(B * H * S);
+    const auto t = [&](std::vector<float>& x) { return baton::make_tensor_view(x.data(), {B, S, H, D}); };
+    const auto l = baton::make_tensor_view(lse.data(), {B, H, S});
+
+    baton::reference_attention attention;  // or baton::kokkos_attention (baton/attention/kokkos.hpp)
+    attention.forward(t(q), t(k), t(v), baton::causal_mask{}, t(out), l);
+    // Every tensor backward needs is an argument: nothing was saved by forward.
+    attention.backward(t(q), t(k), t(v), t(out), l, t(dout), baton::causal_mask{}, t(dq), t(dk), t(dv));
+    // [end example]
+    CHECK(std::abs(lse[0] - 0.08f) < 1e-6f);  // query 0 sees key 0 only: lse = q.k / sqrt(64)
+    CHECK(std::abs(out[0] - 0.1f) < 1e-6f);
+  }
+
+  SECTION("GQA, sliding window, softmax scale") {
+    // [example: gqa]
+    const std::int64_t S = 100, D = 32;
+    std::vector<double> q(S * 8 * D, 0.5), k(S * 2 * D, 0.25), v(S * 2 * D, 1.0), out(q.size()), lse(8 * S);
+    baton::attention_params params;
+    params.softmax_scale = 0.125;  // default: 1/sqrt(D)
+    baton::reference_attention{}.forward(baton::make_tensor_view(q.data(), {1, S, 8, D}),   // 8 query heads
+                                         baton::make_tensor_view(k.data(), {1, S, 2, D}),   // share 2 kv heads
+                                         baton::make_tensor_view(v.data(), {1, S, 2, D}),
+                                         baton::sliding_window_mask{.left = 15, .right = 0},  // 16-token causal window
+                                         baton::make_tensor_view(out.data(), {1, S, 8, D}),
+                                         baton::make_tensor_view(lse.data(), {1, 8, S}), params);
+    // [end example]
+    // Query 50 sees keys 35..50, all with score 0.5 * 0.25 * 32 * 0.125 = 0.5: lse = 0.5 + ln 16.
+    CHECK(std::abs(lse[50] - (0.5 + std::log(16.0))) < 1e-12);
+    CHECK(std::abs(out[0] - 1.0) < 1e-12);
+  }
+
+  SECTION("a shard: global positions and a document mask") {
+    // [example: shard]
+    // Rank 1 of 2 in a zigzag layout over 8 chunks of 16 tokens holds chunks 1 and 6 of the
+    // queries; the keys it attends to this step are chunks 0..3 (positions 0..63).
+    std::vector<std::int64_t> mine;
+    for (std::int64_t p = 16; p < 32; ++p) mine.push_back(p);
+    for (std::int64_t p = 96; p < 112; ++p) mine.push_back(p);
+    baton::attention_params params;
+    params.q_pos = baton::positions::list(mine);
+    params.k_pos = baton::positions(0, 64);
+
+    // Documents over the *global* sequence of 128 tokens: [0, 40), [40, 100), [100, 128).
+    std::vector<std::int64_t> doc_of(128);
+    for (std::int64_t p = 0; p < 128; ++p) doc_of[p] = p < 40 ? 0 : p < 100 ? 1 : 2;
+    const auto mask = baton::intersect(baton::document_mask(doc_of), baton::causal_mask{});
+
+    std::vector<float> q(32 * 4 * 16, 1.0f), k(64 * 4 * 16, 1.0f), v(k.size(), 2.0f), out(q.size()), lse(4 * 32);
+    baton::reference_attention{}.forward(
+        baton::make_tensor_view(q.data(), {1, 32, 4, 16}), baton::make_tensor_view(k.data(), {1, 64, 4, 16}),
+        baton::make_tensor_view(v.data(), {1, 64, 4, 16}), mask, baton::make_tensor_view(out.data(), {1, 32, 4, 16}),
+        baton::make_tensor_view(lse.data(), {1, 4, 32}), params);
+    // Queries 100..111 (document 2) see no key in 0..63: out 0, lse -inf.
+    // [end example]
+    CHECK(std::isinf(lse[31]));
+    CHECK(out[31 * 4 * 16] == 0.0f);
+    CHECK(out[0] == 2.0f);  // query 16 sees keys 0..16 of document 0
+    CHECK(std::isfinite(lse[16]));  // query 96 (document 1) sees keys 40..63
+    CHECK(std::isinf(lse[20]));     // query 100 (document 2) sees none
+  }
+
+  SECTION("block mask from a mask_mod") {
+    // [example: block mask]
+    // every query sees the first 4 "sink" tokens and a causal window of 256
+    baton::block_mask mask([](std::int64_t q, std::int64_t k) { return k <= q && (k < 4 || q - k < 256); }, 4096,
+                           4096);
+    // Built once: 64 x 64 cells classified; kernels skip the empty ones.
+    // [end example]
+    CHECK(mask.count(baton::block_kind::empty) > mask.count(baton::block_kind::full));
+    CHECK(mask.allowed(1000, 2));
+    CHECK_FALSE(mask.allowed(1000, 500));
+  }
+
+  SECTION("accumulating gradients over key blocks") {
+    // [example: accumulate]
+    // Two halves of the keys, as two ring steps. out and lse come from the forward over all
+    // keys (a ring merges its steps' results into the same); backward runs per half with
+    // those merged out and lse, summing dq.
+    const std::int64_t S = 64, D = 16;
+    std::vector<double> q(S * D, 0.3), k(S * D, 0.2), v(S * D), dout(S * D, 1.0), out(S * D), lse(S);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = double(i % 7);
+    baton::reference_attention attention;
+    const auto qv = baton::make_tensor_view(q.data(), {1, S, 1, D});
+    attention.forward(qv, baton::make_tensor_view(k.data(), {1, S, 1, D}),
+                      baton::make_tensor_view(v.data(), {1, S, 1, D}), baton::no_mask{},
+                      baton::make_tensor_view(out.data(), {1, S, 1, D}), baton::make_tensor_view(lse.data(), {1, 1, S}));
+
+    std::vector<double> dq(S * D, 0.0), dk(S * D), dv(S * D);
+    for (std::int64_t half = 0; half < 2; ++half) {
+      const std::int64_t first = half * S / 2;
+      baton::attention_params params;
+      params.k_pos = baton::positions(first, S / 2);
+      params.accumulate = true;  // dq += this half's contribution
+      auto kv = [&](std::vector<double>& x) { return baton::make_tensor_view(x.data() + first * D, {1, S / 2, 1, D}); };
+      attention.backward(qv, kv(k), kv(v), baton::make_tensor_view(out.data(), {1, S, 1, D}),
+                         baton::make_tensor_view(lse.data(), {1, 1, S}), baton::make_tensor_view(dout.data(), {1, S, 1, D}),
+                         baton::no_mask{}, baton::make_tensor_view(dq.data(), {1, S, 1, D}), kv(dk), kv(dv), params);
+    }
+    // [end example]
+    std::vector<double> dq_whole(S * D), dk_whole(S * D), dv_whole(S * D);
+    const auto w = [&](std::vector<double>& x) { return baton::make_tensor_view(x.data(), {1, S, 1, D}); };
+    attention.backward(qv, w(k), w(v), w(out), baton::make_tensor_view(lse.data(), {1, 1, S}), w(dout),
+                       baton::no_mask{}, w(dq_whole), w(dk_whole), w(dv_whole));
+    for (std::size_t i = 0; i < dq.size(); ++i) {
+      CHECK(std::abs(dq[i] - dq_whole[i]) < 1e-12);
+      CHECK(std::abs(dk[i] - dk_whole[i]) < 1e-12);
+      CHECK(std::abs(dv[i] - dv_whole[i]) < 1e-12);
+    }
+  }
+
+  SECTION("a user-defined mask") {
+    // [example: custom mask]
+    struct every_other_key {  // attend to even key positions only (and causally)
+      bool allowed(std::int64_t q, std::int64_t k) const { return k <= q && k % 2 == 0; }
+      baton::block_kind classify(const baton::position_block& qb, const baton::position_block& kb) const {
+        if (kb.min() > qb.max()) return baton::block_kind::empty;  // all keys in the future
+        return baton::block_kind::partial;                         // unsure: test each pair
+      }
+    };
+    static_assert(baton::attention_mask<every_other_key>);
+    // [end example]
+    CHECK(every_other_key{}.allowed(4, 2));
+    CHECK_FALSE(every_other_key{}.allowed(4, 3));
+  }
+
+#if BATON_HAS_KOKKOS()
+  SECTION("tensor_view of a Kokkos::View (baton/attention/kokkos.hpp)") {
+    Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> q("q", 2, 128, 8, 64);
+    baton::tensor_view<float, 4> qv = baton::make_tensor_view(q);
+    CHECK(qv.strides[0] == 128 * 8 * 64);
+  }
+
+  SECTION("Kokkos views and the Kokkos backend") {
+    // [example: kokkos]
+    using view4 = Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace>;
+    view4 q("q", 2, 128, 8, 64), k("k", 2, 128, 2, 64), v("v", 2, 128, 2, 64), out("out", 2, 128, 8, 64);
+    Kokkos::View<float***, Kokkos::LayoutRight, Kokkos::HostSpace> lse("lse", 2, 8, 128);
+    Kokkos::deep_copy(q, 0.5f);
+    Kokkos::deep_copy(k, 0.5f);
+    Kokkos::deep_copy(v, 3.0f);
+    baton::kokkos_attention attention;
+    attention.forward(baton::make_tensor_view(q), baton::make_tensor_view(k), baton::make_tensor_view(v),
+                      baton::causal_mask{}, baton::make_tensor_view(out), baton::make_tensor_view(lse));
+    // [end example]
+    CHECK(std::abs(out(1, 100, 7, 63) - 3.0f) < 1e-5f);
+    CHECK(std::abs(lse(0, 0, 127) - (2.0f + std::log(128.0f))) < 1e-5f);
+  }
+#endif
+}

@@ -1,0 +1,191 @@
+// kokkos_attention against the reference on a grid of shapes and every mask: out, lse, dq,
+// dk, dv within max |error| <= tol x (largest magnitude of the reference tensor), tol = 1e-5
+// for float and 1e-12 for double. Float's bound is ~100x its rounding unit: the tiles sum in
+// float over <= 256 dims and a few hundred keys; double's leaves the same headroom.
+#include "catch.hpp"
+
+#include "attention_test_util.hpp"
+
+#include <baton/attention.hpp>
+#include <baton/attention/kokkos.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+using attn_test::shape;
+
+struct grid_case {
+  shape s;
+  const char* what;
+};
+
+// Hq = 8 throughout; Hkv 8, 2, 1; D 16, 64, 128, 256; odd lengths; Sq != Sk; lengths below,
+// at and above one 64-row tile; batch 2 once.
+const grid_case grid[] = {
+    {{2, 37, 53, 8, 8, 16}, "MHA, D 16, batch 2"},
+    {{1, 70, 45, 8, 2, 64}, "GQA 4:1, D 64, Sq > Sk"},
+    {{1, 65, 130, 8, 1, 128}, "MQA, D 128, Sk > 2 tiles"},
+    {{1, 29, 67, 8, 2, 256}, "GQA, D 256"},
+};
+
+template <class T, class Mask>
+void compare(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
+             unsigned seed) {
+  const auto in = attn_test::random_inputs<T>(s, seed);
+  const auto expected = attn_test::run(baton::reference_attention{}, in, mask, params);
+  const auto got = attn_test::run(baton::kokkos_attention{}, in, mask, params);
+  const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+  const auto check = [&](const auto& a, const auto& b, const char* name) {
+    const double err = attn_test::max_abs_error(a, b), mag = attn_test::max_magnitude(b);
+    INFO(what << " [" << s.batch << ", " << s.seq_q << "/" << s.seq_k << ", " << s.heads_q << "/" << s.heads_kv
+              << ", " << s.dim << "] " << name << ": max error " << err << ", largest magnitude " << mag);
+    CHECK(err <= tol * mag);
+  };
+  check(got.out, expected.out, "out");
+  check(got.lse, expected.lse, "lse");
+  check(got.dq, expected.dq, "dq");
+  check(got.dk, expected.dk, "dk");
+  check(got.dv, expected.dv, "dv");
+}
+
+template <class T>
+void run_grid() {
+  unsigned seed = 100;
+  for (const auto& g : grid) {
+    const shape& s = g.s;
+    const std::int64_t total = s.seq_q + s.seq_k;  // global positions used below stay < total
+    baton::attention_params params;
+    compare<T>(s, baton::no_mask{}, params, std::string(g.what) + ", no mask", ++seed);
+    compare<T>(s, baton::causal_mask{}, params, std::string(g.what) + ", causal", ++seed);
+
+    // Queries after the keys' start (decode-like offset), window of 20 back and 3 ahead.
+    params.q_pos = baton::positions(s.seq_k / 3, s.seq_q);
+    compare<T>(s, baton::causal_mask{}, params, std::string(g.what) + ", causal, offset queries", ++seed);
+    compare<T>(s, baton::sliding_window_mask{20, 3}, params, std::string(g.what) + ", sliding window", ++seed);
+    compare<T>(s, baton::prefix_lm_mask{17}, params, std::string(g.what) + ", prefix-LM", ++seed);
+
+    // Packed documents of lengths 13, 1, 40, 9, ... over the global positions.
+    std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
+    for (std::int64_t p = 0, doc = 0, left = 13; p < total; ++p, --left) {
+      if (left == 0) {
+        ++doc;
+        left = std::int64_t{1} + (doc * 29) % 41;
+      }
+      segments[static_cast<std::size_t>(p)] = doc;
+    }
+    compare<T>(s, baton::document_mask(segments), params, std::string(g.what) + ", documents", ++seed);
+    compare<T>(s, baton::intersect(baton::document_mask(segments), baton::causal_mask{}), params,
+               std::string(g.what) + ", causal documents", ++seed);
+
+    // Zigzag-like shard for the queries (two chunks, the later one first) and a block mask
+    // (sinks + causal window) built over the whole global grid.
+    std::vector<std::int64_t> q_list;
+    for (std::int64_t i = 0; i < s.seq_q; ++i) q_list.push_back(i < s.seq_q / 2 ? total - s.seq_q / 2 + i : i);
+    params.q_pos = baton::positions::list(q_list);
+    const baton::block_mask sinks_and_window(
+        [](std::int64_t q, std::int64_t k) { return k <= q && (k < 4 || q - k < 48); }, total, total);
+    compare<T>(s, sinks_and_window, params, std::string(g.what) + ", block mask, zigzag queries", ++seed);
+    compare<T>(s, baton::causal_mask{}, params, std::string(g.what) + ", causal, zigzag queries", ++seed);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("kokkos_attention matches the reference on the shape x mask grid (float)", "[attention][kokkos]") {
+  run_grid<float>();
+}
+
+TEST_CASE("kokkos_attention matches the reference on the shape x mask grid (double)", "[attention][kokkos]") {
+  run_grid<double>();
+}
+
+TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[attention][kokkos]") {
+  // Scores spread over ~+-60: the online max must rescale correctly, and exp2 must flush
+  // far-below-max probabilities to zero rather than to denormals or NaN.
+  const shape s{1, 67, 131, 8, 2, 64};
+  baton::attention_params params;
+  params.softmax_scale = 0.9;
+  for (unsigned seed : {1u, 2u}) {
+    const auto scaled = attn_test::random_inputs<double>(s, seed, 3.0);  // q.k ~ 3 * 3 * sqrt(64)
+    const auto expected = attn_test::run(baton::reference_attention{}, scaled, baton::causal_mask{}, params);
+    const auto got = attn_test::run(baton::kokkos_attention{}, scaled, baton::causal_mask{}, params);
+    CHECK(attn_test::max_abs_error(got.out, expected.out) <= 1e-12 * attn_test::max_magnitude(expected.out));
+    CHECK(attn_test::max_abs_error(got.lse, expected.lse) <= 1e-12 * attn_test::max_magnitude(expected.lse));
+    CHECK(attn_test::max_abs_error(got.dq, expected.dq) <= 1e-12 * attn_test::max_magnitude(expected.dq));
+    CHECK(attn_test::max_abs_error(got.dk, expected.dk) <= 1e-12 * attn_test::max_magnitude(expected.dk));
+    CHECK(attn_test::max_abs_error(got.dv, expected.dv) <= 1e-12 * attn_test::max_magnitude(expected.dv));
+  }
+}
+
+TEST_CASE("kokkos_attention is deterministic: the same inputs give bit-identical outputs", "[attention][kokkos]") {
+  const shape s{1, 100, 150, 8, 2, 64};
+  const auto in = attn_test::random_inputs<float>(s, 77);
+  const auto a = attn_test::run(baton::kokkos_attention{}, in, baton::causal_mask{});
+  const auto b = attn_test::run(baton::kokkos_attention{}, in, baton::causal_mask{});
+  CHECK(a.out == b.out);
+  CHECK(a.lse == b.lse);
+  CHECK(a.dq == b.dq);
+  CHECK(a.dk == b.dk);
+  CHECK(a.dv == b.dv);
+}
+
+TEST_CASE("kokkos_attention reuses its workspace without reading stale bytes", "[attention][kokkos]") {
+  // The backend keeps its packing buffers between calls and never zeroes them: every byte a
+  // tile reads must be written by the call. Fill the workspace with NaN through a larger
+  // problem, then run smaller ones with padding everywhere (odd lengths, a head dim that is
+  // not a vector multiple) and compare with a fresh backend bit for bit.
+  baton::kokkos_attention reused;
+  auto poison = attn_test::random_inputs<float>(shape{2, 150, 170, 8, 2, 72}, 1);
+  for (auto* t : {&poison.q, &poison.k, &poison.v, &poison.dout})
+    for (auto& x : *t) x = std::numeric_limits<float>::quiet_NaN();
+  (void)attn_test::run(reused, poison, baton::no_mask{});
+  for (const shape& s : {shape{1, 37, 45, 8, 2, 20}, shape{2, 3, 70, 4, 4, 33}}) {
+    const auto in = attn_test::random_inputs<float>(s, 2);
+    const auto a = attn_test::run(reused, in, baton::causal_mask{});
+    const auto b = attn_test::run(baton::kokkos_attention{}, in, baton::causal_mask{});
+    CHECK(attn_test::all_finite(a.dq));
+    CHECK(a.out == b.out);
+    CHECK(a.lse == b.lse);
+    CHECK(a.dq == b.dq);
+    CHECK(a.dk == b.dk);
+    CHECK(a.dv == b.dv);
+  }
+}
+
+TEST_CASE("tensor_view from Kokkos::View: strides from the view, LayoutLeft refused by the kernel",
+          "[attention][kokkos]") {
+  const shape s{1, 9, 9, 2, 1, 8};
+  const auto in = attn_test::random_inputs<float>(s, 4);
+  Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> q("q", 1, 9, 2, 8), out("out", 1, 9, 2, 8);
+  Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> k("k", 1, 9, 1, 8), v("v", 1, 9, 1, 8);
+  Kokkos::View<float***, Kokkos::LayoutRight, Kokkos::HostSpace> lse("lse", 1, 2, 9);
+  std::copy(in.q.begin(), in.q.end(), q.data());
+  std::copy(in.k.begin(), in.k.end(), k.data());
+  std::copy(in.v.begin(), in.v.end(), v.data());
+  const auto qv = baton::make_tensor_view(q);
+  STATIC_REQUIRE(std::is_same_v<decltype(qv), const baton::tensor_view<float, 4>>);
+  CHECK(qv.strides == std::array<std::int64_t, 4>{144, 16, 8, 1});
+  baton::kokkos_attention{}.forward(qv, baton::make_tensor_view(k), baton::make_tensor_view(v), baton::no_mask{},
+                                    baton::make_tensor_view(out), baton::make_tensor_view(lse));
+  std::vector<float> expected(in.q.size()), expected_lse(18);
+  baton::reference_attention{}.forward(attn_test::q_view(in.q, s), attn_test::kv_view(in.k, s),
+                                       attn_test::kv_view(in.v, s), baton::no_mask{},
+                                       attn_test::q_view(expected, s), attn_test::lse_view(expected_lse, s));
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(std::abs(out.data()[i] - expected[i]) <= 1e-5f);
+
+  Kokkos::View<float****, Kokkos::LayoutLeft, Kokkos::HostSpace> left_storage("left", 1, 9, 2, 8);
+  const Kokkos::View<const float****, Kokkos::LayoutLeft, Kokkos::HostSpace> left = left_storage;
+  const auto lv = baton::make_tensor_view(left);
+  STATIC_REQUIRE(std::is_same_v<decltype(lv), const baton::tensor_view<const float, 4>>);
+  CHECK(lv.strides[3] == 18);
+  CHECK_THROWS_WITH(baton::kokkos_attention{}.forward(lv, baton::make_tensor_view(k), baton::make_tensor_view(v),
+                                                      baton::no_mask{}, baton::make_tensor_view(out),
+                                                      baton::make_tensor_view(lse)),
+                    Catch::Contains("tensor 'q' has stride 18 along its last axis"));
+}
