@@ -1,0 +1,18 @@
+// baton/cp.hpp — context parallelism: one long sequence sharded across ranks, attention
+// computed by passing K/V blocks around a ring, by all-to-all head exchange (Ulysses), or
+// both (hybrid). Gradients match attention over the whole sequence on one rank.
+//
+//   sequence_sharding, shard_layout, shard_sequence / unshard_sequence   (cp/sharding.hpp)
+//   merge_attention_partial, cp_accumulator_t                             (cp/merge.hpp)
+//   ring_attention                                                        (cp/ring.hpp)
+//   ulysses_attention                                                     (cp/ulysses.hpp)
+//   hybrid_attention, cp_mesh, make_cp_mesh                               (cp/hybrid.hpp)
+//   cp_error                                                              (cp/error.hpp)
+#pragma once
+
+#include <baton/cp/error.hpp>
+#include <baton/cp/hybrid.hpp>
+#include <baton/cp/merge.hpp>
+#include <baton/cp/ring.hpp>
+#include <baton/cp/sharding.hpp>
+#include <baton/cp/ulysses.hpp>

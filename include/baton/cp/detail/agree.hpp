@@ -1,0 +1,142 @@
+// baton/cp/detail/agree.hpp — every collective entry point of the CP layer starts by having
+// all ranks agree on their inputs. A rank whose input is wrong does not throw on its own
+// (its peers would then wait for data that never comes); it reports the problem in its
+// descriptor, the descriptors are all-gathered, and every rank throws the same cp_error.
+#pragma once
+
+#include <baton/cp/error.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace baton::detail::cp {
+
+// Tags of the CP layer's point-to-point traffic. Messages of one (source, dest, tag) match
+// in order, and every rank issues them in the same order, so fixed tags are enough.
+inline constexpr int tag_agree = 0x4350;
+inline constexpr int tag_kv = 0x4351;
+inline constexpr int tag_grad = 0x4352;
+
+// What a rank knows about its call, as plain integers so that it travels over any transport.
+struct call_descriptor {
+  enum field : std::size_t {
+    magic, operation, failed, batch, seq_local, heads_q, heads_kv, head_dim, seq_len, layout, degree, inner_degree,
+    element_size, world_size, rank, lse_element_size, fields
+  };
+  static constexpr std::size_t message_words = 48;  // 384 bytes of the failing rank's message
+  static constexpr std::size_t words = fields + message_words;
+  static constexpr std::int64_t magic_value = 0x626174'6f6e4350;  // "batonCP"
+
+  std::array<std::int64_t, words> w{};
+
+  call_descriptor() { w[magic] = magic_value; }
+
+  std::int64_t& operator[](field f) noexcept { return w[f]; }
+  std::int64_t operator[](field f) const noexcept { return w[f]; }
+
+  void fail(const std::string& message) {
+    w[failed] = 1;
+    std::array<char, message_words * 8> text{};
+    std::memcpy(text.data(), message.data(), std::min(message.size(), text.size() - 1));
+    std::memcpy(&w[fields], text.data(), text.size());
+  }
+  std::string message() const {
+    std::array<char, message_words * 8> text{};
+    std::memcpy(text.data(), &w[fields], text.size());
+    text.back() = '\0';
+    return std::string(text.data());
+  }
+};
+
+inline std::string shape_summary(const call_descriptor& d) {
+  return "[batch " + std::to_string(d[call_descriptor::batch]) + ", seq " + std::to_string(d[call_descriptor::seq_local]) +
+         ", heads " + std::to_string(d[call_descriptor::heads_q]) + "/" + std::to_string(d[call_descriptor::heads_kv]) +
+         " (q/kv), dim " + std::to_string(d[call_descriptor::head_dim]) + "]";
+}
+
+// Throws the same cp_error on every rank when any descriptor failed or the descriptors
+// disagree; `all` holds every rank's descriptor (any order: each carries its rank).
+inline void agree_or_throw(const std::string& who, std::span<const call_descriptor> all) {
+  using d = call_descriptor;
+  for (const call_descriptor& c : all) {
+    if (c[d::magic] != d::magic_value) {
+      throw cp_error(who + ": a peer sent something that is not a CP call descriptor: the ranks are not all calling the "
+                           "same context-parallel operation at the same time (check that every rank runs the same sequence "
+                           "of collective calls)");
+    }
+  }
+  std::vector<const call_descriptor*> sorted;
+  for (const call_descriptor& c : all) sorted.push_back(&c);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return (*a)[d::rank] < (*b)[d::rank]; });
+  for (const call_descriptor* c : sorted) {
+    if ((*c)[d::failed] != 0) {
+      throw cp_error(who + ": rank " + std::to_string((*c)[d::rank]) + " rejected its input, so every rank stops: " +
+                     c->message());
+    }
+  }
+  const call_descriptor& first = *sorted.front();
+  for (const call_descriptor* c : sorted) {
+    if ((*c)[d::operation] != first[d::operation]) {
+      throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
+                     " are in different context-parallel operations (forward vs backward, or ring vs Ulysses); every rank "
+                     "must make the same collective calls in the same order");
+    }
+    for (d::field f : {d::batch, d::seq_local, d::heads_q, d::heads_kv, d::head_dim}) {
+      if ((*c)[f] != first[f]) {
+        throw cp_error(who + ": ranks hold shards of different shapes: rank " + std::to_string(first[d::rank]) + " has " +
+                       shape_summary(first) + ", rank " + std::to_string((*c)[d::rank]) + " has " + shape_summary(*c) +
+                       "; every rank must pass a shard of the same shape (seq = sequence length / ranks)");
+      }
+    }
+    for (d::field f : {d::seq_len, d::layout, d::degree, d::inner_degree, d::world_size}) {
+      if ((*c)[f] != first[f]) {
+        throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
+                       " pass different sequence shardings or communicator sizes; build the same sequence_sharding on "
+                       "every rank");
+      }
+    }
+    for (d::field f : {d::element_size, d::lse_element_size}) {
+      if ((*c)[f] != first[f]) {
+        throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
+                       " use different element types; every rank must run the same precision");
+      }
+    }
+  }
+}
+
+// All-gathers descriptors around a ring (R-1 shifts by +1). Works on any communicator with
+// shift(); used where nothing else is guaranteed.
+template <class Ring>
+std::vector<call_descriptor> ring_all_gather(Ring& ring, std::span<const call_descriptor> mine) {
+  const int n = ring.size();
+  std::vector<call_descriptor> all(mine.begin(), mine.end());
+  std::vector<call_descriptor> current(mine.begin(), mine.end());
+  std::vector<call_descriptor> next(mine.size());
+  for (int step = 1; step < n; ++step) {
+    auto request = ring.shift(std::as_bytes(std::span<const call_descriptor>(current)),
+                              std::as_writable_bytes(std::span<call_descriptor>(next)), 1, tag_agree);
+    request.wait();
+    all.insert(all.end(), next.begin(), next.end());
+    std::swap(current, next);
+  }
+  return all;
+}
+
+// All-gathers descriptors with all_to_all (each rank sends its descriptor to everyone).
+template <class Comm>
+std::vector<call_descriptor> all_to_all_gather(Comm& comm, std::span<const call_descriptor> mine) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<call_descriptor> send, all(mine.size() * n);
+  for (std::size_t j = 0; j < n; ++j) send.insert(send.end(), mine.begin(), mine.end());
+  comm.all_to_all(std::as_bytes(std::span<const call_descriptor>(send)),
+                  std::as_writable_bytes(std::span<call_descriptor>(all)));
+  return all;
+}
+
+}  // namespace baton::detail::cp

@@ -1,0 +1,139 @@
+// baton/cp/detail/ulysses_layout.hpp — the data movement around Ulysses' all-to-all:
+// [b, s/P, h, d] (sequence sharded) <-> [b, s, h/P, d] (heads sharded), as pack / unpack of
+// contiguous per-rank blocks, plus the head-split rule (with kv-head replication for GQA).
+#pragma once
+
+#include <baton/cp/error.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+
+namespace baton::detail::cp {
+
+// A strided 4-D view [batch, seq, heads, inner]. The LSE [batch, heads, seq] is viewed as
+// [batch, seq, heads, 1] with swapped strides, so one set of transforms serves both.
+template <class T>
+struct view4 {
+  T* data = nullptr;
+  std::array<std::int64_t, 4> ext{};
+  std::array<std::int64_t, 4> str{};
+
+  T& operator()(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t x) const noexcept {
+    return data[b * str[0] + s * str[1] + h * str[2] + x * str[3]];
+  }
+  std::int64_t size() const noexcept { return ext[0] * ext[1] * ext[2] * ext[3]; }
+  view4<const T> as_const() const noexcept { return {data, ext, str}; }
+  // The rows [begin, begin + count) of the sequence axis.
+  view4 seq_slice(std::int64_t begin, std::int64_t count) const noexcept {
+    view4 v = *this;
+    v.data = data + begin * str[1];
+    v.ext[1] = count;
+    return v;
+  }
+};
+
+template <class T>
+view4<T> bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
+  return {p, {b, s, h, d}, {s * h * d, h * d, d, 1}};
+}
+
+// A contiguous LSE [b, h, s] seen as [b, s, h, 1].
+template <class T>
+view4<T> lse_as_bshd(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
+  return {p, {b, s, h, 1}, {h * s, 1, s, 1}};
+}
+
+// How `heads` heads are dealt to `parts` ranks. Divisible: rank j gets heads
+// [j h/P, (j+1) h/P). Replicated (only allowed for kv heads, when h divides P): each kv head
+// is repeated P/h times and rank j gets the single head j h / P — exactly the kv head its
+// query heads [j hq/P, (j+1) hq/P) use, since hq/P divides hq/h.
+struct head_split {
+  std::int64_t heads = 1;
+  std::int64_t parts = 1;
+
+  bool replicated() const noexcept { return heads < parts; }
+  std::int64_t per_rank() const noexcept { return replicated() ? 1 : heads / parts; }
+  std::int64_t first(std::int64_t rank) const noexcept { return replicated() ? rank * heads / parts : rank * per_rank(); }
+};
+
+// Empty when fine, else why not (the caller prefixes who and which rank).
+inline std::string check_head_split(std::int64_t q_heads, std::int64_t kv_heads, std::int64_t parts) {
+  if (q_heads % parts != 0) {
+    return "query heads (" + std::to_string(q_heads) + ") are not divisible by the Ulysses degree " + std::to_string(parts) +
+           "; use a Ulysses degree that divides the head count, or the ring for the rest (hybrid attention)";
+  }
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    return "key/value heads (" + std::to_string(kv_heads) + ") must divide the query heads (" + std::to_string(q_heads) + ")";
+  }
+  if (kv_heads % parts != 0 && parts % kv_heads != 0) {
+    return "key/value heads (" + std::to_string(kv_heads) + ") must be divisible by the Ulysses degree " + std::to_string(parts) +
+           ", or divide it (then each kv head is replicated to degree/kv_heads ranks); " + std::to_string(kv_heads) +
+           " and " + std::to_string(parts) + " allow neither";
+  }
+  return {};
+}
+
+// The all-to-all moves one block per peer; a block may carry several tensors one after the
+// other (q, k, v), so the functions below read or write one tensor's part of one block and
+// return the pointer past it.
+
+// Sequence-sharded -> the part of block j: heads [h0, h0 + hc) of every local token,
+// contiguous [b, s_local, hc, x].
+template <class T, class U>
+T* pack_heads_part(const view4<U>& src, std::int64_t h0, std::int64_t hc, T* out) {
+  for (std::int64_t b = 0; b < src.ext[0]; ++b)
+    for (std::int64_t s = 0; s < src.ext[1]; ++s)
+      for (std::int64_t h = 0; h < hc; ++h)
+        for (std::int64_t x = 0; x < src.ext[3]; ++x) *out++ = static_cast<T>(src(b, s, h0 + h, x));
+  return out;
+}
+
+// The part of received block i (rank i's tokens of my heads) -> rows [i s_local, (i+1) s_local)
+// of dst [b, P s_local, hc, x].
+template <class T, class U>
+const U* unpack_sequence_part(const U* in, std::int64_t i, const view4<T>& dst, std::int64_t s_local) {
+  for (std::int64_t b = 0; b < dst.ext[0]; ++b)
+    for (std::int64_t s = 0; s < s_local; ++s)
+      for (std::int64_t h = 0; h < dst.ext[2]; ++h)
+        for (std::int64_t x = 0; x < dst.ext[3]; ++x) dst(b, i * s_local + s, h, x) = static_cast<T>(*in++);
+  return in;
+}
+
+// The inverse direction: rows [i s_local, (i+1) s_local) of src [b, P s_local, hc, x] -> the
+// part of block i, contiguous [b, s_local, hc, x].
+template <class T, class U>
+T* pack_sequence_part(const view4<U>& src, std::int64_t i, std::int64_t s_local, T* out) {
+  for (std::int64_t b = 0; b < src.ext[0]; ++b)
+    for (std::int64_t s = 0; s < s_local; ++s)
+      for (std::int64_t h = 0; h < src.ext[2]; ++h)
+        for (std::int64_t x = 0; x < src.ext[3]; ++x) *out++ = static_cast<T>(src(b, i * s_local + s, h, x));
+  return out;
+}
+
+// Received blocks (block j = my tokens of rank j's heads; this tensor's part starts at
+// part_offset within each block of block_size elements) -> dst [b, s_local, heads, x].
+// Where heads were replicated (gradients of replicated kv heads) the replicas are summed in
+// rank order in accumulator type A: deterministic, and exact when nothing is replicated.
+template <class A, class T, class U>
+void unpack_heads_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, const head_split& split,
+                       const view4<T>& dst) {
+  const std::int64_t hc = split.per_rank();
+  for (std::int64_t b = 0; b < dst.ext[0]; ++b)
+    for (std::int64_t s = 0; s < dst.ext[1]; ++s)
+      for (std::int64_t h = 0; h < dst.ext[2]; ++h)
+        for (std::int64_t x = 0; x < dst.ext[3]; ++x) {
+          A sum = 0;
+          for (std::int64_t j = 0; j < split.parts; ++j) {
+            const std::int64_t h0 = split.first(j);
+            if (h < h0 || h >= h0 + hc) continue;
+            sum += static_cast<A>(recv[j * block_size + part_offset + ((b * dst.ext[1] + s) * hc + (h - h0)) * dst.ext[3] + x]);
+          }
+          dst(b, s, h, x) = static_cast<T>(sum);
+        }
+}
+
+}  // namespace baton::detail::cp

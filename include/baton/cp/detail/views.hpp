@@ -1,0 +1,118 @@
+// baton/cp/detail/views.hpp — small tensor_view helpers the CP layer shares: slicing a
+// sequence axis, converting to the internal view4, the shape checks every entry point runs
+// (as messages, not throws: see agree.hpp), and positions of shard pieces.
+#pragma once
+
+#include <baton/attention/positions.hpp>
+#include <baton/attention/tensor_view.hpp>
+#include <baton/cp/detail/ring_plan.hpp>
+#include <baton/cp/detail/ulysses_layout.hpp>
+#include <baton/cp/sharding.hpp>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace baton::detail::cp {
+
+// The rows [begin, begin + count) of axis `axis`.
+template <class T, std::size_t N>
+tensor_view<T, N> slice_axis(tensor_view<T, N> v, std::size_t axis, std::int64_t begin, std::int64_t count) noexcept {
+  v.data += begin * v.strides[axis];
+  v.extents[axis] = count;
+  return v;
+}
+
+template <class T>
+view4<T> as_view4(const tensor_view<T, 4>& v) noexcept {
+  return {v.data, v.extents, v.strides};
+}
+
+// LSE [b, h, s] seen as [b, s, h, 1].
+template <class T>
+view4<T> lse_as_view4(const tensor_view<T, 3>& v) noexcept {
+  return {v.data, {v.extents[0], v.extents[2], v.extents[1], 1}, {v.strides[0], v.strides[2], v.strides[1], 1}};
+}
+
+template <class T>
+tensor_view<T, 4> bshd_view(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
+  return make_tensor_view(p, std::array<std::int64_t, 4>{b, s, h, d});
+}
+
+template <class T>
+tensor_view<T, 3> lse_view(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
+  return make_tensor_view(p, std::array<std::int64_t, 3>{b, h, s});
+}
+
+// The shape of one rank's attention problem, read from q and k.
+struct local_shape {
+  std::int64_t batch = 0, seq = 0, heads_q = 0, heads_kv = 0, dim = 0;
+};
+
+template <class TQ, class TK>
+local_shape shape_of(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k) noexcept {
+  return {q.extents[0], q.extents[1], q.extents[2], k.extents[2], q.extents[3]};
+}
+
+template <std::size_t N>
+std::string shape_text(const std::array<std::int64_t, N>& e) {
+  return baton::detail::cp::shape_text(std::span<const std::int64_t>(e.data(), N));
+}
+
+// Empty when q, k, v (and the other tensors, when given) describe one problem; else a
+// message naming the tensor and the shape it should have.
+template <class TA, std::size_t N>
+std::string expect(const tensor_view<TA, N>& t, const char* name, const std::array<std::int64_t, N>& want) {
+  if (t.extents != want) {
+    return std::string("tensor '") + name + "' has shape " + shape_text(t.extents) + " but expected " + shape_text(want);
+  }
+  if (t.data == nullptr && t.size() > 0) return std::string("tensor '") + name + "' has a null data pointer";
+  return {};
+}
+
+inline std::string check_local(const local_shape& s, std::int64_t expected_seq) {
+  if (s.batch < 1 || s.seq < 0 || s.heads_q < 1 || s.heads_kv < 1 || s.dim < 1) {
+    return "q must be [batch, seq, heads_q, dim] and k [batch, seq, heads_kv, dim] with batch, heads and dim >= 1";
+  }
+  if (s.heads_q % s.heads_kv != 0) {
+    return "q has " + std::to_string(s.heads_q) + " heads and k/v " + std::to_string(s.heads_kv) +
+           "; the query heads must be a multiple of the key/value heads (GQA/MQA)";
+  }
+  if (s.seq != expected_seq) {
+    return "the local shard holds " + std::to_string(s.seq) + " tokens but the sequence_sharding gives each rank " +
+           std::to_string(expected_seq) + " (sequence length / ranks)";
+  }
+  return {};
+}
+
+// Positions of the pieces [begin, end) as a baton::positions: a range when they are one
+// contiguous run, else a list backed by `storage` (which must outlive the positions).
+inline positions positions_for(std::span<const shard_piece> pieces, std::size_t begin, std::size_t end,
+                               std::vector<std::int64_t>& storage) {
+  if (is_contiguous_range(pieces, begin, end)) {
+    std::int64_t n = 0;
+    for (std::size_t p = begin; p < end; ++p) n += pieces[p].count;
+    return positions(pieces[begin].first, n);
+  }
+  storage = positions_of(pieces, begin, end);
+  return positions(std::span<const std::int64_t>(storage));
+}
+
+// Validates the mask against every global position once, up front, so that a mask that
+// cannot describe the sequence fails on every rank before any data moves.
+template <class Mask>
+std::string check_mask(const Mask& mask, std::int64_t seq_len) {
+  const positions all(0, seq_len);
+  if constexpr (requires { mask.validate(all, all); }) {
+    try {
+      mask.validate(all, all);
+    } catch (const std::exception& e) {
+      return std::string("the mask does not cover the sequence: ") + e.what();
+    }
+  }
+  return {};
+}
+
+}  // namespace baton::detail::cp

@@ -1,0 +1,194 @@
+// baton/cp/hybrid.hpp — hybrid (USP-style) attention on a 2-D mesh: Ulysses inside (heads
+// exchanged within a group of U ranks, typically one node), ring outside (K/V blocks passed
+// between the R groups).
+#pragma once
+
+#include <baton/attention/backend.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/tensor_view.hpp>
+#include <baton/comm/concepts.hpp>
+#include <baton/comm/mesh.hpp>
+#include <baton/cp/detail/agree.hpp>
+#include <baton/cp/detail/ring_core.hpp>
+#include <baton/cp/detail/ulysses_core.hpp>
+#include <baton/cp/detail/views.hpp>
+#include <baton/cp/error.hpp>
+#include <baton/cp/ring.hpp>
+#include <baton/cp/sharding.hpp>
+#include <baton/cp/ulysses.hpp>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace baton {
+
+/// The two groups of a context-parallel mesh over a world of ring_degree x ulysses_degree
+/// ranks: world rank w is Ulysses rank w % U of group w / U, and ring rank w / U.
+/// Consecutive ranks share a Ulysses group, so on a machine with U devices per node the
+/// all-to-all stays inside the node and only the ring crosses nodes.
+template <class Comm>
+struct cp_mesh {
+  Comm ulysses;  ///< the U ranks exchanging heads (same ring rank)
+  Comm ring;     ///< the R ranks passing K/V blocks (same Ulysses rank)
+  int ring_degree = 1;
+  int ulysses_degree = 1;
+};
+
+/// Splits `world` into a cp_mesh (collective). Every rank throws cp_error when
+/// ring_degree x ulysses_degree is not the world size, or when ranks pass different degrees.
+template <class Comm>
+cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
+  static_assert(splittable_communicator<Comm> && all_to_all_communicator<Comm>,
+                "baton::make_cp_mesh: the world communicator must model splittable_communicator (split(color, key)) "
+                "and all_to_all_communicator (to agree on the degrees first)");
+  using namespace detail::cp;
+  call_descriptor mine;
+  mine[call_descriptor::operation] = op_make_cp_mesh;
+  mine[call_descriptor::degree] = ring_degree;
+  mine[call_descriptor::inner_degree] = ulysses_degree;
+  mine[call_descriptor::world_size] = world.size();
+  mine[call_descriptor::rank] = world.rank();
+  if (ring_degree < 1 || ulysses_degree < 1 || std::int64_t{ring_degree} * ulysses_degree != world.size()) {
+    mine.fail("rank " + std::to_string(world.rank()) + ": the mesh ring " + std::to_string(ring_degree) +
+              " x Ulysses " + std::to_string(ulysses_degree) + " = " +
+              std::to_string(std::int64_t{ring_degree} * ulysses_degree) + " ranks does not match the world size " +
+              std::to_string(world.size()) + "; choose degrees whose product is the world size");
+  }
+  const auto all = all_to_all_gather(world, std::span<const call_descriptor>(&mine, 1));
+  agree_or_throw("baton::make_cp_mesh", all);
+  const int w = world.rank();
+  cp_mesh<Comm> mesh{world.split(w / ulysses_degree, w % ulysses_degree), world.split(w % ulysses_degree, w / ulysses_degree),
+                     ring_degree, ulysses_degree};
+  return mesh;
+}
+
+/// Hybrid attention: Ulysses over `ulysses` (U ranks), ring attention over `ring` (R ranks).
+///
+/// The sharding is `sequence_sharding(layout, S, R, U)`: the layout (zigzag for causal
+/// balance) cuts the sequence over the R ring groups, and each group's shard is split
+/// contiguously over its U Ulysses ranks. The Ulysses exchange re-assembles the group's
+/// shard for heads h/U; the ring then runs over the groups exactly as ring_attention does.
+/// Head rules are Ulysses' (over U).
+///
+/// Example (compiled in tests/cp/test_cp_docs.cpp):
+/// ```
+///   auto mesh = baton::make_cp_mesh(world, /*ring=*/2, /*ulysses=*/2);
+///   baton::sequence_sharding sharding(baton::shard_layout::zigzag, seq_len, 2, 2);
+///   baton::hybrid_attention attn(mesh, baton::reference_attention{}, sharding);
+///   attn.forward(q, k, v, baton::causal_mask{}, out, lse);
+/// ```
+template <all_to_all_communicator UlyssesComm, ring_communicator RingComm, class Backend>
+class hybrid_attention {
+ public:
+  hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding)
+      : ulysses_(&ulysses), ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)) {}
+
+  template <class Comm>
+    requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
+  hybrid_attention(cp_mesh<Comm>& mesh, Backend backend, sequence_sharding sharding)
+      : hybrid_attention(mesh.ulysses, mesh.ring, std::move(backend), std::move(sharding)) {}
+
+  /// On the cp_ring x cp_ulysses group of a device_mesh (baton/comm/mesh.hpp).
+  template <class Comm>
+    requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
+  hybrid_attention(device_mesh<Comm>& mesh, Backend backend, sequence_sharding sharding)
+      : hybrid_attention(mesh.along(mesh_dim::cp_ulysses), mesh.along(mesh_dim::cp_ring), std::move(backend),
+                         std::move(sharding)) {}
+
+  const sequence_sharding& sharding() const noexcept { return sharding_; }
+  /// Which shard of the sharding this rank must pass: ring rank x Ulysses degree + Ulysses
+  /// rank (make_cp_mesh and device_mesh number the context-parallel ranks this way).
+  int shard_index() const noexcept { return ring_->rank() * ulysses_->size() + ulysses_->rank(); }
+
+  template <class T, class Mask>
+  void forward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
+               std::type_identity_t<tensor_view<const T, 4>> v, const Mask& mask, tensor_view<T, 4> out,
+               std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
+    using namespace detail::cp;
+    if constexpr (detail::cp::usable<Backend, T, Mask>()) {
+      const auto s = shape_of(q, k);
+      agree<T>(op_hybrid_forward, s, mask, check_forward_tensors<T>(s, k, v, out, lse));
+      const ulysses_geometry g = ulysses_geometry_of(s, ulysses_->size());
+      ulysses_buffers<T> buf(g, false);
+      gather_qkv<T>(*ulysses_, g, q, k, v, buf);
+      ring_forward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
+                      gathered_kv<T>(buf.v, g), mask, gathered_q<T>(buf.out, g), gathered_lse(buf.lse, g),
+                      params.softmax_scale);
+      scatter_out_lse<T>(*ulysses_, g, buf, out, lse);
+    }
+  }
+
+  template <class T, class Mask>
+  void backward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
+                std::type_identity_t<tensor_view<const T, 4>> v, std::type_identity_t<tensor_view<const T, 4>> out,
+                std::type_identity_t<tensor_view<const lse_t<T>, 3>> lse,
+                std::type_identity_t<tensor_view<const T, 4>> dout, const Mask& mask, tensor_view<T, 4> dq,
+                std::type_identity_t<tensor_view<T, 4>> dk, std::type_identity_t<tensor_view<T, 4>> dv,
+                const cp_params& params = {}) {
+    using namespace detail::cp;
+    if constexpr (detail::cp::usable<Backend, T, Mask>()) {
+      const auto s = shape_of(q, k);
+      agree<T>(op_hybrid_backward, s, mask, check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
+      const ulysses_geometry g = ulysses_geometry_of(s, ulysses_->size());
+      ulysses_buffers<T> buf(g, true);
+      gather_for_backward<T>(*ulysses_, g, q, k, v, out, lse, dout, buf);
+      std::vector<T> gq(buf.q.size()), gk(buf.k.size()), gv(buf.v.size());
+      ring_backward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
+                       gathered_kv<T>(buf.v, g), gathered_q<T>(buf.out, g),
+                       tensor_view<const lse_t<T>, 3>(gathered_lse(buf.lse, g)), gathered_q<T>(buf.dout, g), mask,
+                       gathered_q<T>(gq, g), gathered_kv<T>(gk, g), gathered_kv<T>(gv, g), params.softmax_scale);
+      scatter_grads<T>(*ulysses_, g, gq, gk, gv, dq, dk, dv);
+    }
+  }
+
+ private:
+  detail::cp::ring_geometry ring_geometry_of(const detail::cp::ulysses_geometry& g) const {
+    detail::cp::ring_geometry rg;
+    for (int r = 0; r < ring_->size(); ++r) rg.pieces.push_back(sharding_.group_pieces(r));
+    rg.batch = g.batch;
+    rg.seq = g.seq();
+    rg.heads_q = g.heads_q();
+    rg.heads_kv = g.heads_kv();
+    rg.dim = g.dim;
+    return rg;
+  }
+
+  template <class T, class Mask>
+  void agree(detail::cp::operation_code op, const detail::cp::local_shape& s, const Mask& mask,
+             const std::string& tensor_problem) {
+    using namespace detail::cp;
+    const int world_rank = shard_index();
+    call_descriptor mine = describe<T>(op, s, sharding_, ring_->size() * ulysses_->size(), world_rank);
+    std::string problem = first_problem({
+        sharding_.degree() != ring_->size() || sharding_.inner_degree() != ulysses_->size()
+            ? "the sequence_sharding is " + std::to_string(sharding_.degree()) + " (ring) x " +
+                  std::to_string(sharding_.inner_degree()) + " (Ulysses) but the mesh is " +
+                  std::to_string(ring_->size()) + " x " + std::to_string(ulysses_->size()) +
+                  "; build it as sequence_sharding(layout, seq_len, ring.size(), ulysses.size())"
+            : std::string(),
+        check_local(s, sharding_.local_len()), tensor_problem,
+        check_head_split(s.heads_q, s.heads_kv, ulysses_->size()), check_mask(mask, sharding_.seq_len())});
+    if (!problem.empty()) mine.fail("rank " + std::to_string(world_rank) + ": " + problem);
+    // Inside the Ulysses group first, then around the ring: every rank sees all descriptors.
+    const auto group = all_to_all_gather(*ulysses_, std::span<const call_descriptor>(&mine, 1));
+    const auto all = ring_all_gather(*ring_, std::span<const call_descriptor>(group));
+    agree_or_throw(op == op_hybrid_forward ? "baton::hybrid_attention::forward" : "baton::hybrid_attention::backward",
+                   all);
+  }
+
+  UlyssesComm* ulysses_;
+  RingComm* ring_;
+  Backend backend_;
+  sequence_sharding sharding_;
+};
+
+template <class UComm, class RComm, class Backend>
+hybrid_attention(UComm&, RComm&, Backend, sequence_sharding) -> hybrid_attention<UComm, RComm, Backend>;
+template <class Comm, class Backend>
+hybrid_attention(cp_mesh<Comm>&, Backend, sequence_sharding) -> hybrid_attention<Comm, Comm, Backend>;
+template <class Comm, class Backend>
+hybrid_attention(device_mesh<Comm>&, Backend, sequence_sharding) -> hybrid_attention<Comm, Comm, Backend>;
+
+}  // namespace baton

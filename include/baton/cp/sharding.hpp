@@ -1,0 +1,293 @@
+// baton/cp/sharding.hpp — which global token positions each rank holds, and copying any
+// tensor's sequence axis between the full order and a rank's shard.
+//
+// Attention masks in baton are functions of global positions, so sharding a sequence only
+// changes which positions a rank holds; nothing about the mask is re-sharded. Everything the
+// ring / Ulysses / hybrid code needs to know about the layout is in `sequence_sharding`.
+#pragma once
+
+#include <baton/cp/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton {
+
+/// How a sequence of S tokens is cut over R ranks (L = S / R tokens each).
+///  - contiguous: rank r holds [r L, (r+1) L). Simple; unbalanced under a causal mask (the last
+///    rank does R times the work of the first).
+///  - zigzag: the sequence is cut into 2R chunks of L/2; rank r holds chunks r and 2R-1-r, so
+///    under a causal mask every rank does the same work, and in a ring every step after the
+///    first is exactly half a block. Needs S divisible by 2R.
+///  - striped: rank r holds r, r+R, r+2R, ... (round robin). Balanced under a causal mask at
+///    token granularity; the per-step work is close to (not exactly) half a block.
+enum class shard_layout { contiguous, zigzag, striped };
+
+constexpr std::string_view to_string(shard_layout layout) noexcept {
+  switch (layout) {
+    case shard_layout::contiguous: return "contiguous";
+    case shard_layout::zigzag: return "zigzag";
+    case shard_layout::striped: return "striped";
+  }
+  return "unknown";
+}
+
+/// A run of a shard: local indices [local_offset, local_offset + count) hold the global
+/// positions first, first + stride, ..., first + (count-1) stride.
+struct shard_piece {
+  std::int64_t local_offset = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  std::int64_t stride = 1;
+
+  constexpr std::int64_t position(std::int64_t i) const noexcept { return first + i * stride; }
+  constexpr std::int64_t last() const noexcept { return first + (count - 1) * stride; }
+  friend constexpr bool operator==(const shard_piece&, const shard_piece&) = default;
+};
+
+/// The layout of one sequence over `degree x inner_degree` ranks.
+///
+/// The layout (contiguous / zigzag / striped) cuts the sequence over `degree` groups; each
+/// group's shard, in its local order, is then split contiguously over `inner_degree`
+/// consecutive ranks. Rank = group * inner_degree + inner_rank. For a pure ring or pure
+/// Ulysses, inner_degree is 1 and degree is the world size. For hybrid attention (Ulysses
+/// inside, ring outside), degree is the ring degree and inner_degree the Ulysses degree: the
+/// Ulysses all-to-all re-assembles exactly the group's shard, which the ring then balances.
+class sequence_sharding {
+ public:
+  /// Throws cp_error naming the sizes to change when seq_len is not divisible as the layout
+  /// needs (S % R for contiguous and striped, S % 2R for zigzag, and the group shard by
+  /// inner_degree).
+  sequence_sharding(shard_layout layout, std::int64_t seq_len, int degree, int inner_degree = 1)
+      : layout_(layout), seq_len_(seq_len), degree_(degree), inner_(inner_degree) {
+    if (degree < 1 || inner_degree < 1) {
+      throw cp_error("sequence_sharding: degree (" + std::to_string(degree) + ") and inner degree (" +
+                     std::to_string(inner_degree) + ") must be at least 1");
+    }
+    if (seq_len < 1) {
+      throw cp_error("sequence_sharding: sequence length " + std::to_string(seq_len) + " must be positive");
+    }
+    const std::int64_t unit = (layout == shard_layout::zigzag ? 2 : 1) * std::int64_t{degree};
+    if (seq_len % unit != 0) {
+      const std::int64_t padded = (seq_len + unit - 1) / unit * unit;
+      throw cp_error("sequence_sharding: sequence length " + std::to_string(seq_len) +
+                     " is not divisible by " + std::to_string(unit) + " as the " +
+                     std::string(to_string(layout)) + " layout over " + std::to_string(degree) +
+                     " rank(s) needs" +
+                     (layout == shard_layout::zigzag ? " (2 chunks per rank: r and 2R-1-r)" : "") +
+                     "; pad the sequence to " + std::to_string(padded) +
+                     " and mask the padding (e.g. a document_mask with its own segment id)");
+    }
+    if ((seq_len / degree) % inner_degree != 0) {
+      const std::int64_t u =
+          std::int64_t{degree} * std::lcm(std::int64_t{inner_degree}, std::int64_t{layout == shard_layout::zigzag ? 2 : 1});
+      const std::int64_t padded = (seq_len + u - 1) / u * u;
+      throw cp_error("sequence_sharding: each of the " + std::to_string(degree) + " group shard(s) holds " +
+                     std::to_string(seq_len / degree) + " tokens, which the inner (Ulysses) degree " +
+                     std::to_string(inner_degree) + " does not divide; pad the sequence to " +
+                     std::to_string(padded));
+    }
+  }
+
+  shard_layout layout() const noexcept { return layout_; }
+  std::int64_t seq_len() const noexcept { return seq_len_; }
+  int degree() const noexcept { return degree_; }
+  int inner_degree() const noexcept { return inner_; }
+  /// Number of ranks the sequence is spread over (degree x inner_degree).
+  int ranks() const noexcept { return degree_ * inner_; }
+  /// Tokens per rank.
+  std::int64_t local_len() const noexcept { return seq_len_ / ranks(); }
+  /// Tokens per group (the shard a ring step moves in hybrid attention).
+  std::int64_t group_len() const noexcept { return seq_len_ / degree_; }
+
+  /// The pieces of group g's shard (before the inner split), in local order.
+  std::vector<shard_piece> group_pieces(int group) const {
+    check_index(group, degree_, "group");
+    const std::int64_t len = group_len();
+    switch (layout_) {
+      case shard_layout::contiguous: return {shard_piece{0, group * len, len, 1}};
+      case shard_layout::zigzag: {
+        const std::int64_t chunk = len / 2;
+        return {shard_piece{0, group * chunk, chunk, 1},
+                shard_piece{chunk, (2 * std::int64_t{degree_} - 1 - group) * chunk, chunk, 1}};
+      }
+      case shard_layout::striped: return {shard_piece{0, group, len, degree_}};
+    }
+    return {};
+  }
+
+  /// The pieces of rank's shard, in local order.
+  std::vector<shard_piece> pieces(int rank) const {
+    check_index(rank, ranks(), "rank");
+    const int group = rank / inner_;
+    const std::int64_t len = local_len();
+    const std::int64_t begin = (rank % inner_) * len;
+    const std::int64_t end = begin + len;
+    std::vector<shard_piece> out;
+    for (const shard_piece& p : group_pieces(group)) {
+      const std::int64_t lo = std::max(begin, p.local_offset);
+      const std::int64_t hi = std::min(end, p.local_offset + p.count);
+      if (lo < hi) {
+        out.push_back(shard_piece{lo - begin, p.position(lo - p.local_offset), hi - lo, p.stride});
+      }
+    }
+    return out;
+  }
+
+  /// The global positions rank holds, in local order.
+  std::vector<std::int64_t> global_positions(int rank) const {
+    std::vector<std::int64_t> out;
+    out.reserve(static_cast<std::size_t>(local_len()));
+    for (const shard_piece& p : pieces(rank)) {
+      for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
+    }
+    return out;
+  }
+
+  /// The global positions group holds (the concatenation of its inner ranks' positions).
+  std::vector<std::int64_t> group_positions(int group) const {
+    std::vector<std::int64_t> out;
+    out.reserve(static_cast<std::size_t>(group_len()));
+    for (const shard_piece& p : group_pieces(group)) {
+      for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
+    }
+    return out;
+  }
+
+  friend bool operator==(const sequence_sharding&, const sequence_sharding&) = default;
+
+ private:
+  static void check_index(int i, int n, const char* what) {
+    if (i < 0 || i >= n) {
+      throw cp_error(std::string("sequence_sharding: ") + what + " " + std::to_string(i) + " is out of range [0, " +
+                     std::to_string(n) + ")");
+    }
+  }
+
+  shard_layout layout_;
+  std::int64_t seq_len_;
+  int degree_;
+  int inner_;
+};
+
+namespace detail::cp {
+
+// Row-major tensor split around its sequence axis: outer x seq x inner elements.
+struct seq_axis_split {
+  std::int64_t outer = 1;
+  std::int64_t seq = 1;
+  std::int64_t inner = 1;
+};
+
+inline seq_axis_split split_at_seq_axis(std::span<const std::int64_t> shape, int seq_axis, const char* who) {
+  if (seq_axis < 0 || seq_axis >= static_cast<int>(shape.size())) {
+    throw cp_error(std::string(who) + ": sequence axis " + std::to_string(seq_axis) + " is out of range for a tensor of rank " +
+                   std::to_string(shape.size()));
+  }
+  seq_axis_split s;
+  for (int i = 0; i < static_cast<int>(shape.size()); ++i) {
+    if (shape[static_cast<std::size_t>(i)] < 0) throw cp_error(std::string(who) + ": negative extent in shape");
+    if (i < seq_axis) s.outer *= shape[static_cast<std::size_t>(i)];
+    if (i > seq_axis) s.inner *= shape[static_cast<std::size_t>(i)];
+  }
+  s.seq = shape[static_cast<std::size_t>(seq_axis)];
+  return s;
+}
+
+inline std::string shape_text(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Copies between a full tensor and one rank's shard. to_local: full -> local; else local -> full.
+template <class T>
+void copy_shard(const sequence_sharding& sharding, int rank, const seq_axis_split& full, T* full_data, T* local_data,
+                bool to_local) {
+  const std::int64_t local_len = sharding.local_len();
+  const auto pieces = sharding.pieces(rank);
+  for (std::int64_t o = 0; o < full.outer; ++o) {
+    T* f = full_data + o * full.seq * full.inner;
+    T* l = local_data + o * local_len * full.inner;
+    for (const shard_piece& p : pieces) {
+      if (p.stride == 1) {  // a contiguous run is one block copy
+        T* fp = f + p.first * full.inner;
+        T* lp = l + p.local_offset * full.inner;
+        const auto n = static_cast<std::size_t>(p.count * full.inner);
+        if (to_local) std::copy_n(fp, n, lp); else std::copy_n(lp, n, fp);
+        continue;
+      }
+      for (std::int64_t i = 0; i < p.count; ++i) {
+        T* fp = f + p.position(i) * full.inner;
+        T* lp = l + (p.local_offset + i) * full.inner;
+        const auto n = static_cast<std::size_t>(full.inner);
+        if (to_local) std::copy_n(fp, n, lp); else std::copy_n(lp, n, fp);
+      }
+    }
+  }
+}
+
+template <class T>
+seq_axis_split check_shard_args(const sequence_sharding& sharding, std::size_t full_size, std::size_t local_size,
+                                std::span<const std::int64_t> full_shape, int seq_axis, const char* who) {
+  const seq_axis_split s = split_at_seq_axis(full_shape, seq_axis, who);
+  if (s.seq != sharding.seq_len()) {
+    throw cp_error(std::string(who) + ": the full tensor's sequence axis " + std::to_string(seq_axis) + " of shape " +
+                   shape_text(full_shape) + " has " + std::to_string(s.seq) + " tokens, but the sharding is of " +
+                   std::to_string(sharding.seq_len()) + " tokens");
+  }
+  const std::int64_t full_elems = s.outer * s.seq * s.inner;
+  const std::int64_t local_elems = s.outer * sharding.local_len() * s.inner;
+  if (static_cast<std::int64_t>(full_size) != full_elems) {
+    throw cp_error(std::string(who) + ": the full tensor holds " + std::to_string(full_size) +
+                   " elements but its shape " + shape_text(full_shape) + " needs " + std::to_string(full_elems));
+  }
+  if (static_cast<std::int64_t>(local_size) != local_elems) {
+    throw cp_error(std::string(who) + ": the shard holds " + std::to_string(local_size) + " elements but needs " +
+                   std::to_string(local_elems) + " (the full shape with " + std::to_string(sharding.local_len()) +
+                   " tokens on axis " + std::to_string(seq_axis) + ")");
+  }
+  return s;
+}
+
+}  // namespace detail::cp
+
+/// Copies rank's shard of a full row-major tensor (any rank, sequence on `seq_axis`) into
+/// `local` (the same shape with local_len() tokens on that axis), in the shard's local order.
+template <class T>
+void shard_sequence(const sequence_sharding& sharding, int rank, std::span<const T> full,
+                    std::span<const std::int64_t> full_shape, int seq_axis, std::span<T> local) {
+  const auto s = detail::cp::check_shard_args<T>(sharding, full.size(), local.size(), full_shape, seq_axis,
+                                                 "shard_sequence");
+  detail::cp::copy_shard(sharding, rank, s, const_cast<T*>(full.data()), local.data(), true);
+}
+
+/// As above, returning the shard.
+template <class T>
+std::vector<T> shard_sequence(const sequence_sharding& sharding, int rank, std::span<const T> full,
+                              std::span<const std::int64_t> full_shape, int seq_axis) {
+  const auto s = detail::cp::split_at_seq_axis(full_shape, seq_axis, "shard_sequence");
+  std::vector<T> local(static_cast<std::size_t>(s.outer * sharding.local_len() * s.inner));
+  shard_sequence<T>(sharding, rank, full, full_shape, seq_axis, std::span<T>(local));
+  return local;
+}
+
+/// Writes rank's shard `local` back into its global positions of the full tensor `full`
+/// (positions other ranks hold are left untouched, so calling it for every rank re-assembles
+/// the full tensor).
+template <class T>
+void unshard_sequence(const sequence_sharding& sharding, int rank, std::span<const T> local,
+                      std::span<const std::int64_t> full_shape, int seq_axis, std::span<T> full) {
+  const auto s = detail::cp::check_shard_args<T>(sharding, full.size(), local.size(), full_shape, seq_axis,
+                                                 "unshard_sequence");
+  detail::cp::copy_shard(sharding, rank, s, full.data(), const_cast<T*>(local.data()), false);
+}
+
+}  // namespace baton

@@ -1,0 +1,214 @@
+// Shared by the CP tests: a full-sequence problem with its reference answer (reference
+// attention on one rank, the oracle), and a driver that runs ring / Ulysses / hybrid
+// attention on the local world and gathers every rank's results back to full order.
+#pragma once
+
+#include <baton/attention/masks.hpp>
+#include <baton/attention/reference.hpp>
+#include <baton/comm/local.hpp>
+#include <baton/comm/mesh.hpp>
+#include <baton/cp.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cp_test {
+
+enum class mode { ring, ulysses, hybrid };
+
+inline const char* name(mode m) {
+  return m == mode::ring ? "ring" : m == mode::ulysses ? "ulysses" : "hybrid";
+}
+
+struct dims {
+  std::int64_t batch = 2, seq = 24, heads_q = 8, heads_kv = 2, dim = 5;
+  std::int64_t q_elems() const { return batch * seq * heads_q * dim; }
+  std::int64_t kv_elems() const { return batch * seq * heads_kv * dim; }
+  std::int64_t lse_elems() const { return batch * heads_q * seq; }
+};
+
+template <class T>
+struct tensors {
+  using L = baton::lse_t<T>;
+  std::vector<T> out, dq, dk, dv;
+  std::vector<L> lse;
+  explicit tensors(const dims& d)
+      : out(static_cast<std::size_t>(d.q_elems())), dq(out.size()), dk(static_cast<std::size_t>(d.kv_elems())),
+        dv(dk.size()), lse(static_cast<std::size_t>(d.lse_elems())) {}
+};
+
+template <class T>
+struct problem {
+  dims d;
+  std::vector<T> q, k, v, dout;
+  tensors<T> reference;
+  explicit problem(const dims& dd) : d(dd), reference(dd) {}
+};
+
+template <class T>
+std::vector<T> random_values(std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(normal(gen));
+  return v;
+}
+
+template <class T>
+baton::tensor_view<T, 4> view4(std::vector<T>& v, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) {
+  return baton::make_tensor_view(v.data(), {b, s, h, d});
+}
+template <class T>
+baton::tensor_view<const T, 4> cview4(const std::vector<T>& v, std::int64_t b, std::int64_t s, std::int64_t h,
+                                      std::int64_t d) {
+  return baton::make_tensor_view(v.data(), {b, s, h, d});
+}
+
+// The oracle: reference attention over the whole sequence on one rank.
+template <class T, class Mask>
+problem<T> make_problem(const dims& d, const Mask& mask, std::uint32_t seed, double scale = 0) {
+  problem<T> p(d);
+  p.q = random_values<T>(static_cast<std::size_t>(d.q_elems()), seed);
+  p.k = random_values<T>(static_cast<std::size_t>(d.kv_elems()), seed + 1);
+  p.v = random_values<T>(static_cast<std::size_t>(d.kv_elems()), seed + 2);
+  p.dout = random_values<T>(static_cast<std::size_t>(d.q_elems()), seed + 3);
+  baton::reference_attention ref;
+  baton::attention_params params;
+  params.softmax_scale = scale;
+  auto& r = p.reference;
+  ref.forward(cview4(p.q, d.batch, d.seq, d.heads_q, d.dim), cview4(p.k, d.batch, d.seq, d.heads_kv, d.dim),
+              cview4(p.v, d.batch, d.seq, d.heads_kv, d.dim), mask, view4(r.out, d.batch, d.seq, d.heads_q, d.dim),
+              baton::make_tensor_view(r.lse.data(), {d.batch, d.heads_q, d.seq}), params);
+  ref.backward(cview4(p.q, d.batch, d.seq, d.heads_q, d.dim), cview4(p.k, d.batch, d.seq, d.heads_kv, d.dim),
+               cview4(p.v, d.batch, d.seq, d.heads_kv, d.dim), cview4(r.out, d.batch, d.seq, d.heads_q, d.dim),
+               baton::make_tensor_view(static_cast<const baton::lse_t<T>*>(r.lse.data()), {d.batch, d.heads_q, d.seq}),
+               cview4(p.dout, d.batch, d.seq, d.heads_q, d.dim), mask, view4(r.dq, d.batch, d.seq, d.heads_q, d.dim),
+               view4(r.dk, d.batch, d.seq, d.heads_kv, d.dim), view4(r.dv, d.batch, d.seq, d.heads_kv, d.dim), params);
+  return p;
+}
+
+struct config {
+  mode m = mode::ring;
+  baton::shard_layout layout = baton::shard_layout::contiguous;
+  int degree = 2;        // ring degree (ring, hybrid) or Ulysses degree (ulysses)
+  int inner_degree = 1;  // Ulysses degree of the hybrid
+  int world() const { return degree * inner_degree; }
+  std::string text() const {
+    return std::string(name(m)) + " " + std::string(baton::to_string(layout)) + " " + std::to_string(degree) +
+           (m == mode::hybrid ? "x" + std::to_string(inner_degree) : "");
+  }
+};
+
+// One rank's part: shard the full inputs, run forward and backward, write the results into
+// this rank's global positions of `result` (ranks write disjoint elements).
+template <class T, class Attention, class Mask>
+void run_rank(Attention& attn, const baton::sequence_sharding& sharding, int rank, const problem<T>& p,
+              const Mask& mask, tensors<T>& result, double scale) {
+  using L = baton::lse_t<T>;
+  const dims& d = p.d;
+  const std::int64_t sl = sharding.local_len();
+  const std::vector<std::int64_t> qshape{d.batch, d.seq, d.heads_q, d.dim}, kvshape{d.batch, d.seq, d.heads_kv, d.dim},
+      lshape{d.batch, d.heads_q, d.seq};
+  const auto q = baton::shard_sequence<T>(sharding, rank, p.q, qshape, 1);
+  const auto k = baton::shard_sequence<T>(sharding, rank, p.k, kvshape, 1);
+  const auto v = baton::shard_sequence<T>(sharding, rank, p.v, kvshape, 1);
+  const auto dout = baton::shard_sequence<T>(sharding, rank, p.dout, qshape, 1);
+  std::vector<T> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size());
+  std::vector<L> lse(static_cast<std::size_t>(d.batch * d.heads_q * sl));
+  const baton::cp_params params{scale};
+  attn.forward(cview4(q, d.batch, sl, d.heads_q, d.dim), cview4(k, d.batch, sl, d.heads_kv, d.dim),
+               cview4(v, d.batch, sl, d.heads_kv, d.dim), mask, view4(out, d.batch, sl, d.heads_q, d.dim),
+               baton::make_tensor_view(lse.data(), {d.batch, d.heads_q, sl}), params);
+  attn.backward(cview4(q, d.batch, sl, d.heads_q, d.dim), cview4(k, d.batch, sl, d.heads_kv, d.dim),
+                cview4(v, d.batch, sl, d.heads_kv, d.dim), cview4(out, d.batch, sl, d.heads_q, d.dim),
+                baton::make_tensor_view(static_cast<const L*>(lse.data()), {d.batch, d.heads_q, sl}),
+                cview4(dout, d.batch, sl, d.heads_q, d.dim), mask, view4(dq, d.batch, sl, d.heads_q, d.dim),
+                view4(dk, d.batch, sl, d.heads_kv, d.dim), view4(dv, d.batch, sl, d.heads_kv, d.dim), params);
+  baton::unshard_sequence<T>(sharding, rank, out, qshape, 1, result.out);
+  baton::unshard_sequence<L>(sharding, rank, lse, lshape, 2, result.lse);
+  baton::unshard_sequence<T>(sharding, rank, dq, qshape, 1, result.dq);
+  baton::unshard_sequence<T>(sharding, rank, dk, kvshape, 1, result.dk);
+  baton::unshard_sequence<T>(sharding, rank, dv, kvshape, 1, result.dv);
+}
+
+// Runs the configuration on the local world with `backend` (copied to every rank) and
+// returns out, lse, dq, dk, dv in full order.
+template <class T, class Mask, class Backend = baton::reference_attention>
+tensors<T> run_cp(const config& c, const problem<T>& p, const Mask& mask, double scale = 0, Backend backend = {}) {
+  tensors<T> result(p.d);
+  baton::run_local(c.world(), [&](baton::local_communicator& comm) {
+    if (c.m == mode::ring) {
+      const baton::sequence_sharding sharding(c.layout, p.d.seq, c.degree);
+      baton::ring_attention attn(comm, backend, sharding);
+      run_rank<T>(attn, sharding, attn.shard_index(), p, mask, result, scale);
+    } else if (c.m == mode::ulysses) {
+      const baton::sequence_sharding sharding(c.layout, p.d.seq, c.degree);
+      baton::ulysses_attention attn(comm, backend, sharding);
+      run_rank<T>(attn, sharding, attn.shard_index(), p, mask, result, scale);
+    } else {
+      auto mesh = baton::make_cp_mesh(comm, c.degree, c.inner_degree);
+      const baton::sequence_sharding sharding(c.layout, p.d.seq, c.degree, c.inner_degree);
+      baton::hybrid_attention attn(mesh, backend, sharding);
+      run_rank<T>(attn, sharding, attn.shard_index(), p, mask, result, scale);
+    }
+  });
+  return result;
+}
+
+// Relative L2 error ||got - want|| / ||want||, in long double. Entries where want is -inf
+// (an LSE row that attends to nothing) must be -inf in got too and are left out of the sums.
+template <class T>
+double rel_l2(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  long double num = 0, den = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const long double w = want[i], g = got[i];
+    if (std::isinf(w) || std::isinf(g)) {
+      if (!(std::isinf(w) && std::isinf(g) && (w < 0) == (g < 0))) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (std::isnan(g)) return std::numeric_limits<double>::infinity();
+    num += (g - w) * (g - w);
+    den += w * w;
+  }
+  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return static_cast<double>(std::sqrt(num / den));
+}
+
+template <class T>
+constexpr double tolerance() {
+  return sizeof(T) >= sizeof(double) ? 1e-12 : 1e-5;
+}
+
+struct errors {
+  double out, lse, dq, dk, dv;
+  double max() const { return std::max({out, lse, dq, dk, dv}); }
+};
+
+template <class T>
+errors compare(const tensors<T>& got, const tensors<T>& want) {
+  return {rel_l2(got.out, want.out), rel_l2(got.lse, want.lse), rel_l2(got.dq, want.dq), rel_l2(got.dk, want.dk),
+          rel_l2(got.dv, want.dv)};
+}
+
+// Calls f(mask, name) for each mask of the attention core, built over a sequence of `seq`.
+// The block mask has query rows that attend to nothing (q % 7 == 3), so LSE -inf rows and
+// fully masked blocks go through every mode.
+template <class F>
+void for_each_mask(std::int64_t seq, F&& f) {
+  f(baton::no_mask{}, "none");
+  f(baton::causal_mask{}, "causal");
+  f(baton::sliding_window_mask{5, 2}, "sliding window {5, 2}");
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(seq));
+  for (std::int64_t i = 0; i < seq; ++i) ids[static_cast<std::size_t>(i)] = i < 7 ? 0 : i < 16 ? 1 : 2;
+  f(baton::document_mask(ids), "document {7, 9, rest}");
+  f(baton::block_mask([](std::int64_t q, std::int64_t k) { return k <= q && (k < 2 || q - k < 6) && q % 7 != 3; }, seq,
+                      seq, 4),
+    "block mask (sink + window, rows q%7==3 empty)");
+}
+
+}  // namespace cp_test

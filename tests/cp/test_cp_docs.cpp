@@ -1,0 +1,119 @@
+// The examples of docs/context-parallel.md, compiled and run (keep them in sync with the doc).
+#include "catch.hpp"
+
+#include <baton/attention.hpp>
+#include <baton/comm/local.hpp>
+#include <baton/cp.hpp>
+
+#include <cmath>
+#include <vector>
+
+TEST_CASE("docs: sharding example", "[cp][docs]") {
+  // --- example: sharding ---
+  baton::sequence_sharding sharding(baton::shard_layout::zigzag, /*seq_len=*/16, /*ranks=*/2);
+  std::vector<std::int64_t> held = sharding.global_positions(1);  // chunks 1 and 2 of 4
+  // held == {4, 5, 6, 7, 8, 9, 10, 11}
+
+  std::vector<float> full(1 * 16 * 2 * 3);  // [batch 1, seq 16, heads 2, dim 3]
+  const std::vector<std::int64_t> shape{1, 16, 2, 3};
+  std::vector<float> mine = baton::shard_sequence<float>(sharding, /*rank=*/1, full, shape, /*seq_axis=*/1);
+  baton::unshard_sequence<float>(sharding, 1, mine, shape, 1, full);  // and back
+  // --- end ---
+  CHECK(held == std::vector<std::int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(mine.size() == 8 * 2 * 3);
+}
+
+TEST_CASE("docs: ring, Ulysses and hybrid attention examples", "[cp][docs]") {
+  const std::int64_t batch = 1, seq_len = 32, heads = 4, kv_heads = 2, dim = 8;
+  std::vector<float> q_full(batch * seq_len * heads * dim), k_full(batch * seq_len * kv_heads * dim), v_full(k_full.size()),
+      dout_full(q_full.size());
+  for (std::size_t i = 0; i < q_full.size(); ++i) q_full[i] = dout_full[i] = std::sin(0.1f * static_cast<float>(i));
+  for (std::size_t i = 0; i < k_full.size(); ++i) k_full[i] = v_full[i] = std::cos(0.07f * static_cast<float>(i));
+  std::vector<float> dk_full(k_full.size());
+
+  // --- example: ring ---
+  baton::run_local(4, [&](baton::local_communicator& comm) {
+    baton::sequence_sharding sharding(baton::shard_layout::zigzag, seq_len, comm.size());
+    const std::int64_t n = sharding.local_len();  // tokens on this rank
+    const std::vector<std::int64_t> q_shape{batch, seq_len, heads, dim}, kv_shape{batch, seq_len, kv_heads, dim};
+    // This rank's shard of the inputs (in a model they come from the previous layer).
+    auto q = baton::shard_sequence<float>(sharding, comm.rank(), q_full, q_shape, 1);
+    auto k = baton::shard_sequence<float>(sharding, comm.rank(), k_full, kv_shape, 1);
+    auto v = baton::shard_sequence<float>(sharding, comm.rank(), v_full, kv_shape, 1);
+    auto dout = baton::shard_sequence<float>(sharding, comm.rank(), dout_full, q_shape, 1);
+    std::vector<float> out(q.size()), lse(batch * heads * n), dq(q.size()), dk(k.size()), dv(v.size());
+    auto view = [&](std::vector<float>& t, std::int64_t h) { return baton::make_tensor_view(t.data(), {batch, n, h, dim}); };
+    auto cview = [&](const std::vector<float>& t, std::int64_t h) {
+      return baton::make_tensor_view(t.data(), {batch, n, h, dim});
+    };
+
+    baton::ring_attention ring(comm, baton::reference_attention{}, sharding);
+    ring.forward(cview(q, heads), cview(k, kv_heads), cview(v, kv_heads), baton::causal_mask{}, view(out, heads),
+                 baton::make_tensor_view(lse.data(), {batch, heads, n}));
+    ring.backward(cview(q, heads), cview(k, kv_heads), cview(v, kv_heads), cview(out, heads),
+                  baton::make_tensor_view(static_cast<const float*>(lse.data()), {batch, heads, n}), cview(dout, heads),
+                  baton::causal_mask{}, view(dq, heads), view(dk, kv_heads), view(dv, kv_heads));
+    // dk and dv are the gradients of THIS rank's keys: write them back to full order.
+    baton::unshard_sequence<float>(sharding, comm.rank(), dk, kv_shape, 1, dk_full);
+  });
+  // --- end ---
+
+  // The same gradient from reference attention on the whole sequence.
+  std::vector<float> out(q_full.size()), lse(batch * heads * seq_len), dq(q_full.size()), dk(k_full.size()), dv(k_full.size());
+  baton::reference_attention ref;
+  const auto q = baton::make_tensor_view(q_full.data(), {batch, seq_len, heads, dim});
+  const auto k = baton::make_tensor_view(k_full.data(), {batch, seq_len, kv_heads, dim});
+  const auto v = baton::make_tensor_view(v_full.data(), {batch, seq_len, kv_heads, dim});
+  ref.forward(q, k, v, baton::causal_mask{}, baton::make_tensor_view(out.data(), {batch, seq_len, heads, dim}),
+              baton::make_tensor_view(lse.data(), {batch, heads, seq_len}));
+  ref.backward(q, k, v, baton::make_tensor_view(static_cast<const float*>(out.data()), {batch, seq_len, heads, dim}),
+               baton::make_tensor_view(static_cast<const float*>(lse.data()), {batch, heads, seq_len}),
+               baton::make_tensor_view(dout_full.data(), {batch, seq_len, heads, dim}), baton::causal_mask{},
+               baton::make_tensor_view(dq.data(), {batch, seq_len, heads, dim}),
+               baton::make_tensor_view(dk.data(), {batch, seq_len, kv_heads, dim}),
+               baton::make_tensor_view(dv.data(), {batch, seq_len, kv_heads, dim}));
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < dk.size(); ++i) {
+    num += (dk_full[i] - dk[i]) * (dk_full[i] - dk[i]);
+    den += dk[i] * dk[i];
+  }
+  CHECK(std::sqrt(num / den) <= 1e-5);
+
+  std::vector<float> first_value(4);
+  baton::run_local(4, [&](baton::local_communicator& comm) {
+    const std::int64_t n = seq_len / 4;
+    std::vector<float> q4(batch * n * heads * dim, 0.5f), k4(batch * n * kv_heads * dim, 0.25f), v4(k4.size(), 1.0f),
+        out4(q4.size()), lse4(batch * heads * n);
+    const auto qv = baton::make_tensor_view(static_cast<const float*>(q4.data()), {batch, n, heads, dim});
+    const auto kv = baton::make_tensor_view(static_cast<const float*>(k4.data()), {batch, n, kv_heads, dim});
+    const auto vv = baton::make_tensor_view(static_cast<const float*>(v4.data()), {batch, n, kv_heads, dim});
+    const auto ov = baton::make_tensor_view(out4.data(), {batch, n, heads, dim});
+    const auto lv = baton::make_tensor_view(lse4.data(), {batch, heads, n});
+    // --- example: ulysses ---
+    baton::sequence_sharding sharding(baton::shard_layout::zigzag, seq_len, comm.size());
+    baton::ulysses_attention ulysses(comm, baton::reference_attention{}, sharding);
+    ulysses.forward(qv, kv, vv, baton::causal_mask{}, ov, lv);  // 4 heads over 4 ranks; the 2 kv heads replicated
+    // --- end ---
+    // --- example: hybrid ---
+    auto mesh = baton::make_cp_mesh(comm, /*ring_degree=*/2, /*ulysses_degree=*/2);
+    baton::sequence_sharding hybrid_sharding(baton::shard_layout::zigzag, seq_len, 2, 2);
+    baton::hybrid_attention hybrid(mesh, baton::reference_attention{}, hybrid_sharding);
+    hybrid.forward(qv, kv, vv, baton::causal_mask{}, ov, lv);
+    // --- end ---
+    first_value[static_cast<std::size_t>(comm.rank())] = out4[0];
+  });
+  for (float x : first_value) CHECK(std::abs(x - 1.0f) < 1e-6f);  // every value is 1: so is the output
+}
+
+TEST_CASE("docs: merge example", "[cp][docs]") {
+  // --- example: merge ---
+  // Two partial results for one query row (dim 2) over disjoint key blocks ...
+  std::vector<float> out{1.0f, 0.0f}, lse{0.0f};                      // running result
+  const std::vector<float> out_b{0.0f, 1.0f}, lse_b{std::log(3.0f)};  // block b: 3x the weight
+  baton::merge_attention_partial<float, float, float>(out, lse, out_b, lse_b, /*dim=*/2);
+  // ... out == {0.25, 0.75}, lse == log(4)
+  // --- end ---
+  CHECK(std::abs(out[0] - 0.25f) < 1e-6f);
+  CHECK(std::abs(out[1] - 0.75f) < 1e-6f);
+  CHECK(std::abs(lse[0] - std::log(4.0f)) < 1e-6f);
+}

@@ -1,0 +1,195 @@
+// Bad input: every rank gets a cp_error that names the problem, and nothing hangs (each
+// world runs with a short timeout, so a rank left waiting would fail the test instead).
+#include "catch.hpp"
+#include "cp_test_support.hpp"
+
+#include <chrono>
+#include <functional>
+
+using namespace cp_test;
+using baton::shard_layout;
+
+namespace {
+
+// Runs f on every rank of an n-rank world; returns each rank's cp_error message ("" if none).
+std::vector<std::string> cp_errors(int n, const std::function<void(baton::local_communicator&)>& f) {
+  std::vector<std::string> messages(static_cast<std::size_t>(n));
+  baton::local_options options;
+  options.timeout = std::chrono::seconds(20);
+  baton::run_local(
+      n,
+      [&](baton::local_communicator& comm) {
+        try {
+          f(comm);
+        } catch (const baton::cp_error& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      },
+      options);
+  return messages;
+}
+
+void every_rank_says(const std::vector<std::string>& messages, const std::string& needle) {
+  for (std::size_t r = 0; r < messages.size(); ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK_FALSE(messages[r].empty());
+    CHECK(messages[r].find(needle) != std::string::npos);
+  }
+}
+
+// Local buffers of the given shard shape on one rank.
+struct shard {
+  std::int64_t b, s, hq, hkv, d;
+  std::vector<float> q, k, v, out, lse;
+  shard(std::int64_t b_, std::int64_t s_, std::int64_t hq_, std::int64_t hkv_, std::int64_t d_)
+      : b(b_), s(s_), hq(hq_), hkv(hkv_), d(d_), q(static_cast<std::size_t>(b * s * hq * d), 0.5f),
+        k(static_cast<std::size_t>(b * s * hkv * d), 0.25f), v(k.size(), 1.0f), out(q.size()),
+        lse(static_cast<std::size_t>(b * hq * s)) {}
+  template <class Attention, class Mask = baton::causal_mask>
+  void forward(Attention& attn, const Mask& mask = {}) {
+    attn.forward(cview4(q, b, s, hq, d), cview4(k, b, s, hkv, d), cview4(v, b, s, hkv, d), mask, view4(out, b, s, hq, d),
+                 baton::make_tensor_view(lse.data(), {b, hq, s}));
+  }
+  template <class Attention>
+  void backward(Attention& attn) {
+    std::vector<float> dq(q.size()), dk(k.size()), dv(k.size());
+    attn.backward(cview4(q, b, s, hq, d), cview4(k, b, s, hkv, d), cview4(v, b, s, hkv, d), cview4(out, b, s, hq, d),
+                  baton::make_tensor_view(static_cast<const float*>(lse.data()), {b, hq, s}), cview4(out, b, s, hq, d),
+                  baton::causal_mask{}, view4(dq, b, s, hq, d), view4(dk, b, s, hkv, d), view4(dv, b, s, hkv, d));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("errors: a sequence length the layout cannot divide fails on every rank", "[cp][errors]") {
+  every_rank_says(cp_errors(4,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::zigzag, 36, comm.size());
+                              shard sh(1, 36 / 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "not divisible by 8");
+}
+
+TEST_CASE("errors: heads the Ulysses degree cannot divide fail on every rank", "[cp][errors]") {
+  every_rank_says(cp_errors(4,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 16, comm.size());
+                              shard sh(1, 4, 6, 2, 3);
+                              baton::ulysses_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "query heads (6) are not divisible by the Ulysses degree 4");
+  // kv heads that neither divide nor are divisible by the degree
+  every_rank_says(cp_errors(2,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 8, comm.size());
+                              shard sh(1, 4, 12, 3, 3);
+                              baton::ulysses_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "allow neither");
+  // and through the hybrid's Ulysses groups
+  every_rank_says(cp_errors(4,
+                            [](baton::local_communicator& comm) {
+                              auto mesh = baton::make_cp_mesh(comm, 2, 2);
+                              const baton::sequence_sharding s(shard_layout::zigzag, 16, 2, 2);
+                              shard sh(1, 4, 3, 3, 3);
+                              baton::hybrid_attention attn(mesh, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "not divisible by the Ulysses degree 2");
+}
+
+TEST_CASE("errors: ranks with different shard shapes all stop, naming the odd rank", "[cp][errors]") {
+  // rank 1 holds one token too many: its own checks see it, the others learn it
+  every_rank_says(cp_errors(3,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 12, comm.size());
+                              shard sh(1, comm.rank() == 1 ? 5 : 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "rank 1");
+  // rank 2 has a different batch: every local check passes, only the agreement sees it
+  every_rank_says(cp_errors(3,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 12, comm.size());
+                              shard sh(comm.rank() == 2 ? 2 : 1, 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              sh.backward(attn);
+                            }),
+                  "ranks hold shards of different shapes");
+  every_rank_says(cp_errors(4,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 16, comm.size());
+                              shard sh(1, 4, 4, 2, comm.rank() == 3 ? 5 : 3);
+                              baton::ulysses_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "ranks hold shards of different shapes");
+  // in the hybrid, rank 3's error must cross both the Ulysses group and the ring
+  every_rank_says(cp_errors(4,
+                            [](baton::local_communicator& comm) {
+                              auto mesh = baton::make_cp_mesh(comm, 2, 2);
+                              const baton::sequence_sharding s(shard_layout::zigzag, 16, 2, 2);
+                              shard sh(1, comm.rank() == 3 ? 3 : 4, 2, 2, 3);
+                              baton::hybrid_attention attn(mesh, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "rank 3");
+}
+
+TEST_CASE("errors: a mesh or sharding that does not match the world fails on every rank", "[cp][errors]") {
+  every_rank_says(cp_errors(4, [](baton::local_communicator& comm) { (void)baton::make_cp_mesh(comm, 3, 2); }),
+                  "does not match the world size 4");
+  every_rank_says(cp_errors(4,
+                            [](baton::local_communicator& comm) {
+                              auto mesh = baton::make_cp_mesh(comm, 2, 2);
+                              const baton::sequence_sharding s(shard_layout::zigzag, 16, 4, 1);
+                              shard sh(1, 4, 2, 2, 3);
+                              baton::hybrid_attention attn(mesh, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "but the mesh is 2 x 2");
+  every_rank_says(cp_errors(2,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 16, 4);
+                              shard sh(1, 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "the ring communicator has 2");
+}
+
+TEST_CASE("errors: ranks that disagree on the call or the sharding all stop", "[cp][errors]") {
+  every_rank_says(cp_errors(2,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::contiguous, 8, comm.size());
+                              shard sh(1, 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              if (comm.rank() == 0) sh.forward(attn); else sh.backward(attn);
+                            }),
+                  "different context-parallel operations");
+  every_rank_says(cp_errors(2,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(
+                                  comm.rank() == 0 ? shard_layout::contiguous : shard_layout::striped, 8, comm.size());
+                              shard sh(1, 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn);
+                            }),
+                  "different sequence shardings");
+}
+
+TEST_CASE("errors: a mask that cannot describe the sequence fails on every rank before any data moves", "[cp][errors]") {
+  every_rank_says(cp_errors(2,
+                            [](baton::local_communicator& comm) {
+                              const baton::sequence_sharding s(shard_layout::zigzag, 8, comm.size());
+                              shard sh(1, 4, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                              sh.forward(attn, baton::document_mask(std::vector<std::int64_t>(6, 0)));
+                            }),
+                  "the mask does not cover the sequence");
+}
