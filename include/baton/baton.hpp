@@ -7,6 +7,7 @@
 #include <baton/payload.hpp>
 #include <baton/schedule.hpp>
 #include <baton/comm.hpp>
+#include <baton/pipeline.hpp>
 #include <baton/attention.hpp>
 #include <baton/cp.hpp>
 #if BATON_HAS_KOKKOS()

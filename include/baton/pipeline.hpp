@@ -1,0 +1,18 @@
+// baton/pipeline.hpp — the pipeline runtime: stage concepts, the executor that runs a lowered
+// schedule on one rank, hooks, loss scaling, eval and gradient-norm clipping.
+//
+//   stage, split_backward_stage          what a stage is (forward / backward, or I + W)
+//   stage_list<S...>, uniform_stages<S>  the stage types of a pipeline
+//   microbatch_hooks<In, Out>            hooks that live as long as one microbatch
+//   loss_result<G>                       what a loss returns per microbatch
+//   pipeline_executor, make_pipeline     run a schedule over a communicator
+//   clip_grad_norm                       gradient-norm clipping over sharded parameters
+//
+// See docs/pipeline.md.
+#pragma once
+
+#include <baton/config.hpp>
+#include <baton/pipeline/clip.hpp>
+#include <baton/pipeline/error.hpp>
+#include <baton/pipeline/executor.hpp>
+#include <baton/pipeline/stage.hpp>

@@ -1,0 +1,392 @@
+// baton/pipeline/detail/transfer.hpp — how a payload crosses ranks: the wire header, the pooled
+// receive buffers, and the in-flight sends and receives of one executor.
+//
+// Every transfer is one fixed-size header message followed by one message per non-empty
+// tensor, in the payload's field order, all on the same tag (messages of one (source, dest,
+// tag) arrive in order). The header carries the shapes, so the receiver allocates (or takes
+// from its pool) buffers of the right shape whatever the step's sequence length: there is
+// nothing to set up again when shapes change between steps. It also carries the step, stage
+// and microbatch, so that ranks running different programs fail with a message instead of
+// silently mixing data.
+#pragma once
+
+#include <baton/comm/concepts.hpp>
+#include <baton/payload.hpp>
+#include <baton/pipeline/error.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace baton::detail::pl {
+
+inline constexpr std::size_t wire_max_tensors = 16;
+inline constexpr std::size_t wire_max_rank = 8;
+inline constexpr std::int64_t wire_magic = 0x62746e5050;  // "btnPP"
+
+// Payloads up to this many bytes travel inside the header message: one message per transfer
+// instead of 1 + tensors, which is what small activations (and the executor's own latency)
+// are dominated by.
+inline constexpr std::size_t wire_inline_bytes = 2048;
+
+// The header message. Word layout: magic, call, sending stage, microbatch, direction
+// (0 activation, 1 gradient), tensor count, inline flag; then per tensor: rank, element
+// bytes, extents; then the inline data area.
+struct wire_header {
+  static constexpr std::size_t fixed_words = 7;
+  static constexpr std::size_t words_per_tensor = 2 + wire_max_rank;
+  static constexpr std::size_t shape_words = fixed_words + wire_max_tensors * words_per_tensor;
+  std::array<std::int64_t, shape_words + wire_inline_bytes / sizeof(std::int64_t)> words{};
+
+  [[nodiscard]] std::int64_t tensors() const noexcept { return words[5]; }
+  [[nodiscard]] bool data_inline() const noexcept { return words[6] != 0; }
+  [[nodiscard]] std::byte* inline_area() noexcept { return reinterpret_cast<std::byte*>(words.data() + shape_words); }
+  [[nodiscard]] const std::byte* inline_area() const noexcept {
+    return reinterpret_cast<const std::byte*>(words.data() + shape_words);
+  }
+  [[nodiscard]] const std::int64_t* tensor_words(std::size_t i) const noexcept {
+    return words.data() + fixed_words + i * words_per_tensor;
+  }
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return std::as_bytes(std::span(words)); }
+  [[nodiscard]] std::span<std::byte> mutable_bytes() noexcept { return std::as_writable_bytes(std::span(words)); }
+};
+
+struct message_id {
+  std::int64_t call = 0;
+  int stage = 0;  // the sending stage
+  int microbatch = 0;
+  int direction = 0;  // 0: activation (forward), 1: gradient (backward)
+};
+
+inline std::string describe_message(const message_id& id) {
+  return std::string(id.direction == 0 ? "activation" : "gradient") + " of stage " + std::to_string(id.stage) +
+         ", microbatch " + std::to_string(id.microbatch) + ", call " + std::to_string(id.call);
+}
+
+template <class P>
+std::size_t tensor_count(const P& p) {
+  std::size_t n = 0;
+  for_each_tensor(p, [&](const auto&) { ++n; });
+  return n;
+}
+
+template <class P>
+void fill_header(wire_header& h, const P& p, const message_id& id) {
+  h.words[0] = wire_magic;
+  h.words[1] = id.call;
+  h.words[2] = id.stage;
+  h.words[3] = id.microbatch;
+  h.words[4] = id.direction;
+  std::size_t i = 0;
+  for_each_tensor(p, [&](const auto& t) {
+    using leaf = std::remove_cvref_t<decltype(t)>;
+    const auto shape = tensor_shape(t);
+    if (i >= wire_max_tensors) {
+      throw pipeline_error("baton pipeline: a payload with more than " + std::to_string(wire_max_tensors) +
+                           " tensors cannot be sent between stages; group tensors into fewer fields");
+    }
+    if (shape.size() > wire_max_rank) {
+      throw pipeline_error("baton pipeline: a tensor of rank " + std::to_string(shape.size()) +
+                           " cannot be sent between stages (at most " + std::to_string(wire_max_rank) +
+                           " dimensions); reshape it before the stage boundary");
+    }
+    std::int64_t* w = h.words.data() + wire_header::fixed_words + i * wire_header::words_per_tensor;
+    w[0] = static_cast<std::int64_t>(shape.size());
+    w[1] = static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type));
+    std::copy(shape.begin(), shape.end(), w + 2);
+    ++i;
+  });
+  h.words[5] = static_cast<std::int64_t>(i);
+}
+
+// The pool key of a header: the tensor ranks, element sizes and extents, flattened.
+inline std::vector<std::int64_t> header_key(const wire_header& h) {
+  std::vector<std::int64_t> key;
+  const auto n = static_cast<std::size_t>(h.tensors());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t* w = h.tensor_words(i);
+    key.insert(key.end(), w, w + 2 + w[0]);
+  }
+  return key;
+}
+
+template <class P>
+std::vector<std::int64_t> payload_key(const P& p) {
+  std::vector<std::int64_t> key;
+  for_each_tensor(p, [&](const auto& t) {
+    using leaf = std::remove_cvref_t<decltype(t)>;
+    const auto shape = tensor_shape(t);
+    key.push_back(static_cast<std::int64_t>(shape.size()));
+    key.push_back(static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type)));
+    key.insert(key.end(), shape.begin(), shape.end());
+  });
+  return key;
+}
+
+// A payload of type P with the shapes a header announces (zero-filled by the tensor traits).
+template <class P>
+P make_payload(const wire_header& h) {
+  const auto n = static_cast<std::size_t>(h.tensors());
+  auto shape_of = [&](std::size_t i) {
+    const std::int64_t* w = h.tensor_words(i);
+    return std::span<const std::int64_t>(w + 2, static_cast<std::size_t>(w[0]));
+  };
+  if constexpr (is_record_v<P>) {
+    P p{};
+    std::size_t i = 0;
+    for_each_tensor(p, [&](auto& t) {
+      using leaf = std::remove_cvref_t<decltype(t)>;
+      if (i < n) t = payload_traits<leaf>::allocate(shape_of(i));
+      ++i;
+    });
+    if (i != n) {
+      throw pipeline_error("baton pipeline: received a payload of " + std::to_string(n) + " tensors where the stage's "
+                           "type has " + std::to_string(i) + ": the ranks were built with different stage types");
+    }
+    return p;
+  } else {
+    if (n != 1) {
+      throw pipeline_error("baton pipeline: received a payload of " + std::to_string(n) +
+                           " tensors where the stage expects one tensor: the ranks were built with different "
+                           "stage types");
+    }
+    return payload_traits<P>::allocate(shape_of(0));
+  }
+}
+
+// Multiplies every tensor of p by `factor` (the loss scaling applied to a loss gradient).
+template <class P>
+void scale_payload(P& p, double factor) {
+  for_each_tensor(p, [&](auto& t) {
+    using leaf = std::remove_cvref_t<decltype(t)>;
+    using value = typename payload_traits<leaf>::value_type;
+    static_assert(std::is_floating_point_v<value>,
+                  "baton pipeline: the loss gradient must hold floating-point tensors");
+    auto bytes = tensor_mutable_bytes(t);
+    auto* v = reinterpret_cast<value*>(bytes.data());
+    const std::size_t count = bytes.size() / sizeof(value);
+    const auto f = static_cast<value>(factor);
+    for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+  });
+}
+
+struct pool_stats {
+  std::size_t allocations = 0;  // buffers created because none of the right shape was idle
+  std::size_t reuses = 0;       // receives served by an idle buffer
+  std::size_t idle = 0;         // buffers waiting in the pool now
+};
+
+// Receive buffers of one payload type, reused across microbatches and steps. A buffer is only
+// storage: the stage is handed the payload for one microbatch, and everything attached to that
+// microbatch (its hooks) lives elsewhere and dies with it — so reusing the storage cannot
+// carry anything from one microbatch to the next (seed 002).
+template <class P>
+class buffer_pool {
+ public:
+  P acquire(const wire_header& h) {
+    auto key = header_key(h);
+    for (std::size_t i = 0; i < idle_.size(); ++i) {
+      if (idle_[i].first == key) {
+        P p = std::move(idle_[i].second);
+        if (i + 1 != idle_.size()) std::swap(idle_[i], idle_.back());
+        idle_.pop_back();
+        ++stats_.reuses;
+        return p;
+      }
+    }
+    ++stats_.allocations;
+    return make_payload<P>(h);
+  }
+
+  void release(P&& p) {
+    // Bounded so that a long run of changing shapes (variable sequence lengths) cannot grow the
+    // pool without limit: the oldest idle buffers go first.
+    if (idle_.size() >= max_idle_) idle_.erase(idle_.begin());
+    auto key = payload_key(p);
+    idle_.emplace_back(std::move(key), std::move(p));
+  }
+
+  [[nodiscard]] pool_stats stats() const noexcept {
+    auto s = stats_;
+    s.idle = idle_.size();
+    return s;
+  }
+  void set_capacity(std::size_t n) { max_idle_ = std::max<std::size_t>(n, 1); }
+
+ private:
+  std::vector<std::pair<std::vector<std::int64_t>, P>> idle_;
+  pool_stats stats_;
+  std::size_t max_idle_ = 64;
+};
+
+// A send in flight: it owns the payload and header until every request has completed.
+// (Members are destroyed in reverse order: the requests first, then the buffers they read.)
+template <class Request>
+class outgoing {
+ public:
+  virtual ~outgoing() = default;
+  // True when every request completed; throws what the communicator throws.
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+};
+
+template <class Request, class P>
+class outgoing_payload final : public outgoing<Request> {
+ public:
+  explicit outgoing_payload(P&& p) : payload(std::move(p)) {}
+
+  bool test() override {
+    while (done_ < requests.size()) {
+      if (!requests[done_].test()) return false;
+      ++done_;
+    }
+    return true;
+  }
+  void wait() override {
+    while (done_ < requests.size()) {
+      requests[done_].wait();
+      ++done_;
+    }
+  }
+
+  P payload;
+  wire_header header;
+  std::vector<Request> requests;
+
+ private:
+  std::size_t done_ = 0;
+};
+
+template <point_to_point_communicator Comm, class P>
+std::unique_ptr<outgoing<comm_request_t<Comm>>> post_send(Comm& comm, P&& payload, int dest, int tag,
+                                                          const message_id& id) {
+  using request = comm_request_t<Comm>;
+  auto out = std::make_unique<outgoing_payload<request, std::remove_cvref_t<P>>>(std::move(payload));
+  fill_header(out->header, out->payload, id);
+  std::size_t total = 0;
+  for_each_tensor(out->payload, [&](const auto& t) { total += tensor_bytes(t).size(); });
+  const bool small = total <= wire_inline_bytes;
+  out->header.words[6] = small ? 1 : 0;
+  if (small) {
+    std::byte* at = out->header.inline_area();
+    for_each_tensor(out->payload, [&](const auto& t) {
+      const auto bytes = tensor_bytes(t);
+      if (!bytes.empty()) std::memcpy(at, bytes.data(), bytes.size());
+      at += bytes.size();
+    });
+  }
+  out->requests.reserve(1 + (small ? 0 : static_cast<std::size_t>(out->header.tensors())));
+  out->requests.push_back(comm.isend(out->header.bytes(), dest, tag));
+  if (!small) {
+    for_each_tensor(out->payload, [&](const auto& t) {
+      const auto bytes = tensor_bytes(t);
+      if (!bytes.empty()) out->requests.push_back(comm.isend(bytes, dest, tag));
+    });
+  }
+  return out;
+}
+
+// A receive in flight. The header is received first; the data receives are posted once the
+// header says which shapes to expect (at the latest when the stage needs the payload).
+template <class Request, class P>
+class incoming {
+ public:
+  incoming(int source_rank, int message_tag, message_id expected_id)
+      : source(source_rank), tag(message_tag), expected(expected_id) {}
+
+  int source;
+  int tag;
+  message_id expected;
+  std::optional<P> buffer;
+  wire_header header;
+  std::optional<Request> header_request;
+  std::vector<Request> data_requests;
+  bool header_done = false;
+};
+
+template <point_to_point_communicator Comm, class P>
+std::unique_ptr<incoming<comm_request_t<Comm>, P>> post_recv(Comm& comm, int source, int tag,
+                                                             const message_id& expected) {
+  auto in = std::make_unique<incoming<comm_request_t<Comm>, P>>(source, tag, expected);
+  in->header_request.emplace(comm.irecv(in->header.mutable_bytes(), source, tag));
+  return in;
+}
+
+template <class Request, class P>
+void check_header(const incoming<Request, P>& in) {
+  const auto& w = in.header.words;
+  const auto& e = in.expected;
+  if (w[0] != wire_magic) {
+    throw pipeline_error("baton pipeline: a message from rank " + std::to_string(in.source) + " on tag " +
+                         std::to_string(in.tag) + " is not a pipeline header: another component uses the "
+                         "pipeline's tags on this communicator; give the executor its own communicator or set "
+                         "pipeline_options::tag_offset");
+  }
+  if (w[1] != e.call || w[2] != e.stage || w[3] != e.microbatch || w[4] != e.direction) {
+    const message_id got{w[1], static_cast<int>(w[2]), static_cast<int>(w[3]), static_cast<int>(w[4])};
+    throw pipeline_error("baton pipeline: expected the " + describe_message(e) + " from rank " +
+                         std::to_string(in.source) + " but received the " + describe_message(got) +
+                         ": the ranks run different programs; build every rank's executor from the same "
+                         "schedule");
+  }
+  if (w[5] < 0 || static_cast<std::size_t>(w[5]) > wire_max_tensors) {
+    throw pipeline_error("baton pipeline: corrupt header from rank " + std::to_string(in.source));
+  }
+}
+
+// Takes the header if it has arrived and posts the data receives. Returns whether the header
+// is done. `wait` blocks for it.
+template <point_to_point_communicator Comm, class Request, class P>
+bool advance_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool, bool wait) {
+  if (in.header_done) return true;
+  if (wait) {
+    in.header_request->wait();
+  } else if (!in.header_request->test()) {
+    return false;
+  }
+  in.header_done = true;
+  in.header_request.reset();
+  check_header(in);
+  in.buffer.emplace(pool.acquire(in.header));
+  if (payload_key(*in.buffer) != header_key(in.header)) {
+    throw pipeline_error("baton pipeline: the " + describe_message(in.expected) + " from rank " +
+                         std::to_string(in.source) + " does not fit this rank's stage input type (different "
+                         "element types or tensor ranks): the ranks were built with different stage types");
+  }
+  if (in.header.data_inline()) {
+    const std::byte* at = in.header.inline_area();
+    for_each_tensor(*in.buffer, [&](auto& t) {
+      auto bytes = tensor_mutable_bytes(t);
+      if (!bytes.empty()) std::memcpy(bytes.data(), at, bytes.size());
+      at += bytes.size();
+    });
+    return true;
+  }
+  in.data_requests.reserve(static_cast<std::size_t>(in.header.tensors()));
+  for_each_tensor(*in.buffer, [&](auto& t) {
+    auto bytes = tensor_mutable_bytes(t);
+    if (!bytes.empty()) in.data_requests.push_back(comm.irecv(bytes, in.source, in.tag));
+  });
+  return true;
+}
+
+template <point_to_point_communicator Comm, class Request, class P>
+P complete_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool) {
+  advance_recv(comm, in, pool, true);
+  for (auto& r : in.data_requests) r.wait();
+  in.data_requests.clear();
+  P p = std::move(*in.buffer);
+  in.buffer.reset();
+  return p;
+}
+
+}  // namespace baton::detail::pl

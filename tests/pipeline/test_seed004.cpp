@@ -1,0 +1,287 @@
+// Seed 004: what a trainer needs around the pipeline — eval before the first step, structured
+// (named-field) payloads between stages, gradient clipping over every stage, and the loss on
+// every rank — each checked against running the same stages on one rank.
+#include "catch.hpp"
+#include "parity_support.hpp"
+
+#include <limits>
+#include <mutex>
+
+using namespace pipeline_test;
+
+namespace {
+
+using S = mlp_stage<double>;
+constexpr std::int64_t width = 4;
+
+}  // namespace
+
+TEST_CASE("seed 004: eval() before the first step equals the sequential forward loss", "[pipeline][seed004]") {
+  const auto shape = baton::shape_for<baton::interleaved_1f1b>(2, 4, 2);
+  const auto x = random_tensor<double>({8, width}, 61);
+  const auto t = random_tensor<double>({8, width}, 62, 0.5);
+  auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), width);
+  const double eval_oracle = sequential_loss(oracle, x, baton::no_side{}, t, mse_loss<double>{});
+  const double step_oracle = sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
+
+  std::vector<double> errors;
+  std::mutex m;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    auto exec = baton::make_pipeline<baton::interleaved_1f1b, baton::uniform_stages<S>>(
+        comm, shape, [](int s) { return S(width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{},
+        baton::pipeline_options{.loss_on_every_rank = true});
+    const auto first = exec.eval(x, t);
+    const auto trained = exec.step(x, t);
+    const auto again = exec.eval(x, t);  // weights are not updated: the same loss, gradients untouched
+    std::lock_guard lock(m);
+    // eval keeps no saved state beyond the running forward
+    errors.push_back(first.peak_live_saved == 1 ? 0.0 : 1.0);
+    errors.push_back(rel_err(*first.loss, eval_oracle));
+    errors.push_back(rel_err(*trained.loss, step_oracle));
+    errors.push_back(rel_err(*again.loss, eval_oracle));
+    exec.for_each_local_stage([&](int s, S& st) {
+      errors.push_back(rel_err(st.dw, oracle[static_cast<std::size_t>(s)].dw));
+      errors.push_back(rel_err(st.db, oracle[static_cast<std::size_t>(s)].db));
+    });
+  });
+  REQUIRE(errors.size() == 2 * 4 + 4 * 2);
+  for (double e : errors) CHECK(e <= 1e-12);
+  CHECK(eval_oracle == step_oracle);  // same weights, same forward
+}
+
+// ---- structured payloads ---------------------------------------------------------------------
+
+namespace {
+
+using hidden = baton::record<baton::field<"a", tensor<double>>, baton::field<"b", tensor<double>>,
+                             baton::field<"pos", baton::constant<tensor<double>>>>;
+using hidden_grad = baton::grad_t<hidden>;
+static_assert(std::is_same_v<hidden_grad, baton::record<baton::field<"a", tensor<double>>, baton::field<"b", tensor<double>>>>);
+
+// y[r, j] = tanh(sum_i x[r, i] w[i, j]) for row-major [rows, width] tensors, and its pieces.
+tensor<double> matmul(const tensor<double>& x, const tensor<double>& w) {
+  const std::int64_t rows = x.shape()[0];
+  tensor<double> y({rows, width});
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < width; ++j)
+      for (std::int64_t i = 0; i < width; ++i) y[r * width + j] += x[r * width + i] * w[i * width + j];
+  return y;
+}
+tensor<double> matmul_t(const tensor<double>& dz, const tensor<double>& w) {  // dz w^T
+  const std::int64_t rows = dz.shape()[0];
+  tensor<double> dx({rows, width});
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < width; ++i)
+      for (std::int64_t j = 0; j < width; ++j) dx[r * width + i] += dz[r * width + j] * w[i * width + j];
+  return dx;
+}
+void add_outer(tensor<double>& dw, const tensor<double>& x, const tensor<double>& dz) {  // dw += x^T dz
+  const std::int64_t rows = x.shape()[0];
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < width; ++i)
+      for (std::int64_t j = 0; j < width; ++j) dw[i * width + j] += x[r * width + i] * dz[r * width + j];
+}
+tensor<double> tanh_of(tensor<double> z) {
+  for (std::int64_t i = 0; i < z.size(); ++i) z[i] = std::tanh(z[i]);
+  return z;
+}
+tensor<double> tanh_grad(const tensor<double>& dy, const tensor<double>& y) {
+  tensor<double> dz(y.shape());
+  for (std::int64_t i = 0; i < y.size(); ++i) dz[i] = dy[i] * (1 - y[i] * y[i]);
+  return dz;
+}
+
+// tensor -> {a = tanh(x wa), b = tanh(x wb), pos = x[:, 0] (a constant)}
+struct entry_stage {
+  using input = tensor<double>;
+  using output = hidden;
+  using side = baton::no_side;
+  struct saved {
+    tensor<double> x, a, b;
+  };
+  tensor<double> wa = random_tensor<double>({width, width}, 71, 0.6), wb = random_tensor<double>({width, width}, 72, 0.6);
+  tensor<double> dwa{{width, width}}, dwb{{width, width}};
+
+  output forward(const input& x, const side&, saved& st) {
+    st.x = x;
+    st.a = tanh_of(matmul(x, wa));
+    st.b = tanh_of(matmul(x, wb));
+    const std::int64_t rows = x.shape()[0];
+    tensor<double> pos({rows, 1});
+    for (std::int64_t r = 0; r < rows; ++r) pos[r] = x[r * width];
+    return hidden(st.a, st.b, baton::constant(std::move(pos)));
+  }
+  tensor<double> backward(saved& st, const hidden_grad& g) {
+    const auto dza = tanh_grad(baton::get<"a">(g), st.a);
+    const auto dzb = tanh_grad(baton::get<"b">(g), st.b);
+    add_outer(dwa, st.x, dza);
+    add_outer(dwb, st.x, dzb);
+    auto dx = matmul_t(dza, wa);
+    const auto dxb = matmul_t(dzb, wb);
+    for (std::int64_t i = 0; i < dx.size(); ++i) dx[i] += dxb[i];
+    return dx;
+  }
+};
+
+// {a, b, pos} -> {tanh(a w1 + b w2 + 0.1 pos), b, pos}
+struct mix_stage {
+  using input = hidden;
+  using output = hidden;
+  using side = baton::no_side;
+  struct saved {
+    hidden in;
+    tensor<double> out;
+  };
+  tensor<double> w1, w2, dw1{{width, width}}, dw2{{width, width}};
+  explicit mix_stage(std::uint64_t seed)
+      : w1(random_tensor<double>({width, width}, seed, 0.6)), w2(random_tensor<double>({width, width}, seed + 1, 0.6)) {}
+
+  output forward(const input& h, const side&, saved& st) {
+    st.in = h;
+    auto z = matmul(baton::get<"a">(h), w1);
+    const auto zb = matmul(baton::get<"b">(h), w2);
+    const auto& pos = *baton::get<"pos">(h);
+    for (std::int64_t i = 0; i < z.size(); ++i) z[i] += zb[i] + 0.1 * pos[i / width];
+    st.out = tanh_of(std::move(z));
+    return hidden(st.out, baton::get<"b">(h), baton::get<"pos">(h));
+  }
+  hidden_grad backward(saved& st, const hidden_grad& g) {
+    const auto dz = tanh_grad(baton::get<"a">(g), st.out);
+    add_outer(dw1, baton::get<"a">(st.in), dz);
+    add_outer(dw2, baton::get<"b">(st.in), dz);
+    auto db = matmul_t(dz, w2);
+    const auto& db_through = baton::get<"b">(g);
+    for (std::int64_t i = 0; i < db.size(); ++i) db[i] += db_through[i];
+    return hidden_grad(matmul_t(dz, w1), std::move(db));
+  }
+};
+
+// {a, b, pos} -> a + b
+struct exit_stage {
+  using input = hidden;
+  using output = tensor<double>;
+  using side = baton::no_side;
+  struct saved {};
+  output forward(const input& h, const side&, saved&) {
+    auto y = baton::get<"a">(h);
+    const auto& b = baton::get<"b">(h);
+    for (std::int64_t i = 0; i < y.size(); ++i) y[i] += b[i];
+    return y;
+  }
+  hidden_grad backward(saved&, const tensor<double>& dy) { return hidden_grad(dy, dy); }
+};
+
+using record_pipeline = baton::stage_list<entry_stage, mix_stage, mix_stage, exit_stage>;
+
+auto make_record_stage = [](auto i) {
+  if constexpr (i == 0) return entry_stage{};
+  else if constexpr (i == 3) return exit_stage{};
+  else return mix_stage(80 + 10 * i);
+};
+
+template <class Policy>
+void check_records(int ranks, int m) {
+  const auto shape = baton::shape_for<Policy>(ranks, m, 4 / ranks);
+  const auto x = random_tensor<double>({2 * m, width}, 91);
+  const auto t = random_tensor<double>({2 * m, width}, 92, 0.5);
+  // Sequential oracle.
+  entry_stage e = make_record_stage(std::integral_constant<std::size_t, 0>{});
+  mix_stage m1 = make_record_stage(std::integral_constant<std::size_t, 1>{});
+  mix_stage m2 = make_record_stage(std::integral_constant<std::size_t, 2>{});
+  exit_stage o;
+  entry_stage::saved se;
+  mix_stage::saved s1, s2;
+  exit_stage::saved so;
+  const auto y = o.forward(m2.forward(m1.forward(e.forward(x, {}, se), {}, s1), {}, s2), {}, so);
+  const auto l = mse_loss<double>{}(y, t);
+  e.backward(se, m1.backward(s1, m2.backward(s2, o.backward(so, l.grad))));
+
+  std::vector<double> errors;
+  std::mutex mu;
+  baton::run_local(ranks, [&](baton::local_communicator& comm) {
+    auto exec = baton::make_pipeline<Policy, record_pipeline>(comm, shape, make_record_stage, mse_loss<double>{},
+                                                              baton::pipeline_options{.loss_on_every_rank = true});
+    const auto r = exec.step(x, t);
+    std::lock_guard lock(mu);
+    errors.push_back(rel_err(*r.loss, l.value));
+    exec.for_each_local_stage([&](int s, auto& st) {
+      using stage_type = std::remove_cvref_t<decltype(st)>;
+      if constexpr (std::is_same_v<stage_type, entry_stage>) {
+        errors.push_back(rel_err(st.dwa, e.dwa));
+        errors.push_back(rel_err(st.dwb, e.dwb));
+      } else if constexpr (std::is_same_v<stage_type, mix_stage>) {
+        const auto& ref = s == 1 ? m1 : m2;
+        errors.push_back(rel_err(st.dw1, ref.dw1));
+        errors.push_back(rel_err(st.dw2, ref.dw2));
+      }
+    });
+  });
+  REQUIRE(errors.size() == static_cast<std::size_t>(ranks) + 6);
+  for (double err : errors) CHECK(err <= 1e-12);
+}
+
+}  // namespace
+
+TEST_CASE("seed 004: a record with two activations and a constant crosses stages", "[pipeline][seed004]") {
+  SECTION("1F1B, 4 ranks") { check_records<baton::one_f_one_b>(4, 4); }
+  SECTION("interleaved 1F1B, 2 ranks x 2 stages") { check_records<baton::interleaved_1f1b>(2, 4); }
+}
+
+TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the whole model on one rank",
+          "[pipeline][seed004]") {
+  const double p = GENERATE(2.0, std::numeric_limits<double>::infinity());
+  const auto shape = baton::shape_for<baton::zbv>(2, 4);
+  const auto x = random_tensor<double>({8, width}, 51);
+  const auto t = random_tensor<double>({8, width}, 52, 0.5);
+  auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), width);
+  sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
+  std::vector<std::span<double>> all;
+  for (auto& s : oracle) {
+    all.emplace_back(s.dw.data(), static_cast<std::size_t>(s.dw.size()));
+    all.emplace_back(s.db.data(), static_cast<std::size_t>(s.db.size()));
+  }
+  const double max_norm = 1e-3;  // far below the norm: clipping happens
+  const double oracle_norm = baton::clip_grad_norm(all, max_norm, p);
+  REQUIRE(oracle_norm > max_norm);
+
+  std::vector<double> errors;
+  std::mutex m;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    auto exec = baton::make_pipeline<baton::zbv, baton::uniform_stages<S>>(
+        comm, shape, [](int s) { return S(width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{});
+    exec.step(x, t);
+    std::vector<std::span<double>> grads;
+    exec.for_each_local_stage([&](int, S& st) {
+      grads.emplace_back(st.dw.data(), static_cast<std::size_t>(st.dw.size()));
+      grads.emplace_back(st.db.data(), static_cast<std::size_t>(st.db.size()));
+    });
+    const double norm = baton::clip_grad_norm(grads, max_norm, p, comm);
+    std::lock_guard lock(m);
+    errors.push_back(rel_err(norm, oracle_norm));
+    exec.for_each_local_stage([&](int s, S& st) {
+      errors.push_back(rel_err(st.dw, oracle[static_cast<std::size_t>(s)].dw));
+      errors.push_back(rel_err(st.db, oracle[static_cast<std::size_t>(s)].db));
+    });
+  });
+  REQUIRE(errors.size() == 2 + 8);
+  for (double e : errors) CHECK(e <= 1e-12);
+}
+
+TEST_CASE("seed 004: the loss reported on every rank equals the sequential loss", "[pipeline][seed004]") {
+  auto check = [](const baton::program& prog) {
+    const auto x = random_tensor<double>({16, width}, 31);
+    const auto t = random_tensor<double>({16, width}, 32, 0.5);
+    auto oracle = oracle_stages<double, baton::no_side>(prog.shape.num_stages(), width);
+    const double oracle_loss = sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
+    const auto got = run_pipeline<double>(prog, width, x, baton::no_side{}, t,
+                                          baton::pipeline_options{.loss_on_every_rank = true});
+    for (const auto& l : got.loss_by_rank) {
+      REQUIRE(l.has_value());
+      CHECK(rel_err(*l, oracle_loss) <= 1e-12);
+    }
+  };
+  SECTION("1F1B, 4 ranks (the loss comes from rank 3)") { check(baton::one_f_one_b::generate({4, 1, 8})); }
+  SECTION("ZBV, 4 ranks (the last stage is on rank 0)") {
+    check(baton::zbv::generate(baton::shape_for<baton::zbv>(4, 8)));
+  }
+}
