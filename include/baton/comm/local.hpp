@@ -490,7 +490,7 @@ class local_communicator {
       std::string calls;
       for (int s = 0; s < size(); ++s) {
         calls += (s == 0 ? "" : ", ") +
-                 ("rank " + std::to_string(s) + " called " + detail::comm_local::name_of(e[static_cast<std::size_t>(s)].kind));
+                 ("rank " + std::to_string(s) + " called " + detail::comm::collective_name(e[static_cast<std::size_t>(s)].kind));
       }
       return rank_text() + ": collective mismatch: " + calls +
              "; every rank of a communicator must call the same collectives in the same order";
@@ -521,7 +521,7 @@ class local_communicator {
       listing += (r == 0 ? "" : ", ") + ("rank " + std::to_string(r) + ": " + value(e[static_cast<std::size_t>(r)]));
     }
     if (size() > 8) listing += ", ...";
-    return rank_text() + ": " + detail::comm_local::name_of(current_) + " called with different " + what +
+    return rank_text() + ": " + detail::comm::collective_name(current_) + " called with different " + what +
            " on different ranks (" + listing + "); every rank must pass the same " + what;
   }
 
@@ -531,7 +531,7 @@ class local_communicator {
     const auto& e = group_->entries;
     for (int r = 0; r < size(); ++r) {
       const std::string p = problem(e[static_cast<std::size_t>(r)]);
-      if (!p.empty()) return rank_text() + ": " + detail::comm_local::name_of(current_) + ": on rank " + std::to_string(r) + ", " + p;
+      if (!p.empty()) return rank_text() + ": " + detail::comm::collective_name(current_) + ": on rank " + std::to_string(r) + ", " + p;
     }
     return {};
   }

@@ -95,20 +95,7 @@ inline MPI_Op op_of(reduce_op op) {
   return MPI_SUM;
 }
 
-enum class coll_kind : std::int64_t { barrier = 1, all_reduce, all_gather, all_to_all, all_to_all_v, broadcast, split };
-
-inline const char* name_of(std::int64_t k) {
-  switch (static_cast<coll_kind>(k)) {
-    case coll_kind::barrier: return "barrier";
-    case coll_kind::all_reduce: return "all_reduce";
-    case coll_kind::all_gather: return "all_gather";
-    case coll_kind::all_to_all: return "all_to_all";
-    case coll_kind::all_to_all_v: return "all_to_all_v";
-    case coll_kind::broadcast: return "broadcast";
-    case coll_kind::split: return "split";
-  }
-  return "collective";
-}
+using coll_kind = comm::collective_kind;
 
 /// Problems a rank finds in its own arguments, reported to all ranks by the agreement step.
 enum class problem : std::int64_t {
@@ -616,7 +603,7 @@ class mpi_communicator {
   /// arguments; every rank then throws the same error or none does.
   void agree(detail::comm_mpi::coll_kind kind, std::int64_t a, const char* a_name, std::int64_t b, const char* b_name,
              detail::comm_mpi::problem p = detail::comm_mpi::problem::none) {
-    const char* what = detail::comm_mpi::name_of(static_cast<std::int64_t>(kind));
+    const char* what = detail::comm::collective_name(kind);
     refuse_if_broken(what);
     if (!options_.check_collectives) {
       if (p != detail::comm_mpi::problem::none) {
@@ -632,8 +619,8 @@ class mpi_communicator {
     finish(request, what, scratch);
     const auto& v = *scratch;
     if (v[0] != -v[1]) {
-      throw comm_error(rank_text() + ": collective mismatch: some ranks called " + detail::comm_mpi::name_of(v[0]) +
-                       " while others called " + detail::comm_mpi::name_of(-v[1]) +
+      throw comm_error(rank_text() + ": collective mismatch: some ranks called " + detail::comm::collective_name(static_cast<detail::comm::collective_kind>(v[0])) +
+                       " while others called " + detail::comm::collective_name(static_cast<detail::comm::collective_kind>(-v[1])) +
                        "; every rank of a communicator must call the same collectives in the same order");
     }
     if (v[2] != -v[3]) {

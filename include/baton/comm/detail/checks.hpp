@@ -15,6 +15,23 @@
 
 namespace baton::detail::comm {
 
+// Every collective, for agreement checks and error messages. The values start at 1 so that
+// the MPI backend can send a kind and its negation in one all-reduce (see mpi.hpp).
+enum class collective_kind : std::int64_t { barrier = 1, all_reduce, all_gather, all_to_all, all_to_all_v, broadcast, split };
+
+inline const char* collective_name(collective_kind k) {
+  switch (k) {
+    case collective_kind::barrier: return "barrier";
+    case collective_kind::all_reduce: return "all_reduce";
+    case collective_kind::all_gather: return "all_gather";
+    case collective_kind::all_to_all: return "all_to_all";
+    case collective_kind::all_to_all_v: return "all_to_all_v";
+    case collective_kind::broadcast: return "broadcast";
+    case collective_kind::split: return "split";
+  }
+  return "collective";
+}
+
 /// "0.25 s": durations in messages, readable for both milliseconds and minutes.
 inline std::string seconds_text(std::chrono::nanoseconds d) {
   const double s = std::chrono::duration<double>(d).count();

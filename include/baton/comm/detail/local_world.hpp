@@ -103,20 +103,7 @@ struct mailbox {
   std::vector<p2p_op*> recvs;
 };
 
-enum class coll_kind : std::uint8_t { barrier, all_reduce, all_gather, all_to_all, all_to_all_v, broadcast, split };
-
-inline const char* name_of(coll_kind k) {
-  switch (k) {
-    case coll_kind::barrier: return "barrier";
-    case coll_kind::all_reduce: return "all_reduce";
-    case coll_kind::all_gather: return "all_gather";
-    case coll_kind::all_to_all: return "all_to_all";
-    case coll_kind::all_to_all_v: return "all_to_all_v";
-    case coll_kind::broadcast: return "broadcast";
-    case coll_kind::split: return "split";
-  }
-  return "collective";
-}
+using coll_kind = comm::collective_kind;
 
 /// What one rank brings to a collective. Published at arrival; read by every rank between
 /// the first and the last barrier of that collective.
@@ -262,7 +249,7 @@ class group {
   void arrive_and_wait(int rank, coll_kind kind, std::chrono::nanoseconds timeout, const coll_entry* mine) {
     world& w = *the_world;
     std::unique_lock lock(w.mutex);
-    const std::string who = rank_text(rank) + ": " + name_of(kind);
+    const std::string who = rank_text(rank) + ": " + comm::collective_name(kind);
     if (w.failed) throw comm_error(who + " " + w.abort_reason());
     if (!broken.empty()) {
       throw comm_error(who + " refused: an earlier collective of this communicator failed (" + broken +
@@ -292,7 +279,7 @@ class group {
       }
       if (!gone.empty()) {
         broken = who + " cannot complete: rank(s) " + gone + " returned from their function without calling " +
-                 name_of(kind) + "; every rank of a communicator must call the same collectives in the same order";
+                 comm::collective_name(kind) + "; every rank of a communicator must call the same collectives in the same order";
       } else if (clock::now() >= deadline) {
         broken = who + " timed out after " + comm::seconds_text(timeout) + " waiting for rank(s) " + missing +
                  " to join; every rank of a communicator must call the same collectives in the same order";
