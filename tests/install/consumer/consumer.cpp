@@ -1,12 +1,40 @@
 // Built against the installed package only: proves the exported targets carry the include
-// directories, the C++20 requirement and each component's BATON_HAS_* macro.
+// directories, the C++20 requirement and each component's BATON_HAS_* macro, and that the
+// layers work from an install (a schedule validated, a payload split, ranks reducing).
 #include <baton/baton.hpp>
+
+#if BATON_HAS_KOKKOS()
+#include <Kokkos_Core.hpp>
+#endif
 
 #include <cstdio>
 
-int main() {
+int main(int argc, char** argv) {
   std::printf("baton %d.%d.%d kokkos=%d mpi=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
               BATON_VERSION_MINOR, BATON_VERSION_PATCH, BATON_HAS_KOKKOS(), BATON_HAS_MPI(),
               BATON_HAS_CUDA(), BATON_HAS_NCCL());
+
+  static_assert(baton::is_valid(baton::lower(baton::one_f_one_b::generate({2, 1, 4}))));
+
+  baton::host_tensor<float> batch({6, 2});
+  const auto parts = baton::split_microbatches(batch, 4);  // sizes 2, 2, 1, 1
+  if (parts.size() != 4 || parts[3].shape()[0] != 1) return 1;
+
+  const auto sums = baton::run_local(2, [](baton::local_communicator& comm) {
+    std::int64_t value = comm.rank() + 1;
+    comm.all_reduce(std::span<std::int64_t>(&value, 1), baton::reduce_op::sum);
+    return value;
+  });
+  if (sums[0] != 3 || sums[1] != 3) return 1;
+
+#if BATON_HAS_KOKKOS()
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  Kokkos::View<float**> view("v", 4, 2);
+  if (baton::payload_traits<Kokkos::View<float**>>::shape(view).size() != 2) return 1;
+#else
+  (void)argc;
+  (void)argv;
+#endif
+  std::printf("consumer: schedule, payload and local world work from the installed package\n");
   return 0;
 }
