@@ -2,6 +2,7 @@
 //
 //   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./bench_attention           full table
 //   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./bench_attention --quick   what ctest runs
+//   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./bench_attention --seq 1024 one length, no memory run
 //
 // FLOPs as flash-attention's benchmark counts them: forward = 4 B H S^2 D, halved for causal;
 // backward = 2.5 x forward. Prints one "name: value" line per figure. Times are the best of a
@@ -19,6 +20,7 @@
 #include <ctime>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -154,6 +156,7 @@ double self_check_error() {
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const std::int64_t only_seq = argc > 2 && std::strcmp(argv[1], "--seq") == 0 ? std::atoll(argv[2]) : 0;
   openblas_set_num_threads(1);
   std::printf("openblas_core: %s\n", openblas_get_corename());
   std::printf("simd_vector_bytes: %d\n", baton::detail::attn::vector_bytes);
@@ -166,7 +169,9 @@ int main(int argc, char** argv) {
   const double roof = sgemm_gflops(quick ? 1024 : 2048, quick ? 3 : 5);
   std::printf("sgemm_gflops: %.1f\n", roof);
 
-  const std::vector<std::int64_t> seqs = quick ? std::vector<std::int64_t>{1024} : std::vector<std::int64_t>{1024, 2048, 4096};
+  const std::vector<std::int64_t> seqs = only_seq > 0 ? std::vector<std::int64_t>{only_seq}
+                                        : quick       ? std::vector<std::int64_t>{1024}
+                                                      : std::vector<std::int64_t>{1024, 2048, 4096};
   const int reps = quick ? 2 : 3;
   const std::int64_t ratio_seq = quick ? 1024 : 2048;
   for (std::int64_t dim : {64, 128})
@@ -189,7 +194,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
 
-  if (!quick) {
+  if (!quick && only_seq == 0) {
     // Memory grows as O(S): the packed copies and tiles are linear in the sequence; the
     // S x S score matrix is never formed (it alone would be B*H*S^2*4 bytes).
     for (std::int64_t seq : {16384, 32768}) {

@@ -69,6 +69,8 @@ void run_grid() {
     compare<T>(s, baton::causal_mask{}, params, std::string(g.what) + ", causal, offset queries", ++seed);
     compare<T>(s, baton::sliding_window_mask{20, 3}, params, std::string(g.what) + ", sliding window", ++seed);
     compare<T>(s, baton::prefix_lm_mask{17}, params, std::string(g.what) + ", prefix-LM", ++seed);
+    compare<T>(s, baton::intersect(baton::causal_mask{}, baton::sliding_window_mask{70, 3}), params,
+               std::string(g.what) + ", causal window", ++seed);
 
     // Packed documents of lengths 13, 1, 40, 9, ... over the global positions.
     std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
@@ -92,6 +94,14 @@ void run_grid() {
         [](std::int64_t q, std::int64_t k) { return k <= q && (k < 4 || q - k < 48); }, total, total);
     compare<T>(s, sinks_and_window, params, std::string(g.what) + ", block mask, zigzag queries", ++seed);
     compare<T>(s, baton::causal_mask{}, params, std::string(g.what) + ", causal, zigzag queries", ++seed);
+    compare<T>(s, baton::sliding_window_mask{40, 0}, params, std::string(g.what) + ", window, zigzag queries", ++seed);
+    // Zigzag keys too: key tiles are contiguous runs (bounded by allowed_keys) except at the seam.
+    std::vector<std::int64_t> k_list;
+    for (std::int64_t i = 0; i < s.seq_k; ++i) k_list.push_back(i < s.seq_k / 2 ? total - s.seq_k / 2 + i : i);
+    params.k_pos = baton::positions::list(k_list);
+    compare<T>(s, baton::causal_mask{}, params, std::string(g.what) + ", causal, zigzag queries and keys", ++seed);
+    compare<T>(s, baton::prefix_lm_mask{30}, params, std::string(g.what) + ", prefix-LM, zigzag queries and keys",
+               ++seed);
   }
 }
 

@@ -156,6 +156,70 @@ TEST_CASE("masks: classify is sound for ranges, zigzag shards and scattered posi
   CHECK(tight > 0);
 }
 
+namespace {
+// allowed_keys(q, k_begin, k_end) must return exactly the keys of [k_begin, k_end) that
+// allowed(q, .) admits: the kernels trust it instead of testing pairs. Checked on every
+// contiguous run of keys a kernel may ask about (tiles of ranges, of zigzag shards and of
+// index lists, where a run occurs) and on arbitrary intervals.
+template <class Mask>
+void check_key_intervals(const Mask& mask, const std::vector<baton::positions>& q_sets,
+                         const std::vector<baton::positions>& k_sets, std::int64_t n, int& runs) {
+  STATIC_REQUIRE(baton::mask_with_key_intervals<Mask>);
+  const auto check = [&](std::int64_t q, std::int64_t k_begin, std::int64_t k_end) {
+    const baton::key_interval keys = mask.allowed_keys(q, k_begin, k_end);
+    INFO("q " << q << ", keys [" << k_begin << ", " << k_end << ") -> [" << keys.begin << ", " << keys.end << ")");
+    REQUIRE(keys.begin >= k_begin);
+    REQUIRE(keys.begin <= keys.end);
+    REQUIRE(keys.end <= k_end);
+    for (std::int64_t k = k_begin; k < k_end; ++k) REQUIRE(mask.allowed(q, k) == (keys.begin <= k && k < keys.end));
+  };
+  for (const auto& qp : q_sets)
+    for (std::int64_t i = 0; i < qp.size(); ++i) {
+      const std::int64_t q = qp[i];
+      for (const auto& kp : k_sets)
+        for (std::int64_t tile : {1, 7, 16})
+          for (std::int64_t k0 = 0; k0 < kp.size(); k0 += tile) {
+            const baton::position_block kb(kp, k0, std::min(tile, kp.size() - k0));
+            if (!kb.is_contiguous()) continue;
+            check(q, kb.min(), kb.max() + 1);
+            ++runs;
+          }
+    }
+  for (std::int64_t q = 0; q < n; q += 5)
+    for (std::int64_t k_begin = 0; k_begin <= n; k_begin += 3)
+      for (std::int64_t k_end = k_begin; k_end <= n + 4; k_end += 4) check(q, k_begin, k_end);
+}
+}  // namespace
+
+TEST_CASE("masks: allowed_keys agrees with allowed() on ranges, zigzag shards and index lists", "[attention][mask]") {
+  constexpr std::int64_t n = 96;
+  const position_sets ps(n);
+  int runs = 0;
+  constexpr std::int64_t unbounded = std::int64_t{1} << 40;  // wider than any sequence
+  check_key_intervals(baton::no_mask{}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::causal_mask{}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::sliding_window_mask{5, 0}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::sliding_window_mask{3, 9}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::sliding_window_mask{0, 0}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::sliding_window_mask{unbounded, unbounded}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::sliding_window_mask{unbounded, 0}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::prefix_lm_mask{30}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::prefix_lm_mask{0}, ps.sets, ps.sets, n, runs);
+  check_key_intervals(baton::intersect(baton::causal_mask{}, baton::sliding_window_mask{7, 2}), ps.sets, ps.sets, n,
+                      runs);
+  check_key_intervals(baton::intersect(baton::prefix_lm_mask{20}, baton::sliding_window_mask{4, 4}), ps.sets,
+                      ps.sets, n, runs);
+  // Zigzag shards and index lists hold contiguous runs: those were checked, not skipped.
+  CHECK(runs > 0);
+
+  // Masks whose allowed keys need not be one interval do not offer the hook, so the
+  // kernels test them pair by pair.
+  STATIC_REQUIRE_FALSE(baton::mask_with_key_intervals<baton::document_mask>);
+  STATIC_REQUIRE_FALSE(baton::mask_with_key_intervals<baton::block_mask>);
+  STATIC_REQUIRE_FALSE(
+      baton::mask_with_key_intervals<baton::mask_intersection<baton::document_mask, baton::causal_mask>>);
+}
+
 TEST_CASE("masks: classify is exact on tile-aligned ranges", "[attention][mask]") {
   const baton::positions all(0, 128);
   const baton::position_block a(all, 0, 64), b(all, 64, 64);

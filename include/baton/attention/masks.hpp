@@ -47,7 +47,30 @@ concept attention_mask = std::copy_constructible<M> &&
       { m.classify(qb, kb) } -> std::same_as<block_kind>;
     };
 
+/// Half-open interval [begin, end) of key positions (empty when begin >= end).
+struct key_interval {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+/// Optional mask member, for masks under which a query's allowed keys within a run of
+/// consecutive positions are themselves consecutive (causal, windows, prefix-LM):
+/// `m.allowed_keys(q, k_begin, k_end)` returns the sub-interval of [k_begin, k_end) holding
+/// exactly the keys k with allowed(q, k). Kernels then bound a partial tile's rows from
+/// this interval instead of testing each pair; masks without it are tested pair by pair.
+template <class M>
+concept mask_with_key_intervals = attention_mask<M> && requires(const M& m, std::int64_t q, std::int64_t k) {
+  { m.allowed_keys(q, k, k) } -> std::same_as<key_interval>;
+};
+
 namespace detail::attn {
+/// [lo, hi) clipped to [k_begin, k_end), with begin <= end.
+[[nodiscard]] constexpr key_interval clip_keys(std::int64_t lo, std::int64_t hi, std::int64_t k_begin,
+                                               std::int64_t k_end) noexcept {
+  const std::int64_t b = std::clamp(lo, k_begin, k_end);
+  return {b, std::clamp(hi, b, k_end)};
+}
+
 template <class M>
 void validate_mask(const M& mask, const positions& q, const positions& k) {
   if constexpr (requires { mask.validate(q, k); }) mask.validate(q, k);
@@ -73,6 +96,9 @@ struct no_mask {
   [[nodiscard]] constexpr block_kind classify(const position_block&, const position_block&) const noexcept {
     return block_kind::full;
   }
+  [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t, std::int64_t k_begin, std::int64_t k_end) const noexcept {
+    return {k_begin, std::max(k_begin, k_end)};
+  }
 };
 
 /// A query attends to keys at the same or earlier global positions (k_pos <= q_pos).
@@ -84,6 +110,10 @@ struct causal_mask {
     if (kb.max() <= qb.min()) return block_kind::full;
     if (kb.min() > qb.max()) return block_kind::empty;
     return block_kind::partial;
+  }
+  /// Keys up to q: a prefix of any run of keys.
+  [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
+    return detail::attn::clip_keys(k_begin, q < k_end ? q + 1 : k_end, k_begin, k_end);
   }
 };
 
@@ -100,6 +130,12 @@ struct sliding_window_mask {
     if (kb.min() > qb.max() + right || kb.max() < qb.min() - left) return block_kind::empty;
     if (kb.min() >= qb.max() - left && kb.max() <= qb.min() + right) return block_kind::full;
     return block_kind::partial;
+  }
+  [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
+    // Written so that no sum overflows for extents up to INT64_MAX ("unbounded").
+    const std::int64_t lo = q - k_begin <= left ? k_begin : q - left;
+    const std::int64_t hi = k_end - q <= right ? k_end : q + right + 1;
+    return detail::attn::clip_keys(lo, hi, k_begin, k_end);
   }
   void validate(const positions&, const positions&) const {
     if (left < 0 || right < 0)
@@ -176,6 +212,11 @@ struct prefix_lm_mask {
     if (kb.min() >= prefix_length && kb.min() > qb.max()) return block_kind::empty;
     return block_kind::partial;
   }
+  /// k < prefix_length or k <= q is k < max(prefix_length, q + 1): a prefix of any run.
+  [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
+    const std::int64_t limit = q < k_end ? std::max(prefix_length, q + 1) : k_end;
+    return detail::attn::clip_keys(k_begin, limit, k_begin, k_end);
+  }
 };
 
 /// The pairs allowed by both masks (for example document_mask and causal_mask).
@@ -193,6 +234,14 @@ struct mask_intersection {
     const block_kind b = second.classify(qb, kb);
     if (b == block_kind::empty) return block_kind::empty;
     return a == block_kind::full && b == block_kind::full ? block_kind::full : block_kind::partial;
+  }
+  /// Offered when both masks offer it: the intersection of two intervals is one.
+  [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const
+    requires mask_with_key_intervals<A> && mask_with_key_intervals<B>
+  {
+    const key_interval a = first.allowed_keys(q, k_begin, k_end);
+    const key_interval b = second.allowed_keys(q, k_begin, k_end);
+    return detail::attn::clip_keys(std::max(a.begin, b.begin), std::min(a.end, b.end), k_begin, k_end);
   }
   void validate(const positions& q, const positions& k) const {
     detail::attn::validate_mask(first, q, k);

@@ -262,7 +262,12 @@ struct tile_extent {
       return;
     }
     std::int64_t kpos[block_k];
-    for (std::int64_t j = 0; j < kc; ++j) kpos[j] = kt[j];
+    // A mask that knows each row's allowed keys as an interval is not tested pair by pair
+    // (on a causal diagonal tile the tests cost about as much as the masked GEMM work saved).
+    bool by_interval = false;
+    if constexpr (mask_with_key_intervals<Mask>) by_interval = kt.is_contiguous();
+    if (!by_interval)
+      for (std::int64_t j = 0; j < kc; ++j) kpos[j] = kt[j];
     for (std::int64_t g = 0; g < kgroups; ++g) {
       row_begin[g] = rows;
       row_end[g] = 0;
@@ -271,15 +276,31 @@ struct tile_extent {
       std::int64_t lo = kc, hi = 0;
       for (std::int64_t i = g * tile_rows; i < (g + 1) * tile_rows; ++i) {
         T* row = bias[i];
-        std::fill(row + (i < qc ? kc : 0), row + kcols, neg_inf);
-        if (i >= qc) continue;
-        const std::int64_t qpos = qt[i];
         std::int64_t first = kc, last = -1;
-        for (std::int64_t j = 0; j < kc; ++j) {  // branch-free: vectorises for the built-in masks
-          const bool a = mask.allowed(qpos, kpos[j]);
-          row[j] = a ? T(0) : neg_inf;
-          first = a && j < first ? j : first;
-          last = a && j > last ? j : last;
+        if (i >= qc) {
+          std::fill(row, row + kcols, neg_inf);
+          continue;
+        }
+        if constexpr (mask_with_key_intervals<Mask>) {
+          if (by_interval) {
+            const key_interval keys = mask.allowed_keys(qt[i], kt.min(), kt.min() + kc);
+            first = keys.begin - kt.min();
+            last = keys.end - kt.min() - 1;
+            if (last < first) first = kc, last = -1;
+            std::fill(row, row + std::min(first, kc), neg_inf);
+            if (last >= first) std::fill(row + first, row + last + 1, T(0));
+            std::fill(row + std::max(first, last + 1), row + kcols, neg_inf);
+          }
+        }
+        if (!by_interval) {
+          std::fill(row + kc, row + kcols, neg_inf);
+          const std::int64_t qpos = qt[i];
+          for (std::int64_t j = 0; j < kc; ++j) {  // branch-free: vectorises for the built-in masks
+            const bool a = mask.allowed(qpos, kpos[j]);
+            row[j] = a ? T(0) : neg_inf;
+            first = a && j < first ? j : first;
+            last = a && j > last ? j : last;
+          }
         }
         if (last < 0) continue;
         // The row's first and last allowed key bound everything below: a key group's row
@@ -308,6 +329,36 @@ struct tile_extent {
   }
   [[nodiscard]] std::int64_t key_groups_used() const noexcept { return round_up(kc, tile_rows) / tile_rows; }
 };
+
+/// A work item's scratch, allocated once per run of items (a launch chunk) instead of per
+/// item: heap allocation and zeroing per item cost ~2% of a short causal pass, where items
+/// hold half the tiles. Each item re-initialises what it reads before writing it.
+template <class T>
+struct item_scratch {
+  scratch<T> rows_a, rows_b;  // [block_q][dim_padded]: forward Q and O; key pass dK and dV; query pass dQ
+  scratch<T> s, dp;           // [block_q][block_k] score tiles
+  scratch<T> m, l;            // forward: running max, running sums (block_q x width)
+  std::unique_ptr<tile_extent<T>> tile = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB
+
+  explicit item_scratch(std::int64_t dim_padded)
+      : rows_a(block_q * dim_padded, false), rows_b(block_q * dim_padded, false), s(block_q * block_k, false),
+        dp(block_q * block_k, false), m(block_q, false), l(block_q * width_v<T>, false) {}
+};
+
+/// Row r of a 4-D tensor whose last axis is contiguous (checked by the backend).
+template <class TT>
+[[nodiscard]] inline TT* row_of(const tensor_view<TT, 4>& t, std::int64_t b, std::int64_t s, std::int64_t h) noexcept {
+  return &t(b, s, h, 0);
+}
+
+/// dst[d] = src[d] * factor (+ dst[d] when accumulating), d < n: the final write of a gradient.
+template <class TD, class T>
+inline void write_scaled_row(TD* dst, const T* src, T factor, std::int64_t n, bool accumulate) noexcept {
+  if (accumulate)
+    for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(dst[d] + src[d] * factor);
+  else
+    for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(src[d] * factor);
+}
 
 /// The mask's verdict on every key tile for one query tile, computed once per work item.
 template <class Mask>
@@ -497,14 +548,16 @@ inline void pack_kv_block(const flash_layout<T>& L, std::int64_t item, const ten
 /// Work item (b, h, query block) of the forward pass; items = batch * heads_q * q_blocks.
 template <class T, class Mask, class TQ, class TO, class TL>
 inline void forward_tile(const flash_layout<T>& L, std::int64_t item, const Mask& mask, const tensor_view<TQ, 4>& q,
-                         const forward_packed<T>& packed, const tensor_view<TO, 4>& out,
-                         const tensor_view<TL, 3>& lse) {
+                         const forward_packed<T>& packed, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse,
+                         item_scratch<T>& work) {
   using V = vec_t<T>;
   constexpr int W = width_v<T>;
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const auto& p = L.p;
   const std::int64_t dp = L.dim_padded;
-  const std::int64_t qb = item % L.q_blocks;
+  // Query blocks in descending order: each item then reads a subset of the key tiles the
+  // previous item (same head) read, so under a causal mask its diagonal tile is warm too.
+  const std::int64_t qb = L.q_blocks - 1 - item % L.q_blocks;
   const std::int64_t h = (item / L.q_blocks) % p.heads_q;
   const std::int64_t b = item / (L.q_blocks * p.heads_q);
   const std::int64_t hk = h / p.group();
@@ -516,16 +569,22 @@ inline void forward_tile(const flash_layout<T>& L, std::int64_t item, const Mask
   // Per row: running max m (log2 units) and the running sum kept as a vector of partial
   // sums, reduced once at the end instead of once per tile.
   // The score tile is written before it is read (see tile_scores / softmax_gradient_tile).
-  scratch<T> qt(block_q * dp), o(block_q * dp), s(block_q * block_k, false), m(block_q), l(block_q * W);
-  for (std::int64_t i = 0; i < qc; ++i) {
-    const auto* src = &q(b, q0 + i, h, 0);
-    std::copy(src, src + p.dim, qt.data() + i * dp);
+  T* const qt = work.rows_a.data();
+  T* const o = work.rows_b.data();
+  T* const s = work.s.data();
+  T* const m = work.m.data();
+  T* const l = work.l.data();
+  for (std::int64_t i = 0; i < block_q; ++i) {  // rows past qc are computed (then dropped): zero them
+    T* dst = qt + i * dp;
+    if (i < qc) std::copy_n(row_of(q, b, q0 + i, h), p.dim, dst);
+    std::fill(dst + (i < qc ? p.dim : 0), dst + dp, T(0));
   }
-  for (std::int64_t i = 0; i < block_q; ++i) m[i] = neg_inf;
+  std::fill(o, o + block_q * dp, T(0));
+  std::fill(m, m + block_q, neg_inf);
+  std::fill(l, l + block_q * W, T(0));
 
   const T* v_rows = packed.v + (b * p.heads_kv + hk) * L.seq_k_padded * dp;
-  const auto tile_storage = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB: heap, not stack
-  tile_extent<T>& tile = *tile_storage;
+  tile_extent<T>& tile = *work.tile;
   const std::vector<block_kind> kinds = classify_row_of_tiles(mask, L.q_tiles[qb], L.k_tiles);
   for (std::int64_t kb = next_nonempty(kinds, -1); kb < L.k_blocks;) {
     const block_kind kind = kinds[static_cast<std::size_t>(kb)];
@@ -534,15 +593,15 @@ inline void forward_tile(const flash_layout<T>& L, std::int64_t item, const Mask
     tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], qc, std::min(block_k, p.seq_k - k0));
     const T* kt = packed.kt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
 
-    tile_scores(tile, s.data(), qt.data(), dp, kt, p.dim);
-    tile_mask(tile, s.data());
+    tile_scores(tile, s, qt, dp, kt, p.dim);
+    tile_mask(tile, s);
 
     // Online softmax, one row at a time, in the log2 domain, over the columns computed.
     const V cv = broadcast(c);
     for (std::int64_t i = 0; i < rows; ++i) {
       const std::int64_t j_begin = tile.col_begin[i / tile_rows], j_end = tile.col_end[i / tile_rows];
       if (j_begin >= j_end) continue;
-      T* row = s.data() + i * block_k;
+      T* row = s + i * block_k;
       V vmx = load(row + j_begin);
       for (std::int64_t j = j_begin + W; j < j_end; j += W) vmx = vmax<T>(vmx, load(row + j));
       const T row_max = hmax<T>(vmx) * c;
@@ -555,27 +614,27 @@ inline void forward_tile(const flash_layout<T>& L, std::int64_t item, const Mask
         store(row + j, e);
         sum = sum + e;
       }
-      T* li = l.data() + i * W;
+      T* li = l + i * W;
       if (m_new != m[i]) {  // the max moved: rescale the running sum and the output row
         const T alpha = std::exp2(m[i] - m_sub);
         const V av = broadcast(alpha);
         store(li, load(li) * av + sum);
-        T* orow = o.data() + i * dp;
+        T* orow = o + i * dp;
         for (std::int64_t d = 0; d < dp; d += W) store(orow + d, load(orow + d) * av);
         m[i] = m_new;
       } else {
         store(li, load(li) + sum);
       }
     }
-    tile_accumulate_rows(tile, o.data(), dp, dp, s.data(), v_rows + k0 * dp, dp);
+    tile_accumulate_rows(tile, o, dp, dp, s, v_rows + k0 * dp, dp);
     kb = next;
   }
 
   for (std::int64_t i = 0; i < qc; ++i) {
-    const T row_sum = hsum<T>(load(l.data() + i * W));
+    const T row_sum = hsum<T>(load(l + i * W));
     const bool attends = row_sum > T(0);
     const T inv = attends ? T(1) / row_sum : T(0);
-    for (std::int64_t d = 0; d < p.dim; ++d) out(b, q0 + i, h, d) = o[i * dp + d] * inv;
+    write_scaled_row(row_of(out, b, q0 + i, h), o + i * dp, inv, p.dim, false);
     lse(b, h, q0 + i) = attends ? static_cast<TL>((static_cast<double>(m[i]) + std::log2(static_cast<double>(row_sum))) *
                                                   0.6931471805599453094)
                                 : -std::numeric_limits<TL>::infinity();
@@ -645,14 +704,16 @@ inline void pack_q_block(const flash_layout<T>& L, std::int64_t item, const tens
     std::copy(grow, grow + p.dim, g_dst);
     std::fill(q_dst + p.dim, q_dst + dp, T(0));
     std::fill(g_dst + p.dim, g_dst + dp, T(0));
-    // Four independent partial sums: one running double sum is a chain of dependent adds
-    // (the compiler may not reassociate it), which cost more than all the packing copies.
-    double partial[4] = {0, 0, 0, 0};
+    // Independent partial sums: one running double sum is a chain of dependent adds (the
+    // compiler may not reassociate it), which cost more than all the packing copies.
+    // Eight lanes: one vector of doubles (AVX-512), which the compiler forms from the lanes.
+    double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     std::int64_t d = 0;
-    for (; d + 4 <= p.dim; d += 4)
-      for (int u = 0; u < 4; ++u) partial[u] += static_cast<double>(grow[d + u]) * static_cast<double>(orow[d + u]);
+    for (; d + 8 <= p.dim; d += 8)
+      for (int u = 0; u < 8; ++u) partial[u] += static_cast<double>(grow[d + u]) * static_cast<double>(orow[d + u]);
     for (; d < p.dim; ++d) partial[0] += static_cast<double>(grow[d]) * static_cast<double>(orow[d]);
-    packed.delta[r] = static_cast<T>((partial[0] + partial[1]) + (partial[2] + partial[3]));
+    packed.delta[r] = static_cast<T>(((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                                     ((partial[4] + partial[5]) + (partial[6] + partial[7])));
     const double l = static_cast<double>(lse(b, h, q0 + i));
     // A row that attends to nothing (lse = -inf) contributes no gradient: P = 2^(s - inf) = 0.
     packed.lse2[r] = (std::isinf(l) && l < 0) ? inf : static_cast<T>(l * 1.4426950408889634074);
@@ -692,7 +753,7 @@ inline void softmax_gradient_tile(const tile_extent<T>& t, T* s, T* dp, T c, con
 template <class T, class Mask, class TG>
 inline void backward_kv_tile(const flash_layout<T>& L, std::int64_t item, const Mask& mask,
                              const backward_packed<T>& packed, const tensor_view<TG, 4>& dk,
-                             const tensor_view<TG, 4>& dv, bool accumulate) {
+                             const tensor_view<TG, 4>& dv, bool accumulate, item_scratch<T>& work) {
   const auto& p = L.p;
   const std::int64_t dp = L.dim_padded;
   const std::int64_t kb = item % L.k_blocks;
@@ -704,48 +765,46 @@ inline void backward_kv_tile(const flash_layout<T>& L, std::int64_t item, const 
   const T* kt = packed.kt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
   const T* vt = packed.vt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
 
-  scratch<T> s(block_q * block_k, false), dpt(block_q * block_k, false), dk_acc(block_k * dp), dv_acc(block_k * dp);
-  bool touched = false;
-  const auto tile_storage = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB: heap, not stack
-  tile_extent<T>& tile = *tile_storage;
+  T* const s = work.s.data();
+  T* const dpt = work.dp.data();
+  T* const dk_acc = work.rows_a.data();
+  T* const dv_acc = work.rows_b.data();
+  std::fill(dk_acc, dk_acc + block_k * dp, T(0));
+  std::fill(dv_acc, dv_acc + block_k * dp, T(0));
+  tile_extent<T>& tile = *work.tile;
   for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
     for (std::int64_t qb = 0; qb < L.q_blocks; ++qb) {
       const block_kind kind = mask.classify(L.q_tiles[qb], L.k_tiles[kb]);
       if (kind == block_kind::empty) continue;
-      touched = true;
       const std::int64_t q0 = qb * block_q;
       tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], std::min(block_q, p.seq_q - q0), kc);
       const std::int64_t r = L.q_row_index(b, h, q0);
       const T* qrows = packed.q + r * dp;
       const T* grows = packed.dout + r * dp;
 
-      tile_scores(tile, s.data(), qrows, dp, kt, p.dim);
-      tile_mask(tile, s.data());
-      tile_scores(tile, dpt.data(), grows, dp, vt, p.dim);
-      softmax_gradient_tile(tile, s.data(), dpt.data(), c, packed.lse2 + r, packed.delta + r);
-      tile_accumulate_keys(tile, dv_acc.data(), dp, dp, s.data(), grows, dp);   // dV += P^T dO
-      tile_accumulate_keys(tile, dk_acc.data(), dp, dp, dpt.data(), qrows, dp);  // dK += dS^T Q
+      tile_scores(tile, s, qrows, dp, kt, p.dim);
+      tile_mask(tile, s);
+      tile_scores(tile, dpt, grows, dp, vt, p.dim);
+      softmax_gradient_tile(tile, s, dpt, c, packed.lse2 + r, packed.delta + r);
+      tile_accumulate_keys(tile, dv_acc, dp, dp, s, grows, dp);   // dV += P^T dO
+      tile_accumulate_keys(tile, dk_acc, dp, dp, dpt, qrows, dp);  // dK += dS^T Q
     }
 
   const T scale = static_cast<T>(p.scale);
-  for (std::int64_t j = 0; j < kc; ++j)
-    for (std::int64_t d = 0; d < p.dim; ++d) {
-      const T gk = touched ? dk_acc[j * dp + d] * scale : T(0);
-      const T gv = touched ? dv_acc[j * dp + d] : T(0);
-      TG& tk = dk(b, k0 + j, hk, d);
-      TG& tv = dv(b, k0 + j, hk, d);
-      tk = accumulate ? tk + gk : gk;
-      tv = accumulate ? tv + gv : gv;
-    }
+  for (std::int64_t j = 0; j < kc; ++j) {
+    write_scaled_row(row_of(dk, b, k0 + j, hk), dk_acc + j * dp, scale, p.dim, accumulate);
+    write_scaled_row(row_of(dv, b, k0 + j, hk), dv_acc + j * dp, T(1), p.dim, accumulate);
+  }
 }
 
 /// Work item (b, h, query block) of the query pass: dQ of 64 queries.
 template <class T, class Mask, class TG>
 inline void backward_q_tile(const flash_layout<T>& L, std::int64_t item, const Mask& mask,
-                            const backward_packed<T>& packed, const tensor_view<TG, 4>& dq, bool accumulate) {
+                            const backward_packed<T>& packed, const tensor_view<TG, 4>& dq, bool accumulate,
+                            item_scratch<T>& work) {
   const auto& p = L.p;
   const std::int64_t dp = L.dim_padded;
-  const std::int64_t qb = item % L.q_blocks;
+  const std::int64_t qb = L.q_blocks - 1 - item % L.q_blocks;  // descending: see forward_tile
   const std::int64_t h = (item / L.q_blocks) % p.heads_q;
   const std::int64_t b = item / (L.q_blocks * p.heads_q);
   const std::int64_t hk = h / p.group();
@@ -757,9 +816,11 @@ inline void backward_q_tile(const flash_layout<T>& L, std::int64_t item, const M
   const T* grows = packed.dout + r * dp;
   const T* k_rows = packed.k + (b * p.heads_kv + hk) * L.seq_k_padded * dp;
 
-  scratch<T> s(block_q * block_k, false), dpt(block_q * block_k, false), dq_acc(block_q * dp);
-  const auto tile_storage = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB: heap, not stack
-  tile_extent<T>& tile = *tile_storage;
+  T* const s = work.s.data();
+  T* const dpt = work.dp.data();
+  T* const dq_acc = work.rows_a.data();
+  std::fill(dq_acc, dq_acc + block_q * dp, T(0));
+  tile_extent<T>& tile = *work.tile;
   const std::vector<block_kind> kinds = classify_row_of_tiles(mask, L.q_tiles[qb], L.k_tiles);
   for (std::int64_t kb = next_nonempty(kinds, -1); kb < L.k_blocks;) {
     const block_kind kind = kinds[static_cast<std::size_t>(kb)];
@@ -769,21 +830,16 @@ inline void backward_q_tile(const flash_layout<T>& L, std::int64_t item, const M
     const T* kt = packed.kt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
     const T* vt = packed.vt + L.kv_block_index(b, hk, kb) * p.dim * block_k;
 
-    tile_scores(tile, s.data(), qrows, dp, kt, p.dim);
-    tile_mask(tile, s.data());
-    tile_scores(tile, dpt.data(), grows, dp, vt, p.dim);
-    softmax_gradient_tile(tile, s.data(), dpt.data(), c, packed.lse2 + r, packed.delta + r);
-    tile_accumulate_rows(tile, dq_acc.data(), dp, dp, dpt.data(), k_rows + k0 * dp, dp);  // dQ += dS K
+    tile_scores(tile, s, qrows, dp, kt, p.dim);
+    tile_mask(tile, s);
+    tile_scores(tile, dpt, grows, dp, vt, p.dim);
+    softmax_gradient_tile(tile, s, dpt, c, packed.lse2 + r, packed.delta + r);
+    tile_accumulate_rows(tile, dq_acc, dp, dp, dpt, k_rows + k0 * dp, dp);  // dQ += dS K
     kb = next;
   }
 
   const T scale = static_cast<T>(p.scale);
-  for (std::int64_t i = 0; i < qc; ++i)
-    for (std::int64_t d = 0; d < p.dim; ++d) {
-      const T g = dq_acc[i * dp + d] * scale;
-      TG& t = dq(b, q0 + i, h, d);
-      t = accumulate ? t + g : g;
-    }
+  for (std::int64_t i = 0; i < qc; ++i) write_scaled_row(row_of(dq, b, q0 + i, h), dq_acc + i * dp, scale, p.dim, accumulate);
 }
 
 }  // namespace baton::detail::attn
