@@ -161,21 +161,26 @@ timing time_cp(cp_mode mode, const problem& p, const Mask& mask, baton::shard_la
                     baton::make_tensor_view(dk.data(), {p.b, sl, p.hkv, p.d}),
                     baton::make_tensor_view(dv.data(), {p.b, sl, p.hkv, p.d}));
     };
-    for (int r = 0; r < reps; ++r) {
-      sent = 0;
-      local.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      const double c0 = thread_cpu_seconds();
-      if (mode == cp_mode::ring) {
-        baton::ring_attention attn(comm, backend_t{}, s);
+    // One attention object per rank for all repetitions, as a model layer keeps it between
+    // steps (its backend keeps its packing buffers, Ulysses its head-sharded buffers).
+    const auto repeat = [&](auto& attn) {
+      for (int r = 0; r < reps; ++r) {
+        sent = 0;
+        local.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = thread_cpu_seconds();
         run(attn);
-      } else {
-        baton::ulysses_attention attn(comm, backend_t{}, s);
-        run(attn);
+        cpu[static_cast<std::size_t>(me)][static_cast<std::size_t>(r)] = thread_cpu_seconds() - c0;
+        local.barrier();  // the step ends when the slowest rank ends
+        if (me == 0) times[static_cast<std::size_t>(r)] = seconds_since(t0);
       }
-      cpu[static_cast<std::size_t>(me)][static_cast<std::size_t>(r)] = thread_cpu_seconds() - c0;
-      local.barrier();  // the step ends when the slowest rank ends
-      if (me == 0) times[static_cast<std::size_t>(r)] = seconds_since(t0);
+    };
+    if (mode == cp_mode::ring) {
+      baton::ring_attention attn(comm, backend_t{}, s);
+      repeat(attn);
+    } else {
+      baton::ulysses_attention attn(comm, backend_t{}, s);
+      repeat(attn);
     }
     bytes[static_cast<std::size_t>(me)] = sent;
   });

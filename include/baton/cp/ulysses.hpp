@@ -68,55 +68,88 @@ tensor_view<L, 3> gathered_lse(std::vector<L>& b, const ulysses_geometry& g) {
   return lse_view<L>(b.data(), g.batch, g.heads_q(), g.seq());
 }
 
+// Gathers every tensor of one exchange straight into its head-sharded buffer (see
+// heads_from_sequence_into) and returns out, lse or the gradients the same way. The LSE
+// (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp.
+template <class T, class Comm>
+void gather_qkv(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch_buffer& scratch) {
+  heads_from_sequence_into<T>(comm, as_view4(q), g.q_split, gq, scratch);
+  heads_from_sequence_into<T>(comm, as_view4(k), g.kv_split, gk, scratch);
+  heads_from_sequence_into<T>(comm, as_view4(v), g.kv_split, gv, scratch);
+}
+
+template <class T, class Comm>
+void gather_lse(Comm& comm, const ulysses_geometry& g, tensor_view<const lse_t<T>, 3> lse, lse_t<T>* glse) {
+  using L = lse_t<T>;
+  const std::array<heads_part<L>, 1> lse_part{
+      {{lse_as_view4(lse), g.q_split, lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq()))}}};
+  heads_from_sequence<L>(comm, std::span<const heads_part<L>>(lse_part));
+}
+
+template <class T, class Comm>
+void scatter_lse(Comm& comm, const ulysses_geometry& g, lse_t<T>* glse, tensor_view<lse_t<T>, 3> lse) {
+  using L = lse_t<T>;
+  const std::array<sequence_part<L>, 1> lse_part{
+      {{lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq())).as_const(), g.q_split, lse_as_view4(lse)}}};
+  sequence_from_heads<L>(comm, std::span<const sequence_part<L>>(lse_part));
+}
+
 template <class T, class Comm>
 void gather_qkv(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
                 tensor_view<const T, 4> v, ulysses_buffers<T>& buf) {
-  const std::array<heads_part<T>, 3> parts{{
-      {as_view4(q), g.q_split, as_view4(gathered_q(buf.q, g))},
-      {as_view4(k), g.kv_split, as_view4(gathered_kv(buf.k, g))},
-      {as_view4(v), g.kv_split, as_view4(gathered_kv(buf.v, g))},
-  }};
-  heads_from_sequence<T>(comm, std::span<const heads_part<T>>(parts));
+  scratch_buffer scratch;
+  gather_qkv<T>(comm, g, q, k, v, buf.q.data(), buf.k.data(), buf.v.data(), scratch);
 }
 
 template <class T, class Comm>
 void gather_for_backward(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
                          tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
                          tensor_view<const T, 4> dout, ulysses_buffers<T>& buf) {
-  const std::array<heads_part<T>, 5> parts{{
-      {as_view4(q), g.q_split, as_view4(gathered_q(buf.q, g))},
-      {as_view4(k), g.kv_split, as_view4(gathered_kv(buf.k, g))},
-      {as_view4(v), g.kv_split, as_view4(gathered_kv(buf.v, g))},
-      {as_view4(out), g.q_split, as_view4(gathered_q(buf.out, g))},
-      {as_view4(dout), g.q_split, as_view4(gathered_q(buf.dout, g))},
-  }};
-  heads_from_sequence<T>(comm, std::span<const heads_part<T>>(parts));
-  using L = lse_t<T>;
-  const std::array<heads_part<L>, 1> lse_part{{{lse_as_view4(lse), g.q_split, lse_as_view4(gathered_lse(buf.lse, g))}}};
-  heads_from_sequence<L>(comm, std::span<const heads_part<L>>(lse_part));
+  scratch_buffer scratch;
+  gather_qkv<T>(comm, g, q, k, v, buf.q.data(), buf.k.data(), buf.v.data(), scratch);
+  heads_from_sequence_into<T>(comm, as_view4(out), g.q_split, buf.out.data(), scratch);
+  heads_from_sequence_into<T>(comm, as_view4(dout), g.q_split, buf.dout.data(), scratch);
+  gather_lse<T>(comm, g, lse, buf.lse.data());
 }
 
 template <class T, class Comm>
 void scatter_out_lse(Comm& comm, const ulysses_geometry& g, ulysses_buffers<T>& buf, tensor_view<T, 4> out,
                      tensor_view<lse_t<T>, 3> lse) {
-  using L = lse_t<T>;
-  const std::array<sequence_part<T>, 1> out_part{{{as_view4(gathered_q(buf.out, g)).as_const(), g.q_split, as_view4(out)}}};
-  sequence_from_heads<T>(comm, std::span<const sequence_part<T>>(out_part));
-  const std::array<sequence_part<L>, 1> lse_part{
-      {{lse_as_view4(gathered_lse(buf.lse, g)).as_const(), g.q_split, lse_as_view4(lse)}}};
-  sequence_from_heads<L>(comm, std::span<const sequence_part<L>>(lse_part));
+  scratch_buffer scratch;
+  sequence_from_heads_from<T>(comm, buf.out.data(), g.q_split, as_view4(out), scratch);
+  scatter_lse<T>(comm, g, buf.lse.data(), lse);
+}
+
+template <class T, class Comm>
+void scatter_grads(Comm& comm, const ulysses_geometry& g, const T* dq, const T* dk, const T* dv,
+                   tensor_view<T, 4> dq_out, tensor_view<T, 4> dk_out, tensor_view<T, 4> dv_out, scratch_buffer& scratch) {
+  sequence_from_heads_from<T>(comm, dq, g.q_split, as_view4(dq_out), scratch);
+  sequence_from_heads_from<T>(comm, dk, g.kv_split, as_view4(dk_out), scratch);
+  sequence_from_heads_from<T>(comm, dv, g.kv_split, as_view4(dv_out), scratch);
 }
 
 template <class T, class Comm>
 void scatter_grads(Comm& comm, const ulysses_geometry& g, std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv,
                    tensor_view<T, 4> dq_out, tensor_view<T, 4> dk_out, tensor_view<T, 4> dv_out) {
-  const std::array<sequence_part<T>, 3> parts{{
-      {as_view4(gathered_q(dq, g)).as_const(), g.q_split, as_view4(dq_out)},
-      {as_view4(gathered_kv(dk, g)).as_const(), g.kv_split, as_view4(dk_out)},
-      {as_view4(gathered_kv(dv, g)).as_const(), g.kv_split, as_view4(dv_out)},
-  }};
-  sequence_from_heads<T>(comm, std::span<const sequence_part<T>>(parts));
+  scratch_buffer scratch;
+  scatter_grads<T>(comm, g, dq.data(), dk.data(), dv.data(), dq_out, dk_out, dv_out, scratch);
 }
+
+// ulysses_attention's buffers, kept between calls: the head-sharded tensors, their
+// gradients, the LSE and the send/receive scratch of the exchanges.
+struct ulysses_workspace {
+  enum slot : std::size_t { q, k, v, out, dout, dq, dk, dv, lse, exchange, count };
+  std::array<scratch_buffer, count> slots;
+
+  template <class T>
+  T* get(slot s, std::size_t n) {
+    return slots[s].get<T>(n).data();
+  }
+  void release() noexcept {
+    for (auto& b : slots) b.release();
+  }
+};
 
 // The pieces of the gathered sequence: rank i's pieces, shifted to rows [i s_local, ...).
 inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& sharding, int first_rank, int count) {
@@ -139,6 +172,11 @@ inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& shardin
 /// gets h_kv/P of them) or dividing P (GQA with few kv heads: each kv head is replicated to
 /// P/h_kv consecutive ranks — exactly those whose query heads use it — and the gradients of
 /// the replicas are summed back). Anything else is a cp_error on every rank.
+///
+/// The all-to-alls write the head-sharded tensors the backend reads in place (and read its
+/// outputs in place), so each tensor is copied once on the way in (the pack) and once on the
+/// way out (the unpack). Those buffers are kept for the next call (release_workspace() frees
+/// them): use one object per rank, one call at a time, as with the communicator.
 ///
 /// Example (compiled in tests/cp/test_cp_docs.cpp):
 /// ```
@@ -165,16 +203,26 @@ class ulysses_attention {
       const auto s = shape_of(q, k);
       agree<T>(op_ulysses_forward, s, mask, check_forward_tensors<T>(s, k, v, out, lse));
       const ulysses_geometry g = ulysses_geometry_of(s, comm_->size());
-      ulysses_buffers<T> buf(g, false);
-      gather_qkv<T>(*comm_, g, q, k, v, buf);
+      using W = ulysses_workspace;
+      const auto nq = static_cast<std::size_t>(g.batch * g.seq() * g.heads_q() * g.dim);
+      const auto nkv = static_cast<std::size_t>(g.batch * g.seq() * g.heads_kv() * g.dim);
+      const auto nl = static_cast<std::size_t>(g.batch * g.heads_q() * g.seq());
+      T* gq = ws_.get<T>(W::q, nq);
+      T* gk = ws_.get<T>(W::k, nkv);
+      T* gv = ws_.get<T>(W::v, nkv);
+      T* gout = ws_.get<T>(W::out, nq);
+      lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, nl);
+      gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, ws_.slots[W::exchange]);
       std::vector<std::int64_t> storage;
       const auto pieces = gathered_pieces(sharding_, 0, comm_->size());
       attention_params ap;
       ap.q_pos = ap.k_pos = positions_for(pieces, 0, pieces.size(), storage);
       ap.softmax_scale = params.softmax_scale;
-      backend_.forward(gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g), gathered_kv<T>(buf.v, g), mask,
-                       gathered_q<T>(buf.out, g), gathered_lse(buf.lse, g), ap);
-      scatter_out_lse<T>(*comm_, g, buf, out, lse);
+      backend_.forward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()), mask,
+                       bshd_view<T>(gout, g.batch, g.seq(), g.heads_q(), g.dim),
+                       lse_view<lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()), ap);
+      sequence_from_heads_from<T>(*comm_, gout, g.q_split, as_view4(out), ws_.slots[W::exchange]);
+      scatter_lse<T>(*comm_, g, glse, lse);
     }
   }
 
@@ -190,21 +238,41 @@ class ulysses_attention {
       const auto s = shape_of(q, k);
       agree<T>(op_ulysses_backward, s, mask, check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
       const ulysses_geometry g = ulysses_geometry_of(s, comm_->size());
-      ulysses_buffers<T> buf(g, true);
-      gather_for_backward<T>(*comm_, g, q, k, v, out, lse, dout, buf);
+      using W = ulysses_workspace;
+      const auto nq = static_cast<std::size_t>(g.batch * g.seq() * g.heads_q() * g.dim);
+      const auto nkv = static_cast<std::size_t>(g.batch * g.seq() * g.heads_kv() * g.dim);
+      const auto nl = static_cast<std::size_t>(g.batch * g.heads_q() * g.seq());
+      T* gq = ws_.get<T>(W::q, nq);
+      T* gk = ws_.get<T>(W::k, nkv);
+      T* gv = ws_.get<T>(W::v, nkv);
+      T* gout = ws_.get<T>(W::out, nq);
+      T* gdout = ws_.get<T>(W::dout, nq);
+      T* gdq = ws_.get<T>(W::dq, nq);
+      T* gdk = ws_.get<T>(W::dk, nkv);
+      T* gdv = ws_.get<T>(W::dv, nkv);
+      lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, nl);
+      scratch_buffer& exchange = ws_.slots[W::exchange];
+      gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, exchange);
+      heads_from_sequence_into<T>(*comm_, as_view4(out), g.q_split, gout, exchange);
+      heads_from_sequence_into<T>(*comm_, as_view4(dout), g.q_split, gdout, exchange);
+      gather_lse<T>(*comm_, g, lse, glse);
       std::vector<std::int64_t> storage;
       const auto pieces = gathered_pieces(sharding_, 0, comm_->size());
       attention_params ap;
       ap.q_pos = ap.k_pos = positions_for(pieces, 0, pieces.size(), storage);
       ap.softmax_scale = params.softmax_scale;
-      std::vector<T> gq(buf.q.size()), gk(buf.k.size()), gv(buf.v.size());
-      backend_.backward(gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g), gathered_kv<T>(buf.v, g),
-                        gathered_q<T>(buf.out, g), tensor_view<const lse_t<T>, 3>(gathered_lse(buf.lse, g)),
-                        gathered_q<T>(buf.dout, g), mask, gathered_q<T>(gq, g), gathered_kv<T>(gk, g),
-                        gathered_kv<T>(gv, g), ap);
-      scatter_grads<T>(*comm_, g, gq, gk, gv, dq, dk, dv);
+      backend_.backward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()),
+                        cq<T>(gout, g, g.heads_q()),
+                        lse_view<const lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()), cq<T>(gdout, g, g.heads_q()),
+                        mask, bshd_view<T>(gdq, g.batch, g.seq(), g.heads_q(), g.dim),
+                        bshd_view<T>(gdk, g.batch, g.seq(), g.heads_kv(), g.dim),
+                        bshd_view<T>(gdv, g.batch, g.seq(), g.heads_kv(), g.dim), ap);
+      scatter_grads<T>(*comm_, g, gdq, gdk, gdv, dq, dk, dv, exchange);
     }
   }
+
+  /// Frees the head-sharded buffers kept between calls (the next call allocates again).
+  void release_workspace() noexcept { ws_.release(); }
 
  private:
   template <class T, class Mask>
@@ -230,9 +298,17 @@ class ulysses_attention {
                    all);
   }
 
+  template <class T>
+  static tensor_view<const T, 4> cq(const T* p, const detail::cp::ulysses_geometry& g, std::int64_t heads) noexcept {
+    return detail::cp::bshd_view<const T>(p, g.batch, g.seq(), heads, g.dim);
+  }
+
   Comm* comm_;
   Backend backend_;
   sequence_sharding sharding_;
+  // The gathered tensors and exchange scratch, reused by the next call: O(b s h d / P) per
+  // rank, held until release_workspace() or destruction.
+  detail::cp::ulysses_workspace ws_;
 };
 
 template <class Comm, class Backend>

@@ -6,8 +6,12 @@
 #include <baton/cp/detail/ulysses_layout.hpp>
 #include <baton/cp/merge.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace baton::detail::cp {
@@ -58,6 +62,79 @@ void sequence_from_heads(Comm& comm, std::span<const sequence_part<T>> parts) {
   for (const auto& p : parts) {
     unpack_heads_part<A>(recv.data(), block, offset, p.split, p.sequence_sharded);
     offset += p.sequence_sharded.ext[0] * p.sequence_sharded.ext[1] * p.split.per_rank() * p.sequence_sharded.ext[3];
+  }
+}
+
+// Grow-only scratch reused across calls. A Ulysses call needs up to a dozen tensors of
+// b x s x h/P x d; allocating them afresh every call costs page faults and zero fills of the
+// order of several percent of the attention itself (measured: bench_cp). Zeroed when it
+// grows, so its contents are always defined. A copy starts empty: buffers belong to one
+// object, which one rank uses at a time.
+class scratch_buffer {
+ public:
+  scratch_buffer() = default;
+  scratch_buffer(const scratch_buffer&) noexcept {}
+  scratch_buffer& operator=(const scratch_buffer&) noexcept { return *this; }
+  scratch_buffer(scratch_buffer&&) noexcept = default;
+  scratch_buffer& operator=(scratch_buffer&&) noexcept = default;
+  ~scratch_buffer() = default;
+
+  // n elements of T; the previous contents are kept unless the buffer had to grow.
+  template <class T>
+  std::span<T> get(std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T> &&
+                      alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+                  "scratch_buffer holds plain numbers");
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes > bytes_) {
+      data_.reset(new std::byte[bytes]());
+      bytes_ = bytes;
+    }
+    return {std::launder(reinterpret_cast<T*>(data_.get())), n};
+  }
+  void release() noexcept {
+    data_.reset();
+    bytes_ = 0;
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t bytes_ = 0;
+};
+
+// One tensor, sequence -> heads, received in place: per batch entry the all-to-all's receive
+// buffer [P][s_local][hc][x] is exactly that entry's rows of the head-sharded
+// [b, P s_local, hc, x] (rank i's tokens are rows [i s_local, (i+1) s_local)), so the
+// all-to-all writes `dst` directly and nothing is unpacked. One all-to-all per batch entry.
+template <class T, class Comm>
+void heads_from_sequence_into(Comm& comm, const view4<const T>& src, const head_split& split, T* dst,
+                              scratch_buffer& send_scratch) {
+  const std::int64_t ranks = comm.size(), hc = split.per_rank();
+  const std::int64_t block = src.ext[1] * hc * src.ext[3];
+  const auto count = static_cast<std::size_t>(ranks * block);
+  const std::span<T> send = send_scratch.get<T>(count);
+  for (std::int64_t b = 0; b < src.ext[0]; ++b) {
+    const view4<const T> rows = src.batch_slice(b);
+    T* out = send.data();
+    for (std::int64_t j = 0; j < ranks; ++j) out = pack_heads_part(rows, split.first(j), hc, out);
+    comm.all_to_all(std::span<const T>(send), std::span<T>(dst + b * ranks * block, count));
+  }
+}
+
+// The inverse, sent in place: per batch entry the head-sharded rows [P s_local, hc, x] of
+// `src` are already the all-to-all's send blocks (block j = rank j's tokens), so nothing is
+// packed; the receive buffer is unpacked into dst [b, s_local, H, x], summing replicas.
+template <class T, class Comm>
+void sequence_from_heads_from(Comm& comm, const T* src, const head_split& split, const view4<T>& dst,
+                              scratch_buffer& recv_scratch) {
+  using A = cp_accumulator_t<T>;
+  const std::int64_t ranks = comm.size(), hc = split.per_rank();
+  const std::int64_t block = dst.ext[1] * hc * dst.ext[3];
+  const auto count = static_cast<std::size_t>(ranks * block);
+  const std::span<T> recv = recv_scratch.get<T>(count);
+  for (std::int64_t b = 0; b < dst.ext[0]; ++b) {
+    comm.all_to_all(std::span<const T>(src + b * ranks * block, count), recv);
+    unpack_heads_part<A>(recv.data(), block, 0, split, dst.batch_slice(b));
   }
 }
 

@@ -27,6 +27,13 @@ struct view4 {
   }
   std::int64_t size() const noexcept { return ext[0] * ext[1] * ext[2] * ext[3]; }
   view4<const T> as_const() const noexcept { return {data, ext, str}; }
+  // The single batch entry `b`, as a view of batch extent 1.
+  view4 batch_slice(std::int64_t b) const noexcept {
+    view4 v = *this;
+    v.data = data + b * str[0];
+    v.ext[0] = 1;
+    return v;
+  }
   // The rows [begin, begin + count) of the sequence axis.
   view4 seq_slice(std::int64_t begin, std::int64_t count) const noexcept {
     view4 v = *this;
@@ -122,6 +129,20 @@ template <class A, class T, class U>
 void unpack_heads_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, const head_split& split,
                        const view4<T>& dst) {
   const std::int64_t hc = split.per_rank();
+  if (!split.replicated()) {
+    // Each head comes from exactly one rank: copy rows of hc x inner. The value still goes
+    // through A(0) + v, as the summing path does, so both give the same bits (-0 -> +0).
+    for (std::int64_t b = 0; b < dst.ext[0]; ++b)
+      for (std::int64_t s = 0; s < dst.ext[1]; ++s)
+        for (std::int64_t j = 0; j < split.parts; ++j) {
+          const U* row = recv + j * block_size + part_offset + (b * dst.ext[1] + s) * hc * dst.ext[3];
+          const std::int64_t h0 = split.first(j);
+          for (std::int64_t h = 0; h < hc; ++h)
+            for (std::int64_t x = 0; x < dst.ext[3]; ++x)
+              dst(b, s, h0 + h, x) = static_cast<T>(A(0) + static_cast<A>(row[h * dst.ext[3] + x]));
+        }
+    return;
+  }
   for (std::int64_t b = 0; b < dst.ext[0]; ++b)
     for (std::int64_t s = 0; s < dst.ext[1]; ++s)
       for (std::int64_t h = 0; h < dst.ext[2]; ++h)
