@@ -87,7 +87,7 @@ class local_request {
       if (!op) continue;
       while (op->state == op_state::posted || op->state == op_state::copying) {
         if (op->state == op_state::copying) {  // a memcpy in progress: bounded, no timeout
-          w.changed.wait(lock);
+          w.wakeup(group_->world_rank_of(op->owner)).wait(lock);
           continue;
         }
         std::string why = group_->hopeless(*op, deadline, timeout_);
@@ -95,7 +95,7 @@ class local_request {
           release(lock);
           throw comm_error(why);
         }
-        w.changed.wait_until(lock, deadline);
+        w.wakeup(group_->world_rank_of(op->owner)).wait_until(lock, deadline);
       }
     }
     finish(lock);

@@ -36,16 +36,23 @@ using clock = std::chrono::steady_clock;
 /// Failure and exit records of one run_local world. Guarded by `mutex`.
 class world {
  public:
-  explicit world(int n) : exited(static_cast<std::size_t>(n), 0) {}
+  explicit world(int n) : exited(static_cast<std::size_t>(n), 0), wakeups(static_cast<std::size_t>(n)) {}
 
   std::mutex mutex;
-  std::condition_variable changed;  // any state change: completion, arrival, failure, exit
 
   bool failed = false;
   int failed_rank = -1;
   std::string failure;  // what() of the first error
   std::exception_ptr first_error;
   std::vector<char> exited;  // by world rank: its function returned normally
+
+  /// Where world rank r sleeps. A state change wakes only the ranks it concerns — the two
+  /// ends of a message, the members of a group — so a message costs one wake-up, not one per
+  /// rank of the world. Failure and exit can concern anyone: they wake every rank.
+  std::condition_variable& wakeup(int world_rank) { return wakeups[static_cast<std::size_t>(world_rank)]; }
+  void wake_everyone() {
+    for (auto& cv : wakeups) cv.notify_all();
+  }
 
   /// Records the first error of the world and wakes every waiter. Later errors are
   /// consequences (other ranks aborting) and are dropped.
@@ -65,19 +72,22 @@ class world {
       failure = std::move(what);
       first_error = std::move(error);
     }
-    changed.notify_all();
+    wake_everyone();
   }
 
   void mark_exited(int world_rank) {
     std::lock_guard lock(mutex);
     exited[static_cast<std::size_t>(world_rank)] = 1;
-    changed.notify_all();
+    wake_everyone();
   }
 
   /// "aborted because rank 2 failed: <what>" (lock held).
   std::string abort_reason() const {
     return "aborted because rank " + std::to_string(failed_rank) + " failed: " + failure;
   }
+
+ private:
+  std::vector<std::condition_variable> wakeups;  // by world rank; never resized
 };
 
 enum class op_kind : std::uint8_t { send, recv };
@@ -152,6 +162,12 @@ class group {
     return "rank " + std::to_string(rank) + (is_world ? "" : " (world rank " + std::to_string(w) + ")");
   }
 
+  int world_rank_of(int rank) const { return world_ranks[static_cast<std::size_t>(rank)]; }
+
+  void wake_members() {
+    for (int r : world_ranks) the_world->wakeup(r).notify_all();
+  }
+
   bool peer_exited(int peer) const { return the_world->exited[static_cast<std::size_t>(world_ranks[static_cast<std::size_t>(peer)])] != 0; }
 
   /// Posts `op`; if its partner is already posted, copies the message and completes both.
@@ -204,7 +220,8 @@ class group {
     send.state = op_state::done;  // the sender's data was delivered (or refused): it may reuse it
     recv.state = error.empty() ? op_state::done : op_state::failed;
     recv.error = std::move(error);
-    w.changed.notify_all();
+    w.wakeup(world_rank_of(send.owner)).notify_all();
+    w.wakeup(world_rank_of(recv.owner)).notify_all();
   }
 
   /// Withdraws a posted op, or waits out a copy in progress (lock held).
@@ -216,7 +233,7 @@ class group {
       op.state = op_state::failed;
       return;
     }
-    the_world->changed.wait(lock, [&] { return op.state != op_state::copying; });
+    the_world->wakeup(world_rank_of(op.owner)).wait(lock, [&] { return op.state != op_state::copying; });
   }
 
   /// Why a posted op can never complete, or "" while it still may (lock held).
@@ -261,7 +278,7 @@ class group {
       arrived = 0;
       std::fill(present.begin(), present.end(), 0);
       ++generation;
-      w.changed.notify_all();
+      wake_members();
       return;
     }
     const std::uint64_t mine_generation = generation;
@@ -285,10 +302,10 @@ class group {
                  " to join; every rank of a communicator must call the same collectives in the same order";
       }
       if (!broken.empty()) {
-        w.changed.notify_all();
+        wake_members();
         throw comm_error(broken);
       }
-      w.changed.wait_until(lock, deadline);
+      w.wakeup(world_rank_of(rank)).wait_until(lock, deadline);
     }
   }
 };
