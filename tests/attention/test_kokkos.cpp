@@ -133,6 +133,44 @@ TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[
   }
 }
 
+TEST_CASE("kokkos_attention runs in rounds of heads that cover every head once, across batch entries",
+          "[attention][kokkos]") {
+  namespace da = baton::detail::attn;
+  // Rounds are contiguous runs of the flattened (batch, kv head) index, never empty, and
+  // cover every kv head exactly once, whatever the thread count.
+  for (const std::int64_t threads : {1, 2, 7, 64})
+    for (const std::int64_t units : {1, 3, 6, 16})
+      for (const std::int64_t k_blocks : {1, 3, 16}) {
+        const std::int64_t per_round = da::round_units_for(units, k_blocks, threads);
+        INFO("threads " << threads << ", kv heads " << units << ", key blocks " << k_blocks);
+        CHECK(per_round >= 1);
+        CHECK(per_round <= units);
+        // Enough items for every thread when there are enough heads to give them.
+        CHECK((per_round * k_blocks >= 4 * threads || per_round == units));
+      }
+
+  // Shapes whose rounds straddle batch entries and whose last round is short: the packed
+  // buffers are indexed per round, so a head's rows must land where its tiles look.
+  const baton::kokkos_attention backend;
+  const std::int64_t threads = std::max<std::int64_t>(1, Kokkos::DefaultHostExecutionSpace().concurrency());
+  bool straddled = false;
+  unsigned seed = 300;
+  for (const shape& s : {shape{2, 45, 150, 6, 3, 32}, shape{3, 20, 140, 2, 1, 24}, shape{3, 70, 130, 4, 1, 16}}) {
+    const baton::attention_params params;
+    const da::problem prob{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.dim, 1.0,
+                           baton::positions(0, s.seq_q), baton::positions(0, s.seq_k)};
+    const da::flash_layout<float> layout(prob, threads);
+    for (std::int64_t r = 0; r < layout.rounds(); ++r) {
+      const da::head_round round = layout.round(r);
+      straddled = straddled || round.begin / s.heads_kv != (round.end - 1) / s.heads_kv;
+    }
+    compare<float>(s, baton::causal_mask{}, params, "rounds, causal", ++seed);
+    compare<double>(s, baton::no_mask{}, params, "rounds, no mask", ++seed);
+  }
+  INFO("with " << threads << " threads no round spans two batch entries: the shapes above no longer test that");
+  CHECK(straddled);
+}
+
 TEST_CASE("kokkos_attention is deterministic: the same inputs give bit-identical outputs", "[attention][kokkos]") {
   const shape s{1, 100, 150, 8, 2, 64};
   const auto in = attn_test::random_inputs<float>(s, 77);

@@ -95,7 +95,7 @@ class kokkos_attention {
     da::validate_mask(mask, prob.q_pos, prob.k_pos);
     if (prob.batch * prob.heads_q * prob.seq_q == 0) return;
 
-    const da::flash_layout<T> layout(prob);
+    const da::flash_layout<T> layout(prob, threads());
     da::workspace_carver measure;
     (void)da::carve_forward_packing(layout, measure);
     const auto memory = workspace_->acquire(measure.bytes());
@@ -103,13 +103,16 @@ class kokkos_attention {
     const da::forward_packed<T> packed = da::carve_forward_packing(layout, carver);
     const auto& L = layout;
     const auto& P = packed;
-    launch("baton::attention::pack_kv", prob.batch * prob.heads_kv * L.k_blocks, [&](std::int64_t item) {
-      da::pack_kv_block(L, item, k, v, P.kt, P.v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
-    });
-    launch_chunked<T>("baton::attention::forward", prob.batch * prob.heads_q * L.q_blocks, L.dim_padded,
-                      [&](std::int64_t item, da::item_scratch<T>& work) {
-                        da::forward_tile(L, item, mask, q, P, out, lse, work);
-                      });
+    for (std::int64_t r = 0; r < L.rounds(); ++r) {
+      const da::head_round round = L.round(r);
+      launch("baton::attention::pack_kv", L.kv_items(round), [&](std::int64_t item) {
+        da::pack_kv_block(L, round, item, k, v, P.kt, P.v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+      });
+      launch_chunked<T>("baton::attention::forward", L.q_items(round), L.dim_padded,
+                        [&](std::int64_t item, da::item_scratch<T>& work) {
+                          da::forward_tile(L, round, item, mask, q, P, out, lse, work);
+                        });
+    }
   }
 
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
@@ -132,7 +135,7 @@ class kokkos_attention {
     check_strides(dv, "dv");
     da::validate_mask(mask, prob.q_pos, prob.k_pos);
 
-    const da::flash_layout<T> layout(prob);
+    const da::flash_layout<T> layout(prob, threads());
     da::workspace_carver measure;
     (void)da::carve_backward_packing(layout, measure);
     const auto memory = workspace_->acquire(measure.bytes());
@@ -141,19 +144,22 @@ class kokkos_attention {
     const auto& L = layout;
     const auto& P = packed;
     const bool accumulate = params.accumulate;
-    launch("baton::attention::pack_q", prob.batch * prob.heads_q * L.q_blocks,
-           [&](std::int64_t item) { da::pack_q_block(L, item, q, out, lse, dout, P); });
-    launch("baton::attention::pack_kv", prob.batch * prob.heads_kv * L.k_blocks, [&](std::int64_t item) {
-      da::pack_kv_block(L, item, k, v, P.kt, static_cast<T*>(nullptr), P.vt, P.k);
-    });
-    launch_chunked<T>("baton::attention::backward_kv", prob.batch * prob.heads_kv * L.k_blocks, L.dim_padded,
-                      [&](std::int64_t item, da::item_scratch<T>& work) {
-                        da::backward_kv_tile(L, item, mask, P, dk, dv, accumulate, work);
-                      });
-    launch_chunked<T>("baton::attention::backward_q", prob.batch * prob.heads_q * L.q_blocks, L.dim_padded,
-                      [&](std::int64_t item, da::item_scratch<T>& work) {
-                        da::backward_q_tile(L, item, mask, P, dq, accumulate, work);
-                      });
+    for (std::int64_t r = 0; r < L.rounds(); ++r) {
+      const da::head_round round = L.round(r);
+      launch("baton::attention::pack_q", L.q_items(round),
+             [&](std::int64_t item) { da::pack_q_block(L, round, item, q, out, lse, dout, P); });
+      launch("baton::attention::pack_kv", L.kv_items(round), [&](std::int64_t item) {
+        da::pack_kv_block(L, round, item, k, v, P.kt, static_cast<T*>(nullptr), P.vt, P.k);
+      });
+      launch_chunked<T>("baton::attention::backward_kv", L.kv_items(round), L.dim_padded,
+                        [&](std::int64_t item, da::item_scratch<T>& work) {
+                          da::backward_kv_tile(L, round, item, mask, P, dk, dv, accumulate, work);
+                        });
+      launch_chunked<T>("baton::attention::backward_q", L.q_items(round), L.dim_padded,
+                        [&](std::int64_t item, da::item_scratch<T>& work) {
+                          da::backward_q_tile(L, round, item, mask, P, dq, accumulate, work);
+                        });
+    }
   }
 
  private:
@@ -165,13 +171,16 @@ class kokkos_attention {
     space_.fence();
   }
 
+  [[nodiscard]] std::int64_t threads() const {
+    return std::max<std::int64_t>(1, static_cast<std::int64_t>(space_.concurrency()));
+  }
+
   // Work items in a few contiguous runs per thread, each run with one scratch allocation:
   // per-item allocation and zeroing cost ~2% of a short causal pass.
   template <class T, class F>
   void launch_chunked(const char* label, std::int64_t items, std::int64_t dim_padded, const F& body) const {
     if (items <= 0) return;
-    const std::int64_t threads = std::max<std::int64_t>(1, static_cast<std::int64_t>(space_.concurrency()));
-    const std::int64_t chunks = std::min(items, threads * 4);
+    const std::int64_t chunks = std::min(items, threads() * 4);
     launch(label, chunks, [&](std::int64_t chunk) {
       detail::attn::item_scratch<T> work(dim_padded);
       for (std::int64_t item = chunk * items / chunks; item < (chunk + 1) * items / chunks; ++item) body(item, work);
