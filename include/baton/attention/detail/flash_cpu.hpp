@@ -437,19 +437,18 @@ inline void write_scaled_row(TD* dst, const T* src, T factor, std::int64_t n, bo
     for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(src[d] * factor);
 }
 
-/// The mask's verdict on every key tile for one query tile, computed once per work item.
-template <class Mask>
-std::vector<block_kind> classify_row_of_tiles(const Mask& mask, const position_block& q_tile,
-                                              const std::vector<position_block>& k_tiles) {
-  std::vector<block_kind> kinds(k_tiles.size());
-  for (std::size_t j = 0; j < k_tiles.size(); ++j) kinds[j] = mask.classify(q_tile, k_tiles[j]);
-  return kinds;
-}
-
-[[nodiscard]] inline std::int64_t next_nonempty(const std::vector<block_kind>& kinds, std::int64_t after) noexcept {
-  std::int64_t j = after + 1;
-  while (j < static_cast<std::int64_t>(kinds.size()) && kinds[static_cast<std::size_t>(j)] == block_kind::empty) ++j;
-  return j;
+/// Calls body(kb, k0) for each key tile of query block qb that the mask does not classify
+/// empty, in ascending order, with `tile` set for it (which rows and columns to compute).
+template <class T, class Mask, class F>
+inline void for_each_key_tile(const flash_layout<T>& L, const Mask& mask, std::int64_t qb, std::int64_t qc,
+                              tile_extent<T>& tile, F&& body) {
+  for (std::int64_t kb = 0; kb < L.k_blocks; ++kb) {
+    const block_kind kind = mask.classify(L.q_tiles[qb], L.k_tiles[kb]);
+    if (kind == block_kind::empty) continue;
+    const std::int64_t k0 = kb * block_k;
+    tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], qc, std::min(block_k, L.p.seq_k - k0));
+    body(kb, k0);
+  }
 }
 
 /// C (=) A B^T-style products whose output columns are the tile's keys: S = Q K^T and
@@ -665,12 +664,7 @@ inline void forward_tile(const flash_layout<T>& L, const head_round& round, std:
 
   const T* v_rows = packed.v + L.kv_row_index(round, kv_unit, 0) * dp;
   tile_extent<T>& tile = *work.tile;
-  const std::vector<block_kind> kinds = classify_row_of_tiles(mask, L.q_tiles[qb], L.k_tiles);
-  for (std::int64_t kb = next_nonempty(kinds, -1); kb < L.k_blocks;) {
-    const block_kind kind = kinds[static_cast<std::size_t>(kb)];
-    const std::int64_t next = next_nonempty(kinds, kb);
-    const std::int64_t k0 = kb * block_k;
-    tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], qc, std::min(block_k, p.seq_k - k0));
+  for_each_key_tile(L, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + L.kv_block_index(round, kv_unit, kb) * p.dim * block_k;
 
     tile_scores(tile, s, qt, dp, kt, p.dim);
@@ -707,8 +701,7 @@ inline void forward_tile(const flash_layout<T>& L, const head_round& round, std:
       }
     }
     tile_accumulate_rows(tile, o, dp, dp, s, v_rows + k0 * dp, dp);
-    kb = next;
-  }
+  });
 
   for (std::int64_t i = 0; i < qc; ++i) {
     const T row_sum = hsum<T>(load(l + i * W));
@@ -900,12 +893,7 @@ inline void backward_q_tile(const flash_layout<T>& L, const head_round& round, s
   T* const dq_acc = work.rows_a.data();
   std::fill(dq_acc, dq_acc + block_q * dp, T(0));
   tile_extent<T>& tile = *work.tile;
-  const std::vector<block_kind> kinds = classify_row_of_tiles(mask, L.q_tiles[qb], L.k_tiles);
-  for (std::int64_t kb = next_nonempty(kinds, -1); kb < L.k_blocks;) {
-    const block_kind kind = kinds[static_cast<std::size_t>(kb)];
-    const std::int64_t next = next_nonempty(kinds, kb);
-    const std::int64_t k0 = kb * block_k;
-    tile.set(kind, mask, L.q_tiles[qb], L.k_tiles[kb], qc, std::min(block_k, p.seq_k - k0));
+  for_each_key_tile(L, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + L.kv_block_index(round, kv_unit, kb) * p.dim * block_k;
     const T* vt = packed.vt + L.kv_block_index(round, kv_unit, kb) * p.dim * block_k;
 
@@ -914,8 +902,7 @@ inline void backward_q_tile(const flash_layout<T>& L, const head_round& round, s
     tile_scores(tile, dpt, grows, dp, vt, p.dim);
     softmax_gradient_tile(tile, s, dpt, c, packed.lse2 + r, packed.delta + r);
     tile_accumulate_rows(tile, dq_acc, dp, dp, dpt, k_rows + k0 * dp, dp);  // dQ += dS K
-    kb = next;
-  }
+  });
 
   const T scale = static_cast<T>(p.scale);
   for (std::int64_t i = 0; i < qc; ++i) write_scaled_row(row_of(dq, b, q0 + i, h), dq_acc + i * dp, scale, p.dim, accumulate);
