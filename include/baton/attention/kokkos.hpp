@@ -67,7 +67,8 @@ template <class DataType, class... Properties>
 ///    its own packing buffer and each work item allocates its own tile scratch);
 ///  - needs the head dim contiguous (stride 1) in q, k, v, out, dout, dq, dk, dv; any other
 ///    strides, any lengths, any head dim;
-///  - memory: O(seq) per call (packed copies of the inputs), never O(seq_q * seq_k); the
+///  - memory: O(seq) per call (packed copies of one round's heads: a call runs over a few kv
+///    heads at a time, enough work items for every thread), never O(seq_q * seq_k); the
 ///    packing buffers are kept for the next call (release_workspace() frees them).
 class kokkos_attention {
  public:
@@ -193,9 +194,9 @@ class kokkos_attention {
   }
 
   execution_space space_{};
-  // Packed operands (O(seq) bytes per call) are reused across calls instead of reallocated:
-  // a fresh allocation costs page faults comparable to a short causal forward. The pool is
-  // thread-safe and hands concurrent calls distinct buffers.
+  // Packed operands (O(seq) bytes per round of heads) are reused across calls instead of
+  // reallocated: a fresh allocation costs page faults comparable to a short causal forward.
+  // The pool is thread-safe and hands concurrent calls distinct buffers.
   std::shared_ptr<detail::attn::workspace_pool> workspace_ = std::make_shared<detail::attn::workspace_pool>();
 };
 
