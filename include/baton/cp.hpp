@@ -7,12 +7,14 @@
 //   ring_attention                                                        (cp/ring.hpp)
 //   ulysses_attention                                                     (cp/ulysses.hpp)
 //   hybrid_attention, cp_mesh, make_cp_mesh                               (cp/hybrid.hpp)
+//   cp_params                                                             (cp/params.hpp)
 //   cp_error                                                              (cp/error.hpp)
 #pragma once
 
 #include <baton/cp/error.hpp>
 #include <baton/cp/hybrid.hpp>
 #include <baton/cp/merge.hpp>
+#include <baton/cp/params.hpp>
 #include <baton/cp/ring.hpp>
 #include <baton/cp/sharding.hpp>
 #include <baton/cp/ulysses.hpp>

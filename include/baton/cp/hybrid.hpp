@@ -9,6 +9,7 @@
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/mesh.hpp>
 #include <baton/cp/detail/agree.hpp>
+#include <baton/cp/detail/front_end.hpp>
 #include <baton/cp/detail/ring_core.hpp>
 #include <baton/cp/detail/ulysses_core.hpp>
 #include <baton/cp/detail/views.hpp>
@@ -80,7 +81,8 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
 ///   attn.forward(q, k, v, baton::causal_mask{}, out, lse);
 /// ```
 template <all_to_all_communicator UlyssesComm, ring_communicator RingComm, class Backend>
-class hybrid_attention {
+class hybrid_attention
+    : public detail::cp::front_end<hybrid_attention<UlyssesComm, RingComm, Backend>, Backend> {
  public:
   hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding)
       : ulysses_(&ulysses), ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)) {}
@@ -102,48 +104,12 @@ class hybrid_attention {
   /// rank (make_cp_mesh and device_mesh number the context-parallel ranks this way).
   int shard_index() const noexcept { return ring_->rank() * ulysses_->size() + ulysses_->rank(); }
 
-  template <class T, class Mask>
-  void forward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
-               std::type_identity_t<tensor_view<const T, 4>> v, const Mask& mask, tensor_view<T, 4> out,
-               std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
-    using namespace detail::cp;
-    if constexpr (detail::cp::usable<Backend, T, Mask>()) {
-      const auto s = shape_of(q, k);
-      agree<T>(op_hybrid_forward, s, mask, check_forward_tensors<T>(s, k, v, out, lse));
-      const ulysses_geometry g = ulysses_geometry_of(s, ulysses_->size());
-      ulysses_buffers<T> buf(g, false);
-      gather_qkv<T>(*ulysses_, g, q, k, v, buf);
-      ring_forward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
-                      gathered_kv<T>(buf.v, g), mask, gathered_q<T>(buf.out, g), gathered_lse(buf.lse, g),
-                      params.softmax_scale);
-      scatter_out_lse<T>(*ulysses_, g, buf, out, lse);
-    }
-  }
-
-  template <class T, class Mask>
-  void backward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
-                std::type_identity_t<tensor_view<const T, 4>> v, std::type_identity_t<tensor_view<const T, 4>> out,
-                std::type_identity_t<tensor_view<const lse_t<T>, 3>> lse,
-                std::type_identity_t<tensor_view<const T, 4>> dout, const Mask& mask, tensor_view<T, 4> dq,
-                std::type_identity_t<tensor_view<T, 4>> dk, std::type_identity_t<tensor_view<T, 4>> dv,
-                const cp_params& params = {}) {
-    using namespace detail::cp;
-    if constexpr (detail::cp::usable<Backend, T, Mask>()) {
-      const auto s = shape_of(q, k);
-      agree<T>(op_hybrid_backward, s, mask, check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
-      const ulysses_geometry g = ulysses_geometry_of(s, ulysses_->size());
-      ulysses_buffers<T> buf(g, true);
-      gather_for_backward<T>(*ulysses_, g, q, k, v, out, lse, dout, buf);
-      std::vector<T> gq(buf.q.size()), gk(buf.k.size()), gv(buf.v.size());
-      ring_backward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
-                       gathered_kv<T>(buf.v, g), gathered_q<T>(buf.out, g),
-                       tensor_view<const lse_t<T>, 3>(gathered_lse(buf.lse, g)), gathered_q<T>(buf.dout, g), mask,
-                       gathered_q<T>(gq, g), gathered_kv<T>(gk, g), gathered_kv<T>(gv, g), params.softmax_scale);
-      scatter_grads<T>(*ulysses_, g, gq, gk, gv, dq, dk, dv);
-    }
-  }
+  // forward(q, k, v, mask, out, lse, params) and backward(q, k, v, out, lse, dout, mask, dq,
+  // dk, dv, params) come from detail::cp::front_end.
 
  private:
+  friend class detail::cp::front_end<hybrid_attention, Backend>;
+
   detail::cp::ring_geometry ring_geometry_of(const detail::cp::ulysses_geometry& g) const {
     detail::cp::ring_geometry rg;
     for (int r = 0; r < ring_->size(); ++r) rg.pieces.push_back(sharding_.group_pieces(r));
@@ -156,12 +122,10 @@ class hybrid_attention {
   }
 
   template <class T, class Mask>
-  void agree(detail::cp::operation_code op, const detail::cp::local_shape& s, const Mask& mask,
-             const std::string& tensor_problem) {
+  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
+                                     const std::string& tensor_problem) {
     using namespace detail::cp;
-    const int world_rank = shard_index();
-    call_descriptor mine = describe<T>(op, s, sharding_, ring_->size() * ulysses_->size(), world_rank);
-    std::string problem = first_problem({
+    const std::string problem = first_problem({
         sharding_.degree() != ring_->size() || sharding_.inner_degree() != ulysses_->size()
             ? "the sequence_sharding is " + std::to_string(sharding_.degree()) + " (ring) x " +
                   std::to_string(sharding_.inner_degree()) + " (Ulysses) but the mesh is " +
@@ -170,12 +134,42 @@ class hybrid_attention {
             : std::string(),
         check_local(s, sharding_.local_len()), tensor_problem,
         check_head_split(s.heads_q, s.heads_kv, ulysses_->size()), check_mask(mask, sharding_.seq_len())});
-    if (!problem.empty()) mine.fail("rank " + std::to_string(world_rank) + ": " + problem);
-    // Inside the Ulysses group first, then around the ring: every rank sees all descriptors.
-    const auto group = all_to_all_gather(*ulysses_, std::span<const call_descriptor>(&mine, 1));
-    const auto all = ring_all_gather(*ring_, std::span<const call_descriptor>(group));
-    agree_or_throw(op == op_hybrid_forward ? "baton::hybrid_attention::forward" : "baton::hybrid_attention::backward",
-                   all);
+    agree_on_call<T>(backward ? "baton::hybrid_attention::backward" : "baton::hybrid_attention::forward",
+                     backward ? op_hybrid_backward : op_hybrid_forward, s, sharding_, ring_->size() * ulysses_->size(),
+                     shard_index(), problem, [&](const call_descriptor& mine) {
+                       // Inside the Ulysses group first, then around the ring: every rank sees all.
+                       const auto group = all_to_all_gather(*ulysses_, std::span<const call_descriptor>(&mine, 1));
+                       return ring_all_gather(*ring_, std::span<const call_descriptor>(group));
+                     });
+    return ulysses_geometry_of(s, ulysses_->size());
+  }
+
+  template <class T, class Mask>
+  void run_forward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                   tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
+                   double scale) {
+    using namespace detail::cp;
+    ulysses_buffers<T> buf(g, false);
+    gather_qkv<T>(*ulysses_, g, q, k, v, buf);
+    ring_forward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
+                    gathered_kv<T>(buf.v, g), mask, gathered_q<T>(buf.out, g), gathered_lse(buf.lse, g), scale);
+    scatter_out_lse<T>(*ulysses_, g, buf, out, lse);
+  }
+
+  template <class T, class Mask>
+  void run_backward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                    tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
+                    tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
+                    tensor_view<T, 4> dv, double scale) {
+    using namespace detail::cp;
+    ulysses_buffers<T> buf(g, true);
+    gather_for_backward<T>(*ulysses_, g, q, k, v, out, lse, dout, buf);
+    std::vector<T> gq(buf.q.size()), gk(buf.k.size()), gv(buf.v.size());
+    ring_backward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
+                     gathered_kv<T>(buf.v, g), gathered_q<T>(buf.out, g),
+                     tensor_view<const lse_t<T>, 3>(gathered_lse(buf.lse, g)), gathered_q<T>(buf.dout, g), mask,
+                     gathered_q<T>(gq, g), gathered_kv<T>(gk, g), gathered_kv<T>(gv, g), scale);
+    scatter_grads<T>(*ulysses_, g, gq, gk, gv, dq, dk, dv);
   }
 
   UlyssesComm* ulysses_;

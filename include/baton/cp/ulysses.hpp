@@ -9,10 +9,11 @@
 #include <baton/attention/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/cp/detail/agree.hpp>
+#include <baton/cp/detail/front_end.hpp>
 #include <baton/cp/detail/ulysses_core.hpp>
 #include <baton/cp/detail/views.hpp>
 #include <baton/cp/error.hpp>
-#include <baton/cp/ring.hpp>
+#include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 
 #include <array>
@@ -142,9 +143,18 @@ struct ulysses_workspace {
   enum slot : std::size_t { q, k, v, out, dout, dq, dk, dv, lse, exchange, count };
   std::array<scratch_buffer, count> slots;
 
-  template <class T>
-  T* get(slot s, std::size_t n) {
-    return slots[s].get<T>(n).data();
+  template <class E>
+  E* get(slot s, std::size_t n) {
+    return slots[s].get<E>(n).data();
+  }
+  // Slot s sized for geometry g: shaped as q (q, out, dout, dq), as k (k, v, dk, dv), or as
+  // the LSE, [batch, heads_q, seq].
+  template <class E>
+  E* get(slot s, const ulysses_geometry& g) {
+    const bool kv_shaped = s == k || s == v || s == dk || s == dv;
+    const std::int64_t n = s == lse ? g.batch * g.heads_q() * g.seq()
+                                    : g.batch * g.seq() * (kv_shaped ? g.heads_kv() : g.heads_q()) * g.dim;
+    return get<E>(s, static_cast<std::size_t>(n));
   }
   void release() noexcept {
     for (auto& b : slots) b.release();
@@ -185,7 +195,7 @@ inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& shardin
 ///   ulysses.backward(q, k, v, out, lse, dout, baton::causal_mask{}, dq, dk, dv);
 /// ```
 template <all_to_all_communicator Comm, class Backend>
-class ulysses_attention {
+class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, Backend>, Backend> {
  public:
   ulysses_attention(Comm& comm, Backend backend, sequence_sharding sharding)
       : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(sharding)) {}
@@ -194,93 +204,20 @@ class ulysses_attention {
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
   int shard_index() const noexcept { return comm_->rank(); }
 
-  template <class T, class Mask>
-  void forward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
-               std::type_identity_t<tensor_view<const T, 4>> v, const Mask& mask, tensor_view<T, 4> out,
-               std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
-    using namespace detail::cp;
-    if constexpr (detail::cp::usable<Backend, T, Mask>()) {
-      const auto s = shape_of(q, k);
-      agree<T>(op_ulysses_forward, s, mask, check_forward_tensors<T>(s, k, v, out, lse));
-      const ulysses_geometry g = ulysses_geometry_of(s, comm_->size());
-      using W = ulysses_workspace;
-      const auto nq = static_cast<std::size_t>(g.batch * g.seq() * g.heads_q() * g.dim);
-      const auto nkv = static_cast<std::size_t>(g.batch * g.seq() * g.heads_kv() * g.dim);
-      const auto nl = static_cast<std::size_t>(g.batch * g.heads_q() * g.seq());
-      T* gq = ws_.get<T>(W::q, nq);
-      T* gk = ws_.get<T>(W::k, nkv);
-      T* gv = ws_.get<T>(W::v, nkv);
-      T* gout = ws_.get<T>(W::out, nq);
-      lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, nl);
-      gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, ws_.slots[W::exchange]);
-      std::vector<std::int64_t> storage;
-      const auto pieces = gathered_pieces(sharding_, 0, comm_->size());
-      attention_params ap;
-      ap.q_pos = ap.k_pos = positions_for(pieces, 0, pieces.size(), storage);
-      ap.softmax_scale = params.softmax_scale;
-      backend_.forward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()), mask,
-                       bshd_view<T>(gout, g.batch, g.seq(), g.heads_q(), g.dim),
-                       lse_view<lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()), ap);
-      sequence_from_heads_from<T>(*comm_, gout, g.q_split, as_view4(out), ws_.slots[W::exchange]);
-      scatter_lse<T>(*comm_, g, glse, lse);
-    }
-  }
-
-  template <class T, class Mask>
-  void backward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
-                std::type_identity_t<tensor_view<const T, 4>> v, std::type_identity_t<tensor_view<const T, 4>> out,
-                std::type_identity_t<tensor_view<const lse_t<T>, 3>> lse,
-                std::type_identity_t<tensor_view<const T, 4>> dout, const Mask& mask, tensor_view<T, 4> dq,
-                std::type_identity_t<tensor_view<T, 4>> dk, std::type_identity_t<tensor_view<T, 4>> dv,
-                const cp_params& params = {}) {
-    using namespace detail::cp;
-    if constexpr (detail::cp::usable<Backend, T, Mask>()) {
-      const auto s = shape_of(q, k);
-      agree<T>(op_ulysses_backward, s, mask, check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
-      const ulysses_geometry g = ulysses_geometry_of(s, comm_->size());
-      using W = ulysses_workspace;
-      const auto nq = static_cast<std::size_t>(g.batch * g.seq() * g.heads_q() * g.dim);
-      const auto nkv = static_cast<std::size_t>(g.batch * g.seq() * g.heads_kv() * g.dim);
-      const auto nl = static_cast<std::size_t>(g.batch * g.heads_q() * g.seq());
-      T* gq = ws_.get<T>(W::q, nq);
-      T* gk = ws_.get<T>(W::k, nkv);
-      T* gv = ws_.get<T>(W::v, nkv);
-      T* gout = ws_.get<T>(W::out, nq);
-      T* gdout = ws_.get<T>(W::dout, nq);
-      T* gdq = ws_.get<T>(W::dq, nq);
-      T* gdk = ws_.get<T>(W::dk, nkv);
-      T* gdv = ws_.get<T>(W::dv, nkv);
-      lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, nl);
-      scratch_buffer& exchange = ws_.slots[W::exchange];
-      gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, exchange);
-      heads_from_sequence_into<T>(*comm_, as_view4(out), g.q_split, gout, exchange);
-      heads_from_sequence_into<T>(*comm_, as_view4(dout), g.q_split, gdout, exchange);
-      gather_lse<T>(*comm_, g, lse, glse);
-      std::vector<std::int64_t> storage;
-      const auto pieces = gathered_pieces(sharding_, 0, comm_->size());
-      attention_params ap;
-      ap.q_pos = ap.k_pos = positions_for(pieces, 0, pieces.size(), storage);
-      ap.softmax_scale = params.softmax_scale;
-      backend_.backward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()),
-                        cq<T>(gout, g, g.heads_q()),
-                        lse_view<const lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()), cq<T>(gdout, g, g.heads_q()),
-                        mask, bshd_view<T>(gdq, g.batch, g.seq(), g.heads_q(), g.dim),
-                        bshd_view<T>(gdk, g.batch, g.seq(), g.heads_kv(), g.dim),
-                        bshd_view<T>(gdv, g.batch, g.seq(), g.heads_kv(), g.dim), ap);
-      scatter_grads<T>(*comm_, g, gdq, gdk, gdv, dq, dk, dv, exchange);
-    }
-  }
+  // forward(q, k, v, mask, out, lse, params) and backward(q, k, v, out, lse, dout, mask, dq,
+  // dk, dv, params) come from detail::cp::front_end.
 
   /// Frees the head-sharded buffers kept between calls (the next call allocates again).
   void release_workspace() noexcept { ws_.release(); }
 
  private:
+  friend class detail::cp::front_end<ulysses_attention, Backend>;
+
   template <class T, class Mask>
-  void agree(detail::cp::operation_code op, const detail::cp::local_shape& s, const Mask& mask,
-             const std::string& tensor_problem) {
+  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
+                                     const std::string& tensor_problem) {
     using namespace detail::cp;
-    call_descriptor mine = describe<T>(op, s, sharding_, comm_->size(), comm_->rank());
-    std::string problem = first_problem({
+    const std::string problem = first_problem({
         sharding_.inner_degree() != 1
             ? "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
                   "; ulysses_attention shards over one all-to-all group (use hybrid_attention for Ulysses x ring)"
@@ -292,10 +229,71 @@ class ulysses_attention {
             : std::string(),
         check_local(s, sharding_.local_len()), tensor_problem, check_head_split(s.heads_q, s.heads_kv, comm_->size()),
         check_mask(mask, sharding_.seq_len())});
-    if (!problem.empty()) mine.fail("rank " + std::to_string(comm_->rank()) + ": " + problem);
-    const auto all = all_to_all_gather(*comm_, std::span<const call_descriptor>(&mine, 1));
-    agree_or_throw(op == op_ulysses_forward ? "baton::ulysses_attention::forward" : "baton::ulysses_attention::backward",
-                   all);
+    agree_on_call<T>(backward ? "baton::ulysses_attention::backward" : "baton::ulysses_attention::forward",
+                     backward ? op_ulysses_backward : op_ulysses_forward, s, sharding_, comm_->size(), comm_->rank(),
+                     problem, [&](const call_descriptor& mine) {
+                       return all_to_all_gather(*comm_, std::span<const call_descriptor>(&mine, 1));
+                     });
+    return ulysses_geometry_of(s, comm_->size());
+  }
+
+  // After the exchange a rank holds the whole sequence (every rank's shard, in rank order).
+  attention_params gathered_params(std::vector<std::int64_t>& storage, double scale) const {
+    const auto pieces = detail::cp::gathered_pieces(sharding_, 0, comm_->size());
+    attention_params ap;
+    ap.q_pos = ap.k_pos = detail::cp::positions_for(pieces, 0, pieces.size(), storage);
+    ap.softmax_scale = scale;
+    return ap;
+  }
+
+  template <class T, class Mask>
+  void run_forward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                   tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
+                   double scale) {
+    using namespace detail::cp;
+    using W = ulysses_workspace;
+    T* gq = ws_.get<T>(W::q, g);
+    T* gk = ws_.get<T>(W::k, g);
+    T* gv = ws_.get<T>(W::v, g);
+    T* gout = ws_.get<T>(W::out, g);
+    lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, g);
+    gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, ws_.slots[W::exchange]);
+    std::vector<std::int64_t> storage;
+    backend_.forward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()), mask,
+                     bshd_view<T>(gout, g.batch, g.seq(), g.heads_q(), g.dim),
+                     lse_view<lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()), gathered_params(storage, scale));
+    sequence_from_heads_from<T>(*comm_, gout, g.q_split, as_view4(out), ws_.slots[W::exchange]);
+    scatter_lse<T>(*comm_, g, glse, lse);
+  }
+
+  template <class T, class Mask>
+  void run_backward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                    tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
+                    tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
+                    tensor_view<T, 4> dv, double scale) {
+    using namespace detail::cp;
+    using W = ulysses_workspace;
+    T* gq = ws_.get<T>(W::q, g);
+    T* gk = ws_.get<T>(W::k, g);
+    T* gv = ws_.get<T>(W::v, g);
+    T* gout = ws_.get<T>(W::out, g);
+    T* gdout = ws_.get<T>(W::dout, g);
+    T* gdq = ws_.get<T>(W::dq, g);
+    T* gdk = ws_.get<T>(W::dk, g);
+    T* gdv = ws_.get<T>(W::dv, g);
+    lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, g);
+    scratch_buffer& exchange = ws_.slots[W::exchange];
+    gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, exchange);
+    heads_from_sequence_into<T>(*comm_, as_view4(out), g.q_split, gout, exchange);
+    heads_from_sequence_into<T>(*comm_, as_view4(dout), g.q_split, gdout, exchange);
+    gather_lse<T>(*comm_, g, lse, glse);
+    std::vector<std::int64_t> storage;
+    backend_.backward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()),
+                      cq<T>(gout, g, g.heads_q()), lse_view<const lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()),
+                      cq<T>(gdout, g, g.heads_q()), mask, bshd_view<T>(gdq, g.batch, g.seq(), g.heads_q(), g.dim),
+                      bshd_view<T>(gdk, g.batch, g.seq(), g.heads_kv(), g.dim),
+                      bshd_view<T>(gdv, g.batch, g.seq(), g.heads_kv(), g.dim), gathered_params(storage, scale));
+    scatter_grads<T>(*comm_, g, gdq, gdk, gdv, dq, dk, dv, exchange);
   }
 
   template <class T>
