@@ -179,38 +179,51 @@ TEST_CASE("determinism: two runs give bitwise identical outputs and gradients", 
   }
 }
 
-TEST_CASE("Ulysses keeps its buffers between calls: a reused object gives a fresh object's bits", "[cp][ulysses]") {
+TEST_CASE("Ulysses and hybrid keep their buffers between calls: a reused object gives a fresh object's bits",
+          "[cp][ulysses][hybrid]") {
   // The buffers grow to the largest call and keep stale contents of earlier (larger, other
   // type) calls; every result must still equal that of a fresh object, bit for bit.
   const baton::causal_mask mask;
   const dims big{}, small{1, 24, 4, 4, 3};  // same sequence (the sharding is fixed), smaller tensors
   const problem<float> pb = make_problem<float>(big, mask, 81), ps = make_problem<float>(small, mask, 82);
   const problem<double> pd = make_problem<double>(big, mask, 83);
-  const config c{mode::ulysses, shard_layout::zigzag, 2};
-  const tensors<float> fresh_big = run_cp<float>(c, pb, mask), fresh_small = run_cp<float>(c, ps, mask);
-  const tensors<double> fresh_double = run_cp<double>(c, pd, mask);
-  tensors<float> big1(big), small1(small), big2(big);
-  tensors<double> double1(big);
-  baton::run_local(c.degree, [&](baton::local_communicator& comm) {
-    const baton::sequence_sharding sharding(c.layout, big.seq, c.degree);
-    baton::ulysses_attention attn(comm, baton::reference_attention{}, sharding);
-    run_rank<float>(attn, sharding, attn.shard_index(), pb, mask, big1, 0);
-    run_rank<float>(attn, sharding, attn.shard_index(), ps, mask, small1, 0);
-    run_rank<double>(attn, sharding, attn.shard_index(), pd, mask, double1, 0);
-    attn.release_workspace();
-    run_rank<float>(attn, sharding, attn.shard_index(), pb, mask, big2, 0);
-  });
-  const auto same = [](const auto& a, const auto& b) {
-    CHECK(a.out == b.out);
-    CHECK(a.dq == b.dq);
-    CHECK(a.dk == b.dk);
-    CHECK(a.dv == b.dv);
-    CHECK(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(a.lse[0])) == 0);
-  };
-  same(big1, fresh_big);
-  same(small1, fresh_small);
-  same(double1, fresh_double);
-  same(big2, fresh_big);
+  for (const config& c : {config{mode::ulysses, shard_layout::zigzag, 2}, config{mode::hybrid, shard_layout::zigzag, 2, 2}}) {
+    INFO(c.text());
+    const tensors<float> fresh_big = run_cp<float>(c, pb, mask), fresh_small = run_cp<float>(c, ps, mask);
+    const tensors<double> fresh_double = run_cp<double>(c, pd, mask);
+    tensors<float> big1(big), small1(small), big2(big);
+    tensors<double> double1(big);
+    const auto reuse = [&](auto& attn, const baton::sequence_sharding& sharding) {
+      run_rank<float>(attn, sharding, attn.shard_index(), pb, mask, big1, 0);
+      run_rank<float>(attn, sharding, attn.shard_index(), ps, mask, small1, 0);
+      run_rank<double>(attn, sharding, attn.shard_index(), pd, mask, double1, 0);
+      attn.release_workspace();
+      run_rank<float>(attn, sharding, attn.shard_index(), pb, mask, big2, 0);
+    };
+    baton::run_local(c.world(), [&](baton::local_communicator& comm) {
+      if (c.m == mode::ulysses) {
+        const baton::sequence_sharding sharding(c.layout, big.seq, c.degree);
+        baton::ulysses_attention attn(comm, baton::reference_attention{}, sharding);
+        reuse(attn, sharding);
+      } else {
+        auto mesh = baton::make_cp_mesh(comm, c.degree, c.inner_degree);
+        const baton::sequence_sharding sharding(c.layout, big.seq, c.degree, c.inner_degree);
+        baton::hybrid_attention attn(mesh, baton::reference_attention{}, sharding);
+        reuse(attn, sharding);
+      }
+    });
+    const auto same = [](const auto& a, const auto& b) {
+      CHECK(a.out == b.out);
+      CHECK(a.dq == b.dq);
+      CHECK(a.dk == b.dk);
+      CHECK(a.dv == b.dv);
+      CHECK(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(a.lse[0])) == 0);
+    };
+    same(big1, fresh_big);
+    same(small1, fresh_small);
+    same(double1, fresh_double);
+    same(big2, fresh_big);
+  }
 }
 
 namespace {

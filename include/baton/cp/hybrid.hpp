@@ -71,7 +71,8 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
 /// balance) cuts the sequence over the R ring groups, and each group's shard is split
 /// contiguously over its U Ulysses ranks. The Ulysses exchange re-assembles the group's
 /// shard for heads h/U; the ring then runs over the groups exactly as ring_attention does.
-/// Head rules are Ulysses' (over U).
+/// Head rules are Ulysses' (over U). The gathered buffers of the Ulysses stage are kept for
+/// the next call (release_workspace() frees them): one object per rank, one call at a time.
 ///
 /// Example (compiled in tests/cp/test_cp_docs.cpp):
 /// ```
@@ -106,6 +107,10 @@ class hybrid_attention
 
   // forward(q, k, v, mask, out, lse, params) and backward(q, k, v, out, lse, dout, mask, dq,
   // dk, dv, params) come from detail::cp::front_end.
+
+  /// Frees the gathered buffers kept between calls (the next call allocates again); use one
+  /// object per rank, one call at a time, as with the communicators.
+  void release_workspace() noexcept { ws_.release(); }
 
  private:
   friend class detail::cp::front_end<hybrid_attention, Backend>;
@@ -149,11 +154,9 @@ class hybrid_attention
                    tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
                    double scale) {
     using namespace detail::cp;
-    ulysses_buffers<T> buf(g, false);
-    gather_qkv<T>(*ulysses_, g, q, k, v, buf);
-    ring_forward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
-                    gathered_kv<T>(buf.v, g), mask, gathered_q<T>(buf.out, g), gathered_lse(buf.lse, g), scale);
-    scatter_out_lse<T>(*ulysses_, g, buf, out, lse);
+    const ulysses_gathered<T> x = gather_for_forward<T>(*ulysses_, ws_, g, q, k, v);
+    ring_forward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse, scale);
+    scatter_out_lse<T>(*ulysses_, ws_, g, x, out, lse);
   }
 
   template <class T, class Mask>
@@ -162,20 +165,19 @@ class hybrid_attention
                     tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
                     tensor_view<T, 4> dv, double scale) {
     using namespace detail::cp;
-    ulysses_buffers<T> buf(g, true);
-    gather_for_backward<T>(*ulysses_, g, q, k, v, out, lse, dout, buf);
-    std::vector<T> gq(buf.q.size()), gk(buf.k.size()), gv(buf.v.size());
-    ring_backward<T>(*ring_, backend_, ring_geometry_of(g), gathered_q<T>(buf.q, g), gathered_kv<T>(buf.k, g),
-                     gathered_kv<T>(buf.v, g), gathered_q<T>(buf.out, g),
-                     tensor_view<const lse_t<T>, 3>(gathered_lse(buf.lse, g)), gathered_q<T>(buf.dout, g), mask,
-                     gathered_q<T>(gq, g), gathered_kv<T>(gk, g), gathered_kv<T>(gv, g), scale);
-    scatter_grads<T>(*ulysses_, g, gq, gk, gv, dq, dk, dv);
+    const ulysses_gathered<T> x = gather_for_backward<T>(*ulysses_, ws_, g, q, k, v, out, lse, dout);
+    ring_backward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
+                     tensor_view<const lse_t<T>, 3>(x.lse), x.dout, mask, x.dq, x.dk, x.dv, scale);
+    scatter_grads<T>(*ulysses_, ws_, g, x, dq, dk, dv);
   }
 
   UlyssesComm* ulysses_;
   RingComm* ring_;
   Backend backend_;
   sequence_sharding sharding_;
+  // The Ulysses group's gathered tensors and exchange scratch, reused by the next call
+  // (as in ulysses_attention): O(b s h d / (R U)) per rank, held until release_workspace().
+  detail::cp::ulysses_workspace ws_;
 };
 
 template <class UComm, class RComm, class Backend>

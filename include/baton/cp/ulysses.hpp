@@ -39,36 +39,6 @@ inline ulysses_geometry ulysses_geometry_of(const local_shape& s, std::int64_t p
   return {s.batch, s.seq, parts, s.dim, head_split{s.heads_q, parts}, head_split{s.heads_kv, parts}};
 }
 
-// Sequence-sharded inputs -> head-sharded buffers (owning), for forward and backward.
-template <class T>
-struct ulysses_buffers {
-  std::vector<T> q, k, v, out, dout;
-  std::vector<lse_t<T>> lse;
-  explicit ulysses_buffers(const ulysses_geometry& g, bool with_grads) {
-    const auto nq = static_cast<std::size_t>(g.batch * g.seq() * g.heads_q() * g.dim);
-    const auto nkv = static_cast<std::size_t>(g.batch * g.seq() * g.heads_kv() * g.dim);
-    q.resize(nq);
-    k.resize(nkv);
-    v.resize(nkv);
-    out.resize(nq);
-    lse.resize(static_cast<std::size_t>(g.batch * g.heads_q() * g.seq()));
-    if (with_grads) dout.resize(nq);
-  }
-};
-
-template <class T>
-tensor_view<T, 4> gathered_q(std::vector<T>& b, const ulysses_geometry& g) {
-  return bshd_view<T>(b.data(), g.batch, g.seq(), g.heads_q(), g.dim);
-}
-template <class T>
-tensor_view<T, 4> gathered_kv(std::vector<T>& b, const ulysses_geometry& g) {
-  return bshd_view<T>(b.data(), g.batch, g.seq(), g.heads_kv(), g.dim);
-}
-template <class L>
-tensor_view<L, 3> gathered_lse(std::vector<L>& b, const ulysses_geometry& g) {
-  return lse_view<L>(b.data(), g.batch, g.heads_q(), g.seq());
-}
-
 // Gathers every tensor of one exchange straight into its head-sharded buffer (see
 // heads_from_sequence_into) and returns out, lse or the gradients the same way. The LSE
 // (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp.
@@ -96,49 +66,8 @@ void scatter_lse(Comm& comm, const ulysses_geometry& g, lse_t<T>* glse, tensor_v
   sequence_from_heads<L>(comm, std::span<const sequence_part<L>>(lse_part));
 }
 
-template <class T, class Comm>
-void gather_qkv(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                tensor_view<const T, 4> v, ulysses_buffers<T>& buf) {
-  scratch_buffer scratch;
-  gather_qkv<T>(comm, g, q, k, v, buf.q.data(), buf.k.data(), buf.v.data(), scratch);
-}
-
-template <class T, class Comm>
-void gather_for_backward(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                         tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
-                         tensor_view<const T, 4> dout, ulysses_buffers<T>& buf) {
-  scratch_buffer scratch;
-  gather_qkv<T>(comm, g, q, k, v, buf.q.data(), buf.k.data(), buf.v.data(), scratch);
-  heads_from_sequence_into<T>(comm, as_view4(out), g.q_split, buf.out.data(), scratch);
-  heads_from_sequence_into<T>(comm, as_view4(dout), g.q_split, buf.dout.data(), scratch);
-  gather_lse<T>(comm, g, lse, buf.lse.data());
-}
-
-template <class T, class Comm>
-void scatter_out_lse(Comm& comm, const ulysses_geometry& g, ulysses_buffers<T>& buf, tensor_view<T, 4> out,
-                     tensor_view<lse_t<T>, 3> lse) {
-  scratch_buffer scratch;
-  sequence_from_heads_from<T>(comm, buf.out.data(), g.q_split, as_view4(out), scratch);
-  scatter_lse<T>(comm, g, buf.lse.data(), lse);
-}
-
-template <class T, class Comm>
-void scatter_grads(Comm& comm, const ulysses_geometry& g, const T* dq, const T* dk, const T* dv,
-                   tensor_view<T, 4> dq_out, tensor_view<T, 4> dk_out, tensor_view<T, 4> dv_out, scratch_buffer& scratch) {
-  sequence_from_heads_from<T>(comm, dq, g.q_split, as_view4(dq_out), scratch);
-  sequence_from_heads_from<T>(comm, dk, g.kv_split, as_view4(dk_out), scratch);
-  sequence_from_heads_from<T>(comm, dv, g.kv_split, as_view4(dv_out), scratch);
-}
-
-template <class T, class Comm>
-void scatter_grads(Comm& comm, const ulysses_geometry& g, std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv,
-                   tensor_view<T, 4> dq_out, tensor_view<T, 4> dk_out, tensor_view<T, 4> dv_out) {
-  scratch_buffer scratch;
-  scatter_grads<T>(comm, g, dq.data(), dk.data(), dv.data(), dq_out, dk_out, dv_out, scratch);
-}
-
-// ulysses_attention's buffers, kept between calls: the head-sharded tensors, their
-// gradients, the LSE and the send/receive scratch of the exchanges.
+// The head-sharded side of a Ulysses exchange, kept between calls: the gathered tensors,
+// their gradients, the LSE and the send/receive scratch of the exchanges.
 struct ulysses_workspace {
   enum slot : std::size_t { q, k, v, out, dout, dq, dk, dv, lse, exchange, count };
   std::array<scratch_buffer, count> slots;
@@ -160,6 +89,76 @@ struct ulysses_workspace {
     for (auto& b : slots) b.release();
   }
 };
+
+// Views of a workspace's head-sharded buffers: a rank's whole sequence for its heads. The
+// gradients are there only when gathered for a backward.
+template <class T>
+struct ulysses_gathered {
+  tensor_view<T, 4> q, k, v, out, dout, dq, dk, dv;
+  tensor_view<lse_t<T>, 3> lse;
+};
+
+template <class T>
+ulysses_gathered<T> gathered_views(ulysses_workspace& ws, const ulysses_geometry& g, bool backward) {
+  using W = ulysses_workspace;
+  const auto q_shaped = [&](W::slot s) { return bshd_view<T>(ws.get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim); };
+  const auto kv_shaped = [&](W::slot s) { return bshd_view<T>(ws.get<T>(s, g), g.batch, g.seq(), g.heads_kv(), g.dim); };
+  ulysses_gathered<T> x;
+  x.q = q_shaped(W::q);
+  x.k = kv_shaped(W::k);
+  x.v = kv_shaped(W::v);
+  x.out = q_shaped(W::out);
+  x.lse = lse_view<lse_t<T>>(ws.get<lse_t<T>>(W::lse, g), g.batch, g.heads_q(), g.seq());
+  if (backward) {
+    x.dout = q_shaped(W::dout);
+    x.dq = q_shaped(W::dq);
+    x.dk = kv_shaped(W::dk);
+    x.dv = kv_shaped(W::dv);
+  }
+  return x;
+}
+
+// Sequence shards in, head shards out: q, k, v for a forward.
+template <class T, class Comm>
+ulysses_gathered<T> gather_for_forward(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g,
+                                       tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v) {
+  const ulysses_gathered<T> x = gathered_views<T>(ws, g, false);
+  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, ws.slots[ulysses_workspace::exchange]);
+  return x;
+}
+
+// The same for a backward: q, k, v, out, lse and dout.
+template <class T, class Comm>
+ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g,
+                                        tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
+                                        tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
+                                        tensor_view<const T, 4> dout) {
+  const ulysses_gathered<T> x = gathered_views<T>(ws, g, true);
+  scratch_buffer& exchange = ws.slots[ulysses_workspace::exchange];
+  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, exchange);
+  heads_from_sequence_into<T>(comm, as_view4(out), g.q_split, x.out.data, exchange);
+  heads_from_sequence_into<T>(comm, as_view4(dout), g.q_split, x.dout.data, exchange);
+  gather_lse<T>(comm, g, lse, x.lse.data);
+  return x;
+}
+
+// Head shards in, sequence shards out: the forward's out and lse.
+template <class T, class Comm>
+void scatter_out_lse(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
+                     tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse) {
+  sequence_from_heads_from<T>(comm, x.out.data, g.q_split, as_view4(out), ws.slots[ulysses_workspace::exchange]);
+  scatter_lse<T>(comm, g, x.lse.data, lse);
+}
+
+// The backward's dq, dk, dv.
+template <class T, class Comm>
+void scatter_grads(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
+                   tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv) {
+  scratch_buffer& exchange = ws.slots[ulysses_workspace::exchange];
+  sequence_from_heads_from<T>(comm, x.dq.data, g.q_split, as_view4(dq), exchange);
+  sequence_from_heads_from<T>(comm, x.dk.data, g.kv_split, as_view4(dk), exchange);
+  sequence_from_heads_from<T>(comm, x.dv.data, g.kv_split, as_view4(dv), exchange);
+}
 
 // The pieces of the gathered sequence: rank i's pieces, shifted to rows [i s_local, ...).
 inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& sharding, int first_rank, int count) {
@@ -251,19 +250,10 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
                    tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
                    double scale) {
     using namespace detail::cp;
-    using W = ulysses_workspace;
-    T* gq = ws_.get<T>(W::q, g);
-    T* gk = ws_.get<T>(W::k, g);
-    T* gv = ws_.get<T>(W::v, g);
-    T* gout = ws_.get<T>(W::out, g);
-    lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, g);
-    gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, ws_.slots[W::exchange]);
+    const ulysses_gathered<T> x = gather_for_forward<T>(*comm_, ws_, g, q, k, v);
     std::vector<std::int64_t> storage;
-    backend_.forward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()), mask,
-                     bshd_view<T>(gout, g.batch, g.seq(), g.heads_q(), g.dim),
-                     lse_view<lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()), gathered_params(storage, scale));
-    sequence_from_heads_from<T>(*comm_, gout, g.q_split, as_view4(out), ws_.slots[W::exchange]);
-    scatter_lse<T>(*comm_, g, glse, lse);
+    backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, scale));
+    scatter_out_lse<T>(*comm_, ws_, g, x, out, lse);
   }
 
   template <class T, class Mask>
@@ -272,33 +262,17 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
                     tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
                     tensor_view<T, 4> dv, double scale) {
     using namespace detail::cp;
-    using W = ulysses_workspace;
-    T* gq = ws_.get<T>(W::q, g);
-    T* gk = ws_.get<T>(W::k, g);
-    T* gv = ws_.get<T>(W::v, g);
-    T* gout = ws_.get<T>(W::out, g);
-    T* gdout = ws_.get<T>(W::dout, g);
-    T* gdq = ws_.get<T>(W::dq, g);
-    T* gdk = ws_.get<T>(W::dk, g);
-    T* gdv = ws_.get<T>(W::dv, g);
-    lse_t<T>* glse = ws_.get<lse_t<T>>(W::lse, g);
-    scratch_buffer& exchange = ws_.slots[W::exchange];
-    gather_qkv<T>(*comm_, g, q, k, v, gq, gk, gv, exchange);
-    heads_from_sequence_into<T>(*comm_, as_view4(out), g.q_split, gout, exchange);
-    heads_from_sequence_into<T>(*comm_, as_view4(dout), g.q_split, gdout, exchange);
-    gather_lse<T>(*comm_, g, lse, glse);
+    const ulysses_gathered<T> x = gather_for_backward<T>(*comm_, ws_, g, q, k, v, out, lse, dout);
     std::vector<std::int64_t> storage;
-    backend_.backward(cq<T>(gq, g, g.heads_q()), cq<T>(gk, g, g.heads_kv()), cq<T>(gv, g, g.heads_kv()),
-                      cq<T>(gout, g, g.heads_q()), lse_view<const lse_t<T>>(glse, g.batch, g.heads_q(), g.seq()),
-                      cq<T>(gdout, g, g.heads_q()), mask, bshd_view<T>(gdq, g.batch, g.seq(), g.heads_q(), g.dim),
-                      bshd_view<T>(gdk, g.batch, g.seq(), g.heads_kv(), g.dim),
-                      bshd_view<T>(gdv, g.batch, g.seq(), g.heads_kv(), g.dim), gathered_params(storage, scale));
-    scatter_grads<T>(*comm_, g, gdq, gdk, gdv, dq, dk, dv, exchange);
+    backend_.backward(in(x.q), in(x.k), in(x.v), in(x.out), tensor_view<const lse_t<T>, 3>(x.lse), in(x.dout), mask,
+                      x.dq, x.dk, x.dv, gathered_params(storage, scale));
+    scatter_grads<T>(*comm_, ws_, g, x, dq, dk, dv);
   }
 
+  // The backend reads its inputs through const views (deduction does not convert).
   template <class T>
-  static tensor_view<const T, 4> cq(const T* p, const detail::cp::ulysses_geometry& g, std::int64_t heads) noexcept {
-    return detail::cp::bshd_view<const T>(p, g.batch, g.seq(), heads, g.dim);
+  static tensor_view<const T, 4> in(const tensor_view<T, 4>& t) noexcept {
+    return t;
   }
 
   Comm* comm_;
