@@ -18,6 +18,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
 #include <baton/attention/tensor_view.hpp>
+#include <baton/detail/shape_text.hpp>
 
 namespace baton {
 
@@ -82,10 +83,10 @@ void expect_shape(const tensor_view<T, N>& t, const char* name, const std::array
                   const char* meaning) {
   if (t.extents != expected)
     throw attention_error(std::string("baton attention: tensor '") + name + "' has shape " +
-                          shape_string(t.extents) + " but expected " + shape_string(expected) + " " + meaning);
+                          shape_text(t.extents) + " but expected " + shape_text(expected) + " " + meaning);
   if (t.data == nullptr && t.size() > 0)
     throw attention_error(std::string("baton attention: tensor '") + name + "' has shape " +
-                          shape_string(t.extents) + " but a null data pointer");
+                          shape_text(t.extents) + " but a null data pointer");
 }
 
 template <class T, std::size_t N>
@@ -106,17 +107,17 @@ problem check_inputs(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k, c
   p.heads_q = q.extents[2];
   p.dim = q.extents[3];
   for (auto e : q.extents)
-    if (e < 0) throw attention_error("baton attention: tensor 'q' has a negative extent " + shape_string(q.extents));
+    if (e < 0) throw attention_error("baton attention: tensor 'q' has a negative extent " + shape_text(q.extents));
   if (q.data == nullptr && q.size() > 0)
-    throw attention_error("baton attention: tensor 'q' has shape " + shape_string(q.extents) + " but a null data pointer");
+    throw attention_error("baton attention: tensor 'q' has shape " + shape_text(q.extents) + " but a null data pointer");
   if (p.dim == 0 && q.size() == 0 && p.batch * p.seq_q * p.heads_q > 0)
     throw attention_error("baton attention: tensor 'q' has head dim 0; expected [batch, seq_q, heads_q, dim] with dim >= 1");
   p.seq_k = k.extents[1];
   p.heads_kv = k.extents[2];
   if (p.seq_k < 0)
-    throw attention_error("baton attention: tensor 'k' has a negative extent " + shape_string(k.extents));
+    throw attention_error("baton attention: tensor 'k' has a negative extent " + shape_text(k.extents));
   if (p.heads_kv <= 0 && p.heads_q > 0)
-    throw attention_error("baton attention: tensor 'k' has shape " + shape_string(k.extents) +
+    throw attention_error("baton attention: tensor 'k' has shape " + shape_text(k.extents) +
                           "; expected [batch, seq_k, heads_kv, dim] with heads_kv >= 1");
   if (p.heads_kv > 0 && p.heads_q % p.heads_kv != 0)
     throw attention_error("baton attention: q has " + std::to_string(p.heads_q) + " heads and k/v have " +

@@ -7,7 +7,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 namespace baton {
@@ -103,17 +102,4 @@ template <class T, std::size_t N>
   return {data, extents, strides};
 }
 
-namespace detail::attn {
-
-template <std::size_t N>
-std::string shape_string(const std::array<std::int64_t, N>& extents) {
-  std::string s = "[";
-  for (std::size_t d = 0; d < N; ++d) {
-    if (d) s += ", ";
-    s += std::to_string(extents[d]);
-  }
-  return s + "]";
-}
-
-}  // namespace detail::attn
 }  // namespace baton

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <baton/cp/error.hpp>
+#include <baton/detail/shape_text.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -199,12 +200,6 @@ inline seq_axis_split split_at_seq_axis(std::span<const std::int64_t> shape, int
   }
   s.seq = shape[static_cast<std::size_t>(seq_axis)];
   return s;
-}
-
-inline std::string shape_text(std::span<const std::int64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // Copies between a full tensor and one rank's shard. to_local: full -> local; else local -> full.

@@ -48,7 +48,7 @@ class host_tensor {
   host_tensor(std::vector<std::int64_t> shape, std::span<const T> values)
       : host_tensor(std::move(shape), for_overwrite_tag{}) {
     if (static_cast<std::int64_t>(values.size()) != size_) {
-      throw payload_error("baton::host_tensor: shape " + detail::payload_impl::shape_string(shape_) +
+      throw payload_error("baton::host_tensor: shape " + detail::shape_text(shape_) +
                           " holds " + std::to_string(size_) + " elements but " +
                           std::to_string(values.size()) + " values were given");
     }
@@ -156,7 +156,7 @@ class host_tensor {
       if (idx[d] < 0 || idx[d] >= shape_[d]) {
         throw payload_error("baton::host_tensor::at: index " + std::to_string(idx[d]) + " along dim " +
                             std::to_string(d) + " is outside a tensor of shape " +
-                            detail::payload_impl::shape_string(shape_));
+                            detail::shape_text(shape_));
       }
     }
     return offset_unchecked(index...);
@@ -191,7 +191,7 @@ struct payload_traits<host_tensor<T>> {
     if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
       throw payload_error("baton::host_tensor slice: rows [" + std::to_string(begin) + ", " +
                           std::to_string(begin + count) + ") along dim " + std::to_string(d) +
-                          " are outside shape " + pi::shape_string(t.shape()));
+                          " are outside shape " + detail::shape_text(t.shape()));
     }
     std::vector<std::int64_t> shape = t.shape();
     shape[static_cast<std::size_t>(d)] = count;

@@ -95,7 +95,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
     if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
       throw payload_error("baton Kokkos::View slice: rows [" + std::to_string(begin) + ", " +
                           std::to_string(begin + count) + ") along dim " + std::to_string(d) +
-                          " are outside shape " + pi::shape_string(s));
+                          " are outside shape " + detail::shape_text(s));
     }
     auto out_shape = s;
     out_shape[static_cast<std::size_t>(d)] = count;
@@ -142,7 +142,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   static view make(std::span<const std::int64_t> shape, bool zero_fill) {
     namespace pi = detail::payload_impl;
     if (static_cast<int>(shape.size()) != rank) {
-      throw payload_error("baton Kokkos::View allocate: shape " + pi::shape_string(shape) + " has " +
+      throw payload_error("baton Kokkos::View allocate: shape " + detail::shape_text(shape) + " has " +
                           std::to_string(shape.size()) + " extents but the view type has rank " +
                           std::to_string(rank));
     }

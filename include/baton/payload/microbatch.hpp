@@ -77,7 +77,7 @@ std::vector<T> split_leaf(const T& value, std::int64_t chunks, int dim, std::str
     const int d = normalise_dim(dim, shape.size(), what);
     const auto extent = shape[static_cast<std::size_t>(d)];
     if (chunks > extent) {
-      throw payload_error(what + ": cannot split a tensor of shape " + shape_string(shape) + " along dim " +
+      throw payload_error(what + ": cannot split a tensor of shape " + shape_text(shape) + " along dim " +
                           std::to_string(d) + " into " + std::to_string(chunks) +
                           " microbatches (each needs at least one row); use at most " + std::to_string(extent) +
                           " microbatches");

@@ -9,6 +9,8 @@
 //   opaque     — anything else (a block mask): never differentiated, never sent as bytes.
 #pragma once
 
+#include <baton/detail/shape_text.hpp>
+
 #include <cstddef>
 #include <concepts>
 #include <cstdint>
@@ -200,15 +202,6 @@ T concat_pointers(std::span<const T* const> parts, int dim) {
   }
 }
 
-inline std::string shape_string(std::span<const std::int64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 // Resolves a possibly negative dimension (-1 = last) against a rank; throws naming `what`.
 inline int normalise_dim(int dim, std::size_t rank, std::string_view what) {
   const auto r = static_cast<std::int64_t>(rank);
@@ -289,7 +282,7 @@ T tensor_slice(const T& t, int dim, std::int64_t begin, std::int64_t count) {
     if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
       throw payload_error("baton::tensor_slice: rows [" + std::to_string(begin) + ", " +
                           std::to_string(begin + count) + ") along dim " + std::to_string(d) +
-                          " are outside a tensor of shape " + pi::shape_string(shape));
+                          " are outside a tensor of shape " + detail::shape_text(shape));
     }
     return payload_traits<T>::slice(t, d, begin, count);
   }

@@ -56,11 +56,6 @@ local_shape shape_of(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k) n
   return {q.extents[0], q.extents[1], q.extents[2], k.extents[2], q.extents[3]};
 }
 
-template <std::size_t N>
-std::string shape_text(const std::array<std::int64_t, N>& e) {
-  return baton::detail::cp::shape_text(std::span<const std::int64_t>(e.data(), N));
-}
-
 // Empty when q, k, v (and the other tensors, when given) describe one problem; else a
 // message naming the tensor and the shape it should have.
 template <class TA, std::size_t N>

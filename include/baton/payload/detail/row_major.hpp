@@ -28,7 +28,7 @@ inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, s
   std::int64_t n = 1;
   for (auto e : shape) {
     if (e < 0) {
-      throw payload_error(std::string(what) + ": negative extent in shape " + shape_string(shape));
+      throw payload_error(std::string(what) + ": negative extent in shape " + shape_text(shape));
     }
     n *= e;
   }
@@ -78,7 +78,7 @@ inline std::vector<std::int64_t> concat_shape(std::span<const std::vector<std::i
     }
     if (!ok) {
       throw payload_error(std::string(what) + ": part " + std::to_string(p) + " has shape " +
-                          shape_string(s) + " but part 0 has " + shape_string(shapes[0]) +
+                          shape_text(s) + " but part 0 has " + shape_text(shapes[0]) +
                           "; parts must agree on every extent except along dim " + std::to_string(d));
     }
     out[static_cast<std::size_t>(d)] += s[static_cast<std::size_t>(d)];
