@@ -76,7 +76,7 @@ void validate_mask(const M& mask, const positions& q, const positions& k) {
   if constexpr (requires { mask.validate(q, k); }) mask.validate(q, k);
 }
 
-/// classify() for masks that only know allowed(): test every pair. Exact but O(|qb| |kb|).
+/// A block's kind found by testing every pair: exact but O(|qb| |kb|).
 template <class M>
 block_kind classify_by_testing(const M& mask, const position_block& qb, const position_block& kb) {
   bool any = false, all = true;
@@ -291,20 +291,14 @@ class basic_block_mask {
     q_blocks_ = (q_length + block_ - 1) / block_;
     k_blocks_ = (k_length + block_ - 1) / block_;
     auto kinds = std::make_shared<std::vector<block_kind>>(static_cast<std::size_t>(q_blocks_ * k_blocks_));
-    for (std::int64_t qb = 0; qb < q_blocks_; ++qb)
+    const positions q_all(0, q_length), k_all(0, k_length);
+    for (std::int64_t qb = 0; qb < q_blocks_; ++qb) {
+      const position_block q_cell(q_all, qb * block_, std::min(block_, q_length - qb * block_));
       for (std::int64_t kb = 0; kb < k_blocks_; ++kb) {
-        bool any = false, all = true;
-        const std::int64_t q_end = std::min(q_length, (qb + 1) * block_);
-        const std::int64_t k_end = std::min(k_length, (kb + 1) * block_);
-        for (std::int64_t q = qb * block_; q < q_end; ++q)
-          for (std::int64_t k = kb * block_; k < k_end; ++k) {
-            const bool a = static_cast<bool>(std::invoke(mod_, q, k));
-            any = any || a;
-            all = all && a;
-          }
-        (*kinds)[static_cast<std::size_t>(qb * k_blocks_ + kb)] =
-            !any ? block_kind::empty : all ? block_kind::full : block_kind::partial;
+        const position_block k_cell(k_all, kb * block_, std::min(block_, k_length - kb * block_));
+        (*kinds)[static_cast<std::size_t>(qb * k_blocks_ + kb)] = detail::attn::classify_by_testing(*this, q_cell, k_cell);
       }
+    }
     kinds_ = std::move(kinds);
   }
 
