@@ -157,6 +157,17 @@ baton::cost_model costs_for(const options& o, const baton::schedule_shape& shape
   return o.per_stage ? c : c.per_rank_share(shape.stages_per_rank);
 }
 
+// The schedule timed under the cost model the options give.
+baton::simulation simulated(const options& o, const loaded& l) {
+  return baton::simulate(l.prog, costs_for(o, l.prog.shape));
+}
+
+// "ranks 4, stages per rank 2, microbatches 8, placement v"
+std::string shape_text(const baton::schedule_shape& s) {
+  return "ranks " + std::to_string(s.ranks) + ", stages per rank " + std::to_string(s.stages_per_rank) +
+         ", microbatches " + std::to_string(s.microbatches) + ", placement " + std::string(to_string(s.place));
+}
+
 void emit(const options& o, const std::string& text) {
   if (o.out_path.empty()) {
     std::cout << text;
@@ -175,10 +186,8 @@ std::string fixed(double value, int digits) {
 }
 
 std::string figures(const loaded& l, const baton::simulation& sim) {
-  const auto& s = sim.shape;
   std::string out = "schedule:       " + l.name + "\n";
-  out += "shape:          ranks " + std::to_string(s.ranks) + ", stages per rank " + std::to_string(s.stages_per_rank) +
-         ", microbatches " + std::to_string(s.microbatches) + ", placement " + std::string(to_string(s.place)) + "\n";
+  out += "shape:          " + shape_text(sim.shape) + "\n";
   out += "makespan:       " + fixed(sim.makespan, 4) + "\n";
   out += "bubble ratio:   " + fixed(sim.bubble_ratio, 4) + "  (idle / (ranks x makespan))\n";
   out += "idle (total):   " + fixed(sim.total_idle(), 4) + "\n";
@@ -201,7 +210,7 @@ std::string table_of_all(const options& o) {
   for (const auto& info : baton::builtin_policies) {
     try {
       const auto l = load_policy(o, info);
-      const auto sim = baton::simulate(l.prog, costs_for(o, l.prog.shape));
+      const auto sim = simulated(o, l);
       out += "| " + l.name + " | " + std::to_string(l.prog.shape.stages_per_rank) + " | " +
              std::string(to_string(l.prog.shape.place)) + " | " + fixed(sim.makespan, 2) + " | " +
              fixed(sim.bubble_ratio, 4) + " | " + std::to_string(sim.ranks.front().peak_live) + " / " +
@@ -229,20 +238,17 @@ int run(const options& o) {
     emit(o, baton::to_csv(baton::lower(l.prog)));
   } else if (o.command == "validate") {
     baton::validate(l.prog);
-    const auto& s = l.prog.shape;
-    emit(o, "valid: " + l.name + ": ranks " + std::to_string(s.ranks) + ", stages per rank " +
-                std::to_string(s.stages_per_rank) + ", microbatches " + std::to_string(s.microbatches) +
-                ", placement " + std::string(to_string(s.place)) + ", " +
+    emit(o, "valid: " + l.name + ": " + shape_text(l.prog.shape) + ", " +
                 (baton::is_lowered(l.prog) ? "compute+comms" : "compute-only") + ", " +
                 std::to_string(baton::action_count(l.prog)) + " actions\n");
   } else if (o.command == "simulate") {
-    emit(o, figures(l, baton::simulate(l.prog, costs_for(o, l.prog.shape))));
+    emit(o, figures(l, simulated(o, l)));
   } else if (o.command == "svg") {
     baton::svg_options svg;
     svg.title = o.title.empty() ? l.name : o.title;
-    emit(o, baton::to_svg(baton::simulate(l.prog, costs_for(o, l.prog.shape)), svg));
+    emit(o, baton::to_svg(simulated(o, l), svg));
   } else if (o.command == "trace") {
-    emit(o, baton::to_chrome_trace(baton::simulate(l.prog, costs_for(o, l.prog.shape)), o.title.empty() ? l.name : o.title));
+    emit(o, baton::to_chrome_trace(simulated(o, l), o.title.empty() ? l.name : o.title));
   } else {
     throw usage_error("unknown command '" + o.command + "'");
   }

@@ -128,6 +128,15 @@ constexpr std::vector<action> interleaved_row(const schedule_shape& s, int rank,
   return row;
 }
 
+// The program whose every rank runs interleaved_row: the 1F1B family (1F1B, interleaved
+// 1F1B, ZB1P, interleaved zero bubble) differs only in the warm-up and the split backward.
+constexpr program interleaved_program(const schedule_shape& s, int warmup_factor, bool zero_bubble) {
+  program prog = empty_program(s);
+  for (int r = 0; r < s.ranks; ++r)
+    prog.ranks[static_cast<std::size_t>(r)] = interleaved_row(s, r, warmup_factor, zero_bubble);
+  return prog;
+}
+
 }  // namespace detail::sched
 
 // GPipe: fill with every forward, drain with every backward. Peak live activations: all m
@@ -160,21 +169,8 @@ struct one_f_one_b {
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
     using namespace detail::sched;
     check_one_stage_per_rank("one_f_one_b", s);
-    program prog = empty_program(s);
-    const int m = s.microbatches;
-    for (int r = 0; r < s.ranks; ++r) {
-      auto& row = prog.ranks[static_cast<std::size_t>(r)];
-      const int warmup = std::min(m, s.ranks - 1 - r);
-      int forwards = 0;
-      int backwards = 0;
-      while (forwards < warmup) row.push_back({r, F, forwards++});
-      while (forwards < m) {
-        row.push_back({r, F, forwards++});
-        row.push_back({r, B, backwards++});
-      }
-      while (backwards < m) row.push_back({r, B, backwards++});
-    }
-    return prog;
+    // With one stage per rank, interleaved_row's warm-up is min(m, p - 1 - r) forwards.
+    return interleaved_program(s, 1, false);
   }
 };
 
@@ -190,9 +186,7 @@ struct interleaved_1f1b {
     using namespace detail::sched;
     check_loop("interleaved_1f1b", s);
     check_rounds("interleaved_1f1b", s);
-    program prog = empty_program(s);
-    for (int r = 0; r < s.ranks; ++r) prog.ranks[static_cast<std::size_t>(r)] = interleaved_row(s, r, 2, false);
-    return prog;
+    return interleaved_program(s, 2, false);
   }
 };
 
@@ -229,9 +223,7 @@ struct zb1p {
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
     using namespace detail::sched;
     check_one_stage_per_rank("zb1p", s);
-    program prog = empty_program(s);
-    for (int r = 0; r < s.ranks; ++r) prog.ranks[static_cast<std::size_t>(r)] = interleaved_row(s, r, 1, true);
-    return prog;
+    return interleaved_program(s, 1, true);
   }
 };
 
@@ -246,9 +238,7 @@ struct interleaved_zero_bubble {
     using namespace detail::sched;
     check_loop("interleaved_zero_bubble", s);
     check_rounds("interleaved_zero_bubble", s);
-    program prog = empty_program(s);
-    for (int r = 0; r < s.ranks; ++r) prog.ranks[static_cast<std::size_t>(r)] = interleaved_row(s, r, 1, true);
-    return prog;
+    return interleaved_program(s, 1, true);
   }
 };
 

@@ -147,8 +147,9 @@ struct svg_options {
            "\" font-size=\"12\" text-anchor=\"end\">rank " + std::to_string(r) + "</text>\n";
   }
   for (const auto& t : sim.timeline) {
-    const auto stages = rank_stages(sim.shape, t.rank);
-    const int chunk = static_cast<int>(std::find(stages.begin(), stages.end(), t.act.stage) - stages.begin());
+    // The stage's place among its rank's stages: under either placement a rank holds one
+    // stage of each run of `ranks` consecutive stages.
+    const int chunk = t.act.stage / sim.shape.ranks;
     const double x = x_of(t.start);
     const double w = std::max(0.5, (t.finish - t.start) * px);
     const double y = top + t.rank * row;

@@ -10,20 +10,12 @@
 namespace baton::detail::sched {
 
 constexpr void append_int(std::string& out, long long value) {
+  // Negate in unsigned arithmetic so the most negative value does not overflow.
+  unsigned long long magnitude = static_cast<unsigned long long>(value);
   if (value < 0) {
     out.push_back('-');
-    // Negate in unsigned arithmetic so the most negative value does not overflow.
-    unsigned long long magnitude = 0ULL - static_cast<unsigned long long>(value);
-    char digits[24]{};
-    int count = 0;
-    do {
-      digits[count++] = static_cast<char>('0' + magnitude % 10);
-      magnitude /= 10;
-    } while (magnitude != 0);
-    while (count > 0) out.push_back(digits[--count]);
-    return;
+    magnitude = 0ULL - magnitude;
   }
-  unsigned long long magnitude = static_cast<unsigned long long>(value);
   char digits[24]{};
   int count = 0;
   do {
