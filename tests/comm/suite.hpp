@@ -444,22 +444,6 @@ void fault_collective_mismatch(C& c) {
   SUITE_CHECK(c, one == n);
 }
 
-/// Every generic body, in one place, for the backends' runners.
-template <class C>
-void run_all(C& c) {
-  p2p_in_order(c);
-  p2p_out_of_order_tags(c);
-  p2p_large_and_empty(c);
-  ring_shift(c);
-  all_reduce_all_types(c);
-  all_gather_blocks(c);
-  all_to_all_blocks(c);
-  all_to_all_v_blocks(c);
-  broadcast_from_last(c);
-  split_groups(c);
-  mesh_shapes(c);
-}
-
 template <class C>
 void run_faults(C& c) {
   fault_receive_timeout(c);

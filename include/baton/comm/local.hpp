@@ -181,7 +181,7 @@ class local_communicator {
   /// Starts sending `data` to `dest` with `tag`. The buffer must stay unchanged until the
   /// request completes: the receiver copies straight from it.
   [[nodiscard]] local_request isend(std::span<const std::byte> data, int dest, int tag) {
-    detail::comm::check_peer_and_tag(rank_text(), size(), "isend", dest, tag, data.size());
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "isend", dest, tag, data.size());
     local_request r = make_request();
     r.ops_[0] = make_op(detail::comm_local::op_kind::send, dest, tag, data.data(), nullptr, data.size());
     group_->post(*r.ops_[0]);
@@ -191,7 +191,7 @@ class local_communicator {
   /// Starts receiving into `data` the next message from `source` with `tag`. The message
   /// must have exactly data.size() bytes.
   [[nodiscard]] local_request irecv(std::span<std::byte> data, int source, int tag) {
-    detail::comm::check_peer_and_tag(rank_text(), size(), "irecv", source, tag, data.size());
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "irecv", source, tag, data.size());
     local_request r = make_request();
     r.ops_[0] = make_op(detail::comm_local::op_kind::recv, source, tag, nullptr, data.data(), data.size());
     group_->post(*r.ops_[0]);
@@ -201,7 +201,8 @@ class local_communicator {
   /// Ring shift: sends `send` to rank()+k and receives `recv` from rank()-k (mod size()).
   [[nodiscard]] local_request shift(std::span<const std::byte> send, std::span<std::byte> recv, int k, int tag) {
     const auto peers = detail::comm::ring_peers_of(rank_, size(), k);
-    detail::comm::check_peer_and_tag(rank_text(), size(), "shift: isend", peers.dest, tag, send.size());
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "shift: isend", peers.dest, tag,
+                                     send.size());
     local_request r = make_request();
     r.ops_[0] = make_op(detail::comm_local::op_kind::send, peers.dest, tag, send.data(), nullptr, send.size());
     r.ops_[1] = make_op(detail::comm_local::op_kind::recv, peers.source, tag, nullptr, recv.data(), recv.size());
@@ -344,11 +345,10 @@ class local_communicator {
     const auto& e = group_->entries;
     for (int r = 0; r < n && problem.empty(); ++r) {  // every rank checks every rank: all throw alike
       const auto& x = e[static_cast<std::size_t>(r)];
-      try {
-        detail::comm::check_counts(group_->rank_text(r), "send_counts", x.send_counts, n, x.send_bytes / sizeof(T));
-        detail::comm::check_counts(group_->rank_text(r), "recv_counts", x.recv_counts, n, x.recv_bytes / sizeof(T));
-      } catch (const comm_error& bad) {
-        problem = bad.what();  // names the rank whose counts are wrong
+      const auto whose = [&] { return group_->rank_text(r); };  // names the rank whose counts are wrong
+      problem = detail::comm::counts_problem(whose, "send_counts", x.send_counts, n, x.send_bytes / sizeof(T));
+      if (problem.empty()) {
+        problem = detail::comm::counts_problem(whose, "recv_counts", x.recv_counts, n, x.recv_bytes / sizeof(T));
       }
     }
     for (int r = 0; r < n && problem.empty(); ++r) {
@@ -387,10 +387,7 @@ class local_communicator {
     mine.root = root;
     std::string problem = enter(mine);
     if (problem.empty()) problem = differing("root", [](const coll_entry& x) { return std::to_string(x.root); });
-    if (problem.empty() && (root < 0 || root >= size())) {
-      problem = rank_text() + ": broadcast: root " + std::to_string(root) +
-                " is not a rank of this communicator; valid roots are 0.." + std::to_string(size() - 1);
-    }
+    if (problem.empty()) problem = detail::comm::root_problem([this] { return rank_text(); }, root, size());
     if (problem.empty()) problem = differing("size in bytes", [](const coll_entry& x) { return std::to_string(x.recv_bytes); });
     fail_together(problem);
     if (rank_ != root) copy_bytes(data.data(), group_->entries[static_cast<std::size_t>(root)].recv, data.size_bytes());
@@ -415,15 +412,8 @@ class local_communicator {
     std::string problem = enter(mine);
     auto& e = group_->entries;
     if (problem.empty()) {
-      std::string bad;
-      for (int r = 0; r < size(); ++r) {
-        const int c = e[static_cast<std::size_t>(r)].color;
-        if (c < 0) bad += (bad.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " passed color " + std::to_string(c));
-      }
-      if (!bad.empty()) {
-        problem = rank_text() + ": split: " + bad +
-                  "; colors must be >= 0 on every rank (give ranks that should stay apart different colors)";
-      }
+      problem = detail::comm::colors_problem([this] { return rank_text(); }, size(),
+                                             [&](int r) { return e[static_cast<std::size_t>(r)].color; });
     }
     fail_together(problem);
     std::vector<int> members;  // old ranks with my color, in new-rank order

@@ -314,14 +314,14 @@ class mpi_communicator {
   // ---- point to point ---------------------------------------------------------------
 
   [[nodiscard]] mpi_request isend(std::span<const std::byte> data, int dest, int tag) {
-    detail::comm::check_peer_and_tag(rank_text(), size_, "isend", dest, tag, data.size(), tag_ub_);
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "isend", dest, tag, data.size(), tag_ub_);
     mpi_request r = make_request();
     start_send(r.parts_[0], data, dest, tag);
     return r;
   }
 
   [[nodiscard]] mpi_request irecv(std::span<std::byte> data, int source, int tag) {
-    detail::comm::check_peer_and_tag(rank_text(), size_, "irecv", source, tag, data.size(), tag_ub_);
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "irecv", source, tag, data.size(), tag_ub_);
     mpi_request r = make_request();
     start_recv(r.parts_[0], data, source, tag);
     return r;
@@ -329,7 +329,8 @@ class mpi_communicator {
 
   [[nodiscard]] mpi_request shift(std::span<const std::byte> send, std::span<std::byte> recv, int k, int tag) {
     const auto peers = detail::comm::ring_peers_of(rank_, size_, k);
-    detail::comm::check_peer_and_tag(rank_text(), size_, "shift: isend", peers.dest, tag, send.size(), tag_ub_);
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "shift: isend", peers.dest, tag, send.size(),
+                                     tag_ub_);
     mpi_request r = make_request();
     start_recv(r.parts_[1], recv, peers.source, tag);
     start_send(r.parts_[0], send, peers.dest, tag);
@@ -415,11 +416,10 @@ class mpi_communicator {
     using problem = detail::comm_mpi::problem;
     using kind = detail::comm_mpi::coll_kind;
     const auto n = static_cast<std::size_t>(size_);
+    const auto me = [this] { return rank_text(); };
     problem p = problem::none;
-    try {
-      detail::comm::check_counts(rank_text(), "send_counts", send_counts, size_, send.size());
-      detail::comm::check_counts(rank_text(), "recv_counts", recv_counts, size_, recv.size());
-    } catch (const comm_error&) {
+    if (!detail::comm::counts_problem(me, "send_counts", send_counts, size_, send.size()).empty() ||
+        !detail::comm::counts_problem(me, "recv_counts", recv_counts, size_, recv.size()).empty()) {
       p = problem::counts_invalid;
     }
     agree(kind::all_to_all_v, static_cast<std::int64_t>(sizeof(T)), "element size in bytes", 0, "", p);
@@ -455,9 +455,9 @@ class mpi_communicator {
     static_assert(communicable_element<T>, "baton: broadcast moves elements as bytes; T must be trivially copyable");
     agree(detail::comm_mpi::coll_kind::broadcast, root, "root", static_cast<std::int64_t>(data.size_bytes()),
           "size in bytes");
-    if (root < 0 || root >= size_) {  // every rank passed this root (agreed above): all throw
-      throw comm_error(rank_text() + ": broadcast: root " + std::to_string(root) +
-                       " is not a rank of this communicator; valid roots are 0.." + std::to_string(size_ - 1));
+    // Every rank passed this root (agreed above): all throw alike.
+    if (auto bad = detail::comm::root_problem([this] { return rank_text(); }, root, size_); !bad.empty()) {
+      throw comm_error(bad);
     }
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Ibcast(data.data(), int_count(data.size_bytes(), "broadcast"), MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
@@ -486,14 +486,10 @@ class mpi_communicator {
           "MPI_Iallgather");
     finish(request, "split", scratch);
     const std::span<const int> colors(scratch.get(), static_cast<std::size_t>(size_));
-    std::string bad;
-    for (int r = 0; r < size_; ++r) {
-      const int c = colors[static_cast<std::size_t>(r)];
-      if (c < 0) bad += (bad.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " passed color " + std::to_string(c));
-    }
-    if (!bad.empty()) {
-      throw comm_error(rank_text() + ": split: " + bad +
-                       "; colors must be >= 0 on every rank (give ranks that should stay apart different colors)");
+    if (auto bad = detail::comm::colors_problem([this] { return rank_text(); }, size_,
+                                                [&](int r) { return colors[static_cast<std::size_t>(r)]; });
+        !bad.empty()) {
+      throw comm_error(bad);
     }
     MPI_Comm part = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");  // every rank is here: no wait

@@ -274,7 +274,7 @@ class nccl_communicator {
   // ---- point to point (device buffers; issued inside a group) -----------------------
 
   [[nodiscard]] nccl_request isend(std::span<const std::byte> data, int dest, int tag) {
-    detail::comm::check_peer_and_tag(rank_text(), size_, "isend", dest, tag, data.size());
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "isend", dest, tag, data.size());
     usable("isend");
     detail::comm_nccl::device_scope on(device_, rank_text());
     group_start();
@@ -284,7 +284,7 @@ class nccl_communicator {
   }
 
   [[nodiscard]] nccl_request irecv(std::span<std::byte> data, int source, int tag) {
-    detail::comm::check_peer_and_tag(rank_text(), size_, "irecv", source, tag, data.size());
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "irecv", source, tag, data.size());
     usable("irecv");
     detail::comm_nccl::device_scope on(device_, rank_text());
     group_start();
@@ -295,7 +295,7 @@ class nccl_communicator {
 
   [[nodiscard]] nccl_request shift(std::span<const std::byte> send, std::span<std::byte> recv, int k, int tag) {
     const auto peers = detail::comm::ring_peers_of(rank_, size_, k);
-    detail::comm::check_peer_and_tag(rank_text(), size_, "shift: isend", peers.dest, tag, send.size());
+    detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "shift: isend", peers.dest, tag, send.size());
     usable("shift");
     detail::comm_nccl::device_scope on(device_, rank_text());
     group_start();
@@ -363,8 +363,13 @@ class nccl_communicator {
                     std::span<T> recv, std::span<const std::int64_t> recv_counts) {
     static_assert(communicable_element<T>, "baton: all_to_all_v moves elements as bytes; T must be trivially copyable");
     usable("all_to_all_v");
-    detail::comm::check_counts(rank_text(), "send_counts", send_counts, size_, send.size());
-    detail::comm::check_counts(rank_text(), "recv_counts", recv_counts, size_, recv.size());
+    const auto me = [this] { return rank_text(); };
+    if (auto bad = detail::comm::counts_problem(me, "send_counts", send_counts, size_, send.size()); !bad.empty()) {
+      throw comm_error(bad);
+    }
+    if (auto bad = detail::comm::counts_problem(me, "recv_counts", recv_counts, size_, recv.size()); !bad.empty()) {
+      throw comm_error(bad);
+    }
     detail::comm_nccl::device_scope on(device_, rank_text());
     group_start();
     std::size_t send_at = 0, recv_at = 0;
@@ -384,9 +389,8 @@ class nccl_communicator {
   void broadcast(std::span<T> data, int root) {
     static_assert(communicable_element<T>, "baton: broadcast moves elements as bytes; T must be trivially copyable");
     usable("broadcast");
-    if (root < 0 || root >= size_) {
-      throw comm_error(rank_text() + ": broadcast: root " + std::to_string(root) +
-                       " is not a rank of this communicator; valid roots are 0.." + std::to_string(size_ - 1));
+    if (auto bad = detail::comm::root_problem([this] { return rank_text(); }, root, size_); !bad.empty()) {
+      throw comm_error(bad);
     }
     detail::comm_nccl::device_scope on(device_, rank_text());
     nccl(ncclBroadcast(data.data(), data.data(), data.size_bytes(), ncclUint8, root, comm_, stream_), "ncclBroadcast");
@@ -413,14 +417,10 @@ class nccl_communicator {
     cuda(cudaMemcpyAsync(colors.data(), slots, colors.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_),
          "cudaMemcpyAsync");
     complete("split");
-    std::string bad;
-    for (int r = 0; r < size_; ++r) {
-      const int c = colors[static_cast<std::size_t>(r)];
-      if (c < 0) bad += (bad.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " passed color " + std::to_string(c));
-    }
-    if (!bad.empty()) {
-      throw comm_error(rank_text() + ": split: " + bad +
-                       "; colors must be >= 0 on every rank (give ranks that should stay apart different colors)");
+    if (auto bad = detail::comm::colors_problem([this] { return rank_text(); }, size_,
+                                                [&](int r) { return colors[static_cast<std::size_t>(r)]; });
+        !bad.empty()) {
+      throw comm_error(bad);
     }
     ncclComm_t part = nullptr;
     nccl(ncclCommSplit(comm_, color, key, &part, nullptr), "ncclCommSplit");

@@ -48,18 +48,45 @@ inline std::string p2p_text(const char* what, int peer, int tag, std::size_t byt
          std::to_string(tag) + ", " + std::to_string(bytes) + " bytes)";
 }
 
+// The checks below take `rank_text`, a callable returning this rank's message prefix
+// ("rank 1", "rank 1 (world rank 3)"). It is called only when a check fails, so a passing
+// check formats no text.
+
 /// Rejects a peer outside [0, size) and a tag outside [0, max_tag], naming both and the fix.
-inline void check_peer_and_tag(const std::string& rank_text, int size, const char* what, int peer, int tag,
-                               std::size_t bytes, int max_tag = std::numeric_limits<int>::max()) {
+template <class RankText>
+void check_peer_and_tag(const RankText& rank_text, int size, const char* what, int peer, int tag, std::size_t bytes,
+                        int max_tag = std::numeric_limits<int>::max()) {
   if (peer < 0 || peer >= size) {
-    throw comm_error(rank_text + ": " + p2p_text(what, peer, tag, bytes) + ": peer " + std::to_string(peer) +
+    throw comm_error(rank_text() + ": " + p2p_text(what, peer, tag, bytes) + ": peer " + std::to_string(peer) +
                      " is not a rank of this communicator; valid peers are 0.." + std::to_string(size - 1) +
                      " (the communicator has " + std::to_string(size) + " ranks)");
   }
   if (tag < 0 || tag > max_tag) {
-    throw comm_error(rank_text + ": " + p2p_text(what, peer, tag, bytes) + ": tag " + std::to_string(tag) +
+    throw comm_error(rank_text() + ": " + p2p_text(what, peer, tag, bytes) + ": tag " + std::to_string(tag) +
                      " is invalid; tags must be in 0.." + std::to_string(max_tag));
   }
+}
+
+/// Why a broadcast root outside [0, size) is wrong, or "" when it is a rank.
+template <class RankText>
+std::string root_problem(const RankText& rank_text, int root, int size) {
+  if (root >= 0 && root < size) return {};
+  return rank_text() + ": broadcast: root " + std::to_string(root) +
+         " is not a rank of this communicator; valid roots are 0.." + std::to_string(size - 1);
+}
+
+/// split: names every rank whose color (`color_of(r)` for r in [0, size)) is negative, or
+/// "" when all are >= 0.
+template <class RankText, class ColorOf>
+std::string colors_problem(const RankText& rank_text, int size, const ColorOf& color_of) {
+  std::string bad;
+  for (int r = 0; r < size; ++r) {
+    const int c = color_of(r);
+    if (c < 0) bad += (bad.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " passed color " + std::to_string(c));
+  }
+  if (bad.empty()) return {};
+  return rank_text() + ": split: " + bad +
+         "; colors must be >= 0 on every rank (give ranks that should stay apart different colors)";
 }
 
 /// The rank a ring shift by k sends to and receives from.
@@ -73,26 +100,28 @@ inline ring_peers ring_peers_of(int rank, int size, int k) {
 }
 
 /// Element counts of an all_to_all_v must be non-negative, one per rank, and add up to the
-/// buffer they describe.
-inline void check_counts(const std::string& rank_text, const char* which, std::span<const std::int64_t> counts,
-                         int size, std::size_t buffer_elements) {
+/// buffer they describe: the problem with `counts`, or "" when there is none.
+template <class RankText>
+std::string counts_problem(const RankText& rank_text, const char* which, std::span<const std::int64_t> counts, int size,
+                           std::size_t buffer_elements) {
   if (counts.size() != static_cast<std::size_t>(size)) {
-    throw comm_error(rank_text + ": all_to_all_v: " + which + " has " + std::to_string(counts.size()) +
-                     " entries but the communicator has " + std::to_string(size) + " ranks; pass one count per rank");
+    return rank_text() + ": all_to_all_v: " + which + " has " + std::to_string(counts.size()) +
+           " entries but the communicator has " + std::to_string(size) + " ranks; pass one count per rank";
   }
   std::int64_t total = 0;
   for (std::size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] < 0) {
-      throw comm_error(rank_text + ": all_to_all_v: " + which + "[" + std::to_string(i) + "] = " +
-                       std::to_string(counts[i]) + " is negative");
+      return rank_text() + ": all_to_all_v: " + which + "[" + std::to_string(i) + "] = " + std::to_string(counts[i]) +
+             " is negative";
     }
     total += counts[i];
   }
   if (static_cast<std::size_t>(total) != buffer_elements) {
-    throw comm_error(rank_text + ": all_to_all_v: " + which + " add up to " + std::to_string(total) +
-                     " elements but the buffer holds " + std::to_string(buffer_elements) +
-                     "; the counts must describe the whole buffer");
+    return rank_text() + ": all_to_all_v: " + which + " add up to " + std::to_string(total) +
+           " elements but the buffer holds " + std::to_string(buffer_elements) +
+           "; the counts must describe the whole buffer";
   }
+  return {};
 }
 
 /// Polls `done()` until it returns true or `deadline` passes; returns whether it completed.

@@ -40,11 +40,13 @@ class world {
 
   std::mutex mutex;
 
-  bool failed = false;
   int failed_rank = -1;
-  std::string failure;  // what() of the first error
-  std::exception_ptr first_error;
-  std::vector<char> exited;  // by world rank: its function returned normally
+  std::string failure;             // what() of the first error
+  std::exception_ptr first_error;  // null until a rank failed
+  std::vector<char> exited;        // by world rank: its function returned normally
+
+  /// Whether a rank has failed (lock held).
+  bool failed() const noexcept { return first_error != nullptr; }
 
   /// Where world rank r sleeps. A state change wakes only the ranks it concerns — the two
   /// ends of a message, the members of a group — so a message costs one wake-up, not one per
@@ -66,8 +68,7 @@ class world {
       what = "an exception not derived from std::exception";
     }
     std::lock_guard lock(mutex);
-    if (!failed) {
-      failed = true;
+    if (!failed()) {
       failed_rank = world_rank;
       failure = std::move(what);
       first_error = std::move(error);
@@ -174,7 +175,7 @@ class group {
   void post(p2p_op& op) {
     world& w = *the_world;
     std::unique_lock lock(w.mutex);
-    if (w.failed) {
+    if (w.failed()) {
       throw comm_error(rank_text(op.owner) + ": " + describe(op) + " " + w.abort_reason());
     }
     p2p_op* partner = nullptr;
@@ -239,7 +240,7 @@ class group {
   /// Why a posted op can never complete, or "" while it still may (lock held).
   std::string hopeless(const p2p_op& op, clock::time_point deadline, std::chrono::nanoseconds timeout) const {
     const world& w = *the_world;
-    if (w.failed) return rank_text(op.owner) + ": " + describe(op) + " " + w.abort_reason();
+    if (w.failed()) return rank_text(op.owner) + ": " + describe(op) + " " + w.abort_reason();
     const bool sending = op.kind == op_kind::send;
     if (peer_exited(op.peer)) {
       return rank_text(op.owner) + ": " + describe(op) + " cannot complete: peer " + std::to_string(op.peer) +
@@ -266,10 +267,11 @@ class group {
   void arrive_and_wait(int rank, coll_kind kind, std::chrono::nanoseconds timeout, const coll_entry* mine) {
     world& w = *the_world;
     std::unique_lock lock(w.mutex);
-    const std::string who = rank_text(rank) + ": " + comm::collective_name(kind);
-    if (w.failed) throw comm_error(who + " " + w.abort_reason());
+    // "rank 1: barrier", formatted only when an error is raised.
+    const auto who = [&] { return rank_text(rank) + ": " + comm::collective_name(kind); };
+    if (w.failed()) throw comm_error(who() + " " + w.abort_reason());
     if (!broken.empty()) {
-      throw comm_error(who + " refused: an earlier collective of this communicator failed (" + broken +
+      throw comm_error(who() + " refused: an earlier collective of this communicator failed (" + broken +
                        "); create a new communicator");
     }
     if (mine != nullptr) entries[static_cast<std::size_t>(rank)] = *mine;
@@ -285,8 +287,8 @@ class group {
     const auto deadline = comm::deadline_after(timeout);
     for (;;) {
       if (generation != mine_generation) return;
-      if (w.failed) throw comm_error(who + " " + w.abort_reason());
-      if (!broken.empty()) throw comm_error(who + " aborted: " + broken);
+      if (w.failed()) throw comm_error(who() + " " + w.abort_reason());
+      if (!broken.empty()) throw comm_error(who() + " aborted: " + broken);
       std::string missing;
       std::string gone;
       for (int r = 0; r < size(); ++r) {
@@ -295,10 +297,10 @@ class group {
         if (peer_exited(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
       }
       if (!gone.empty()) {
-        broken = who + " cannot complete: rank(s) " + gone + " returned from their function without calling " +
+        broken = who() + " cannot complete: rank(s) " + gone + " returned from their function without calling " +
                  comm::collective_name(kind) + "; every rank of a communicator must call the same collectives in the same order";
       } else if (clock::now() >= deadline) {
-        broken = who + " timed out after " + comm::seconds_text(timeout) + " waiting for rank(s) " + missing +
+        broken = who() + " timed out after " + comm::seconds_text(timeout) + " waiting for rank(s) " + missing +
                  " to join; every rank of a communicator must call the same collectives in the same order";
       }
       if (!broken.empty()) {
