@@ -3,7 +3,7 @@
 // loss reaches every rank on request, and clip_grad_norm over the pipeline group equals
 // clipping the whole model on one process.
 #include "catch.hpp"
-#include "test_stages.hpp"
+#include "parity_support.hpp"
 
 #include <baton/comm/mpi.hpp>
 
@@ -20,8 +20,7 @@ void check_policy(baton::mpi_communicator& comm, std::int64_t width = 4, std::in
   const auto shape = baton::shape_for<Policy>(comm.size(), m);
   const auto x = random_tensor<T>({rows_per_microbatch * m, width}, 1);
   const auto t = random_tensor<T>({rows_per_microbatch * m, width}, 2, 0.5);
-  std::vector<S> oracle;
-  for (int s = 0; s < shape.num_stages(); ++s) oracle.emplace_back(width, 100 + static_cast<std::uint64_t>(s));
+  std::vector<S> oracle = oracle_stages<T, baton::no_side>(shape.num_stages(), width);
   const double oracle_loss = sequential_step(oracle, x, baton::no_side{}, t, mse_loss<T>{});
 
   auto exec = baton::make_pipeline<Policy, baton::uniform_stages<S>>(
@@ -40,18 +39,12 @@ void check_policy(baton::mpi_communicator& comm, std::int64_t width = 4, std::in
   for (double p : {2.0, std::numeric_limits<double>::infinity()}) {
     std::vector<S> whole = oracle;
     std::vector<std::span<T>> all;
-    for (auto& s : whole) {
-      all.emplace_back(s.dw.data(), static_cast<std::size_t>(s.dw.size()));
-      all.emplace_back(s.db.data(), static_cast<std::size_t>(s.db.size()));
-    }
+    for (auto& s : whole) append_grad_spans(all, s);
     const double expected = baton::clip_grad_norm(all, 1e-3, p);
     std::vector<std::span<T>> mine;
     std::vector<std::pair<int, S>> copies;
     exec.for_each_local_stage([&](int s, S& st) { copies.emplace_back(s, st); });
-    for (auto& [s, st] : copies) {
-      mine.emplace_back(st.dw.data(), static_cast<std::size_t>(st.dw.size()));
-      mine.emplace_back(st.db.data(), static_cast<std::size_t>(st.db.size()));
-    }
+    for (auto& [s, st] : copies) append_grad_spans(mine, st);
     const double norm = baton::clip_grad_norm(mine, 1e-3, p, comm);
     CHECK(rel_err(norm, expected) <= tolerance<T>());
     for (auto& [s, st] : copies) CHECK(rel_err(st.dw, whole[static_cast<std::size_t>(s)].dw) <= tolerance<T>());

@@ -236,10 +236,7 @@ TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the wh
   auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), width);
   sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
   std::vector<std::span<double>> all;
-  for (auto& s : oracle) {
-    all.emplace_back(s.dw.data(), static_cast<std::size_t>(s.dw.size()));
-    all.emplace_back(s.db.data(), static_cast<std::size_t>(s.db.size()));
-  }
+  for (auto& s : oracle) append_grad_spans(all, s);
   const double max_norm = 1e-3;  // far below the norm: clipping happens
   const double oracle_norm = baton::clip_grad_norm(all, max_norm, p);
   REQUIRE(oracle_norm > max_norm);
@@ -251,10 +248,7 @@ TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the wh
         comm, shape, [](int s) { return S(width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{});
     exec.step(x, t);
     std::vector<std::span<double>> grads;
-    exec.for_each_local_stage([&](int, S& st) {
-      grads.emplace_back(st.dw.data(), static_cast<std::size_t>(st.dw.size()));
-      grads.emplace_back(st.db.data(), static_cast<std::size_t>(st.db.size()));
-    });
+    exec.for_each_local_stage([&](int, S& st) { append_grad_spans(grads, st); });
     const double norm = baton::clip_grad_norm(grads, max_norm, p, comm);
     std::lock_guard lock(m);
     errors.push_back(rel_err(norm, oracle_norm));

@@ -256,4 +256,11 @@ constexpr double tolerance() {
   return std::is_same_v<T, double> ? 1e-12 : 1e-5;
 }
 
+// Appends spans over a stage's weight gradients, dw then db: what clip_grad_norm takes.
+template <class T, class Side>
+void append_grad_spans(std::vector<std::span<T>>& spans, mlp_stage<T, Side>& st) {
+  spans.emplace_back(st.dw.data(), static_cast<std::size_t>(st.dw.size()));
+  spans.emplace_back(st.db.data(), static_cast<std::size_t>(st.db.size()));
+}
+
 }  // namespace pipeline_test

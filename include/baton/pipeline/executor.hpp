@@ -106,8 +106,6 @@ template <class Tuple>
 struct side_of;
 template <class... S>
 struct side_of<std::tuple<S...>> {
-  template <class A, class B>
-  using pick = std::conditional_t<std::is_same_v<A, no_side>, B, A>;
   template <class... T>
   struct first_real {
     using type = no_side;
@@ -318,8 +316,13 @@ class pipeline_executor {
                              " stages (ranks x stages_per_rank); make them agree");
       }
     }
-    validate(prog);
-    if (!is_lowered(prog) && prog.shape.ranks > 1) prog = lower(prog);
+    // lower() validates first (the same schedule_error as validate()) and returns a lowered
+    // program unchanged, so each program is validated exactly once.
+    if (!is_lowered(prog) && prog.shape.ranks > 1) {
+      prog = lower(prog);
+    } else {
+      validate(prog);
+    }
     program_ = std::move(prog);
     program_hash_ = detail::pl::program_hash(program_);
     num_stages_ = program_.shape.num_stages();
@@ -466,9 +469,8 @@ class pipeline_executor {
   template <class MakeStage>
   void build_stages(MakeStage& make_stage) {
     slot_of_.assign(static_cast<std::size_t>(num_stages_), -1);
-    for (int s = 0; s < num_stages_; ++s) {
-      if (stage_rank(program_.shape, s) != rank_) continue;
-      local_stage_indices_.push_back(s);
+    local_stage_indices_ = rank_stages(program_.shape, rank_);
+    for (int s : local_stage_indices_) {
       if constexpr (set::uniform) {
         auto& slots = std::get<0>(stores_).slots;
         slot_of_[static_cast<std::size_t>(s)] = static_cast<int>(slots.size());
@@ -521,11 +523,9 @@ class pipeline_executor {
     const auto& row = program_.ranks[static_cast<std::size_t>(rank_)];
     train_.clear();
     eval_.clear();
+    // Every action of this row is for a stage this rank holds: validate() rejects stages out of
+    // range and actions on the wrong rank, and lower() only adds messages of the row's own stages.
     for (const action& a : row) {
-      if (a.stage < 0 || a.stage >= num_stages_ || stage_rank(program_.shape, a.stage) != rank_) {
-        throw pipeline_error("baton pipeline: rank " + std::to_string(rank_) + "'s program holds " + to_string(a) +
-                             " for a stage this rank does not hold");
-      }
       const std::size_t t = set::type_of(a.stage);
       if ((a.kind == action_kind::backward_input || a.kind == action_kind::backward_weight) && !splits[t]) {
         throw pipeline_error("baton pipeline: the program runs " + to_string(a) +
@@ -692,9 +692,13 @@ class pipeline_executor {
   }
 
   [[nodiscard]] std::string where(const compiled_action& c) const {
-    return "baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_) + ", action " +
-           to_string(c.act) + " (" + detail::pl::kind_name(c.act.kind) + " of stage " + std::to_string(c.act.stage) +
-           ", microbatch " + std::to_string(c.act.microbatch) + "): ";
+    return call_context() + ", action " + to_string(c.act) + " (" + detail::pl::kind_name(c.act.kind) +
+           " of stage " + std::to_string(c.act.stage) + ", microbatch " + std::to_string(c.act.microbatch) + "): ";
+  }
+
+  // "baton pipeline rank R, call N": how every error of a call starts.
+  [[nodiscard]] std::string call_context() const {
+    return "baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_);
   }
 
   [[noreturn]] void fail(const std::string& message) {
@@ -742,12 +746,11 @@ class pipeline_executor {
         if (r == rank_) continue;
         requests.push_back(comm_->isend(std::as_bytes(std::span(mine.words)), r, fingerprint_tag()));
       }
-      for (auto& q : requests) q.wait();
+      wait_all(requests);
     } catch (const std::exception& e) {
-      fail("baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_) +
-           ": exchanging the schedule fingerprint with the other ranks failed: " + e.what());
+      fail(call_context() + ": exchanging the schedule fingerprint with the other ranks failed: " + e.what());
     }
-    const std::string me = "baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_) + ": ";
+    const std::string me = call_context() + ": ";
     if (!prepare_error.empty()) {
       fail(me + "cannot split this rank's inputs into " + std::to_string(microbatches_) + " microbatches: " +
            prepare_error);
@@ -798,14 +801,13 @@ class pipeline_executor {
         for (int r = 0; r < comm_->size(); ++r) {
           if (r != rank_) requests.push_back(comm_->isend(std::as_bytes(std::span(&v, 1)), r, loss_tag()));
         }
-        for (auto& q : requests) q.wait();
+        wait_all(requests);
       } else {
         auto q = comm_->irecv(std::as_writable_bytes(std::span(&v, 1)), last, loss_tag());
         q.wait();
       }
     } catch (const std::exception& e) {
-      fail("baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_) +
-           ": sharing the loss from rank " + std::to_string(last) + " failed: " + e.what());
+      fail(call_context() + ": sharing the loss from rank " + std::to_string(last) + " failed: " + e.what());
     }
     return v;
   }
@@ -826,15 +828,14 @@ class pipeline_executor {
     try {
       for (auto& o : outgoing_) o->wait();
     } catch (const std::exception& e) {
-      fail("baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_) +
-           ": a send did not complete: " + e.what());
+      fail(call_context() + ": a send did not complete: " + e.what());
     }
     outgoing_.clear();
   }
 
   template <class P>
-  void send(P&& payload, const compiled_action& c, int sending_stage, int direction) {
-    const detail::pl::message_id id{calls_, sending_stage, c.act.microbatch, direction};
+  void send(P&& payload, const compiled_action& c, int direction) {
+    const detail::pl::message_id id{calls_, c.act.stage, c.act.microbatch, direction};
     outgoing_.push_back(detail::pl::post_send(*comm_, std::forward<P>(payload), c.peer, c.tag, id));
   }
 
@@ -846,8 +847,7 @@ class pipeline_executor {
       (check_finished_in<T>(problem), ...);
     }(std::make_index_sequence<type_count>{});
     if (!problem.empty()) {
-      fail("baton pipeline rank " + std::to_string(rank_) + ", call " + std::to_string(calls_) +
-           ": the program ended with work left over: " + problem +
+      fail(call_context() + ": the program ended with work left over: " + problem +
            "; the program is incomplete (validate() it, or use a built-in policy)");
     }
   }
@@ -1102,7 +1102,7 @@ class pipeline_executor {
   void run_send_forward(const compiled_action& c) {
     auto& st = state<T>(c);
     if (!st.y) throw pipeline_error("nothing to send: the forward of this microbatch has not run");
-    send(std::move(*st.y), c, c.act.stage, 0);
+    send(std::move(*st.y), c, 0);
     st.y.reset();
   }
 
@@ -1121,7 +1121,7 @@ class pipeline_executor {
   void run_send_backward(const compiled_action& c) {
     auto& st = state<T>(c);
     if (!st.dx) throw pipeline_error("nothing to send: the backward of this microbatch has not run");
-    send(std::move(*st.dx), c, c.act.stage, 1);
+    send(std::move(*st.dx), c, 1);
     st.dx.reset();
   }
 

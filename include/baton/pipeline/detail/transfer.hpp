@@ -73,13 +73,6 @@ inline std::string describe_message(const message_id& id) {
 }
 
 template <class P>
-std::size_t tensor_count(const P& p) {
-  std::size_t n = 0;
-  for_each_tensor(p, [&](const auto&) { ++n; });
-  return n;
-}
-
-template <class P>
 void fill_header(wire_header& h, const P& p, const message_id& id) {
   h.words[0] = wire_magic;
   h.words[1] = id.call;
@@ -192,18 +185,22 @@ struct pool_stats {
 template <class P>
 class buffer_pool {
  public:
-  P acquire(const wire_header& h) {
-    auto key = header_key(h);
+  // A buffer of the shapes header h announces; `key` is header_key(h). `built` says whether it
+  // was made now (from the header) rather than reused: a reused buffer was stored under
+  // payload_key == key, a new one may not fit P (other element types or tensor ranks).
+  P acquire(const wire_header& h, const std::vector<std::int64_t>& key, bool& built) {
     for (std::size_t i = 0; i < idle_.size(); ++i) {
       if (idle_[i].first == key) {
         P p = std::move(idle_[i].second);
         if (i + 1 != idle_.size()) std::swap(idle_[i], idle_.back());
         idle_.pop_back();
         ++stats_.reuses;
+        built = false;
         return p;
       }
     }
     ++stats_.allocations;
+    built = true;
     return make_payload<P>(h);
   }
 
@@ -220,7 +217,6 @@ class buffer_pool {
     s.idle = idle_.size();
     return s;
   }
-  void set_capacity(std::size_t n) { max_idle_ = std::max<std::size_t>(n, 1); }
 
  private:
   std::vector<std::pair<std::vector<std::int64_t>, P>> idle_;
@@ -356,8 +352,10 @@ bool advance_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool, bo
   in.header_done = true;
   in.header_request.reset();
   check_header(in);
-  in.buffer.emplace(pool.acquire(in.header));
-  if (payload_key(*in.buffer) != header_key(in.header)) {
+  const auto key = header_key(in.header);
+  bool built = false;
+  in.buffer.emplace(pool.acquire(in.header, key, built));
+  if (built && payload_key(*in.buffer) != key) {
     throw pipeline_error("baton pipeline: the " + describe_message(in.expected) + " from rank " +
                          std::to_string(in.source) + " does not fit this rank's stage input type (different "
                          "element types or tensor ranks): the ranks were built with different stage types");
@@ -382,7 +380,7 @@ bool advance_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool, bo
 template <point_to_point_communicator Comm, class Request, class P>
 P complete_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool) {
   advance_recv(comm, in, pool, true);
-  for (auto& r : in.data_requests) r.wait();
+  wait_all(in.data_requests);
   in.data_requests.clear();
   P p = std::move(*in.buffer);
   in.buffer.reset();
