@@ -186,15 +186,7 @@ struct payload_traits<host_tensor<T>> {
 
   static tensor slice(const tensor& t, int dim, std::int64_t begin, std::int64_t count) {
     namespace pi = detail::payload_impl;
-    const int d = pi::normalise_dim(dim, t.shape().size(), "baton::host_tensor slice");
-    const auto extent = t.shape()[static_cast<std::size_t>(d)];
-    if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
-      throw payload_error("baton::host_tensor slice: rows [" + std::to_string(begin) + ", " +
-                          std::to_string(begin + count) + ") along dim " + std::to_string(d) +
-                          " are outside shape " + detail::shape_text(t.shape()));
-    }
-    std::vector<std::int64_t> shape = t.shape();
-    shape[static_cast<std::size_t>(d)] = count;
+    auto [d, shape] = pi::checked_slice_shape(t.shape(), dim, begin, count, "baton::host_tensor slice");
     auto out = tensor::for_overwrite(std::move(shape));
     pi::row_major_slice(reinterpret_cast<const std::byte*>(t.data()), t.shape(), d, begin, count,
                         sizeof(T), reinterpret_cast<std::byte*>(out.data()));
@@ -202,10 +194,7 @@ struct payload_traits<host_tensor<T>> {
   }
 
   static tensor concat(std::span<const tensor> parts, int dim) {
-    std::vector<const tensor*> pointers;
-    pointers.reserve(parts.size());
-    for (const auto& p : parts) pointers.push_back(&p);
-    return concat_pointers(pointers, dim);
+    return concat_pointers(detail::payload_impl::pointers_to(parts), dim);
   }
 
   static tensor concat_pointers(std::span<const tensor* const> parts, int dim) {
@@ -218,8 +207,7 @@ struct payload_traits<host_tensor<T>> {
       shapes.push_back(p->shape());
       sources.push_back(reinterpret_cast<const std::byte*>(p->data()));
     }
-    auto shape = pi::concat_shape(shapes, dim, "baton::host_tensor concat");
-    const int d = pi::normalise_dim(dim, shape.size(), "baton::host_tensor concat");
+    auto [d, shape] = pi::concat_shape(shapes, dim, "baton::host_tensor concat");
     auto out = tensor::for_overwrite(std::move(shape));
     pi::row_major_concat(sources, shapes, d, out.shape(), sizeof(T), reinterpret_cast<std::byte*>(out.data()));
     return out;

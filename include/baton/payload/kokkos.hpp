@@ -90,15 +90,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
     namespace pi = detail::payload_impl;
     require_contiguous(v);
     const auto s = shape(v);
-    const int d = pi::normalise_dim(dim, s.size(), "baton Kokkos::View slice");
-    const auto extent = s[static_cast<std::size_t>(d)];
-    if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
-      throw payload_error("baton Kokkos::View slice: rows [" + std::to_string(begin) + ", " +
-                          std::to_string(begin + count) + ") along dim " + std::to_string(d) +
-                          " are outside shape " + detail::shape_text(s));
-    }
-    auto out_shape = s;
-    out_shape[static_cast<std::size_t>(d)] = count;
+    const auto [d, out_shape] = pi::checked_slice_shape(s, dim, begin, count, "baton Kokkos::View slice");
     view out = make(out_shape, false);
     pi::row_major_slice(reinterpret_cast<const std::byte*>(v.data()), s, d, begin, count, sizeof(value_type),
                         reinterpret_cast<std::byte*>(out.data()));
@@ -106,10 +98,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   }
 
   static view concat(std::span<const view> parts, int dim) {
-    std::vector<const view*> pointers;
-    pointers.reserve(parts.size());
-    for (const auto& p : parts) pointers.push_back(&p);
-    return concat_pointers(pointers, dim);
+    return concat_pointers(detail::payload_impl::pointers_to(parts), dim);
   }
 
   static view concat_pointers(std::span<const view* const> parts, int dim) {
@@ -123,8 +112,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
       shapes.push_back(shape(*p));
       sources.push_back(reinterpret_cast<const std::byte*>(p->data()));
     }
-    const auto out_shape = pi::concat_shape(shapes, dim, "baton Kokkos::View concat");
-    const int d = pi::normalise_dim(dim, out_shape.size(), "baton Kokkos::View concat");
+    const auto [d, out_shape] = pi::concat_shape(shapes, dim, "baton Kokkos::View concat");
     view out = make(out_shape, false);
     pi::row_major_concat(sources, shapes, d, out_shape, sizeof(value_type), reinterpret_cast<std::byte*>(out.data()));
     return out;

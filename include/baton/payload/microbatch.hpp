@@ -103,17 +103,15 @@ std::vector<T> split_leaf(const T& value, std::int64_t chunks, int dim, std::str
 template <class T>
 T merge_leaf(std::span<const T* const> parts, int dim, std::string_view field) {
   if constexpr (mergeable_leaf<T>) {
-    std::vector<T> copies;
-    copies.reserve(parts.size());
-    for (const T* p : parts) copies.push_back(*p);
+    const auto copies = copies_of<T>(parts);
     return payload_traits<T>::merge(std::span<const T>(copies));
   } else if constexpr (tensor_payload<T>) {
     std::vector<std::vector<std::int64_t>> shapes;
     shapes.reserve(parts.size());
     for (const T* p : parts) shapes.push_back(tensor_shape(*p));
     const auto what = describe("baton::merge_microbatches", field);
-    (void)concat_shape(shapes, dim, what);  // throws naming the part whose shape disagrees
-    return concat_pointers<T>(parts, normalise_dim(dim, shapes[0].size(), what));
+    // concat_shape throws naming the part whose shape disagrees.
+    return concat_pointers<T>(parts, concat_shape(shapes, dim, what).dim);
   } else if constexpr (splittable_opaque<T>) {
     static_assert(dependent_false_v<T>,
                   "baton::merge_microbatches: this opaque type is split by its payload_traits but "
@@ -185,10 +183,7 @@ P merge_microbatches(std::span<const P> parts, int dim = 0) {
   } else if constexpr (mergeable_leaf<P>) {
     return payload_traits<P>::merge(parts);
   } else {
-    std::vector<const P*> pointers;
-    pointers.reserve(parts.size());
-    for (const P& part : parts) pointers.push_back(&part);
-    return pi::merge_leaf<P>(pointers, dim, "");
+    return pi::merge_leaf<P>(pi::pointers_to(parts), dim, "");
   }
 }
 

@@ -188,6 +188,24 @@ constexpr void require_tensor() {
   }
 }
 
+// A pointer to each element of `values`, in order.
+template <class T>
+std::vector<const T*> pointers_to(std::span<const T> values) {
+  std::vector<const T*> out;
+  out.reserve(values.size());
+  for (const T& v : values) out.push_back(&v);
+  return out;
+}
+
+// A copy of each value `pointers` points to, in order.
+template <class T>
+std::vector<T> copies_of(std::span<const T* const> pointers) {
+  std::vector<T> out;
+  out.reserve(pointers.size());
+  for (const T* p : pointers) out.push_back(*p);
+  return out;
+}
+
 // Concatenates tensors given by pointer: through the traits' concat_pointers when they have
 // one, otherwise by copying the parts into one array for concat.
 template <class T>
@@ -195,9 +213,7 @@ T concat_pointers(std::span<const T* const> parts, int dim) {
   if constexpr (pointer_concatenable<T>) {
     return payload_traits<T>::concat_pointers(parts, dim);
   } else {
-    std::vector<T> copies;
-    copies.reserve(parts.size());
-    for (const T* p : parts) copies.push_back(*p);
+    const auto copies = copies_of<T>(parts);
     return payload_traits<T>::concat(std::span<const T>(copies), dim);
   }
 }

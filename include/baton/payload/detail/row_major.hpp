@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace baton::detail::payload_impl {
@@ -45,6 +46,29 @@ inline row_major_split split_at(std::span<const std::int64_t> shape, int dim) {
   return {product(shape.first(d)), product(shape.subspan(d + 1))};
 }
 
+// A result shape with the dim it was computed along, normalised (0 <= dim < rank).
+struct shape_along {
+  int dim;
+  std::vector<std::int64_t> shape;
+};
+
+// Checks that rows [begin, begin + count) along dim lie inside `shape` and returns the
+// normalised dim with the sliced shape; throws a payload_error naming `what`.
+inline shape_along checked_slice_shape(std::span<const std::int64_t> shape, int dim,
+                                                 std::int64_t begin, std::int64_t count,
+                                                 std::string_view what) {
+  const int d = normalise_dim(dim, shape.size(), what);
+  const auto extent = shape[static_cast<std::size_t>(d)];
+  if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
+    throw payload_error(std::string(what) + ": rows [" + std::to_string(begin) + ", " +
+                        std::to_string(begin + count) + ") along dim " + std::to_string(d) +
+                        " are outside shape " + shape_text(shape));
+  }
+  std::vector<std::int64_t> out(shape.begin(), shape.end());
+  out[static_cast<std::size_t>(d)] = count;
+  return {d, std::move(out)};
+}
+
 // Copies rows [begin, begin + count) along dim of `src` (shape `shape`) into `dst`, which
 // holds exactly the sliced tensor. Sizes are in elements of `element_size` bytes.
 inline void row_major_slice(const std::byte* src, std::span<const std::int64_t> shape, int dim,
@@ -60,10 +84,10 @@ inline void row_major_slice(const std::byte* src, std::span<const std::int64_t> 
   }
 }
 
-// The shape of concatenating `parts` along dim, or a payload_error naming the first part
-// whose rank or other extents disagree with part 0.
-inline std::vector<std::int64_t> concat_shape(std::span<const std::vector<std::int64_t>> shapes, int dim,
-                                              std::string_view what) {
+// The shape of concatenating `parts` along dim (with dim normalised), or a payload_error
+// naming the first part whose rank or other extents disagree with part 0.
+inline shape_along concat_shape(std::span<const std::vector<std::int64_t>> shapes, int dim,
+                                           std::string_view what) {
   if (shapes.empty()) {
     throw payload_error(std::string(what) + ": nothing to concatenate (no parts)");
   }
@@ -83,7 +107,7 @@ inline std::vector<std::int64_t> concat_shape(std::span<const std::vector<std::i
     }
     out[static_cast<std::size_t>(d)] += s[static_cast<std::size_t>(d)];
   }
-  return out;
+  return {d, std::move(out)};
 }
 
 // Concatenates row-major buffers along dim into dst (shape `result_shape`).
