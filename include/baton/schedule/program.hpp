@@ -78,28 +78,21 @@ struct program {
   return count;
 }
 
-// The other end of a message: SEND_F s <-> RECV_F s+1 (an activation from s to s + 1),
-// SEND_B s <-> RECV_B s-1 (a gradient from s to s - 1), same microbatch. Defined for
-// SEND_*/RECV_* actions; any other action is returned unchanged.
-[[nodiscard]] constexpr action message_partner(const action& a) noexcept {
-  switch (a.kind) {
-    case action_kind::send_forward: return action{a.stage + 1, action_kind::recv_forward, a.microbatch};
-    case action_kind::recv_forward: return action{a.stage - 1, action_kind::send_forward, a.microbatch};
-    case action_kind::send_backward: return action{a.stage - 1, action_kind::recv_backward, a.microbatch};
-    case action_kind::recv_backward: return action{a.stage + 1, action_kind::send_backward, a.microbatch};
-    default: return a;
-  }
-}
-
 // A message tag that is unique per (direction, stage boundary, microbatch) for a shape:
 // sends and receives of one pair of ranks need not then happen in the same order.
 // Defined for SEND_*/RECV_* actions; both ends of a pair get the same tag.
 [[nodiscard]] constexpr int message_tag(const schedule_shape& shape, const action& a) noexcept {
   // The activation from s to s + 1 and the gradient from s + 1 to s are named by the
   // boundary's lower stage s.
-  const int other = message_partner(a).stage;
-  const int boundary = other < a.stage ? other : a.stage;
-  const int direction = a.kind == action_kind::send_backward || a.kind == action_kind::recv_backward ? 1 : 0;
+  int boundary = a.stage;
+  int direction = 0;
+  switch (a.kind) {
+    case action_kind::send_forward: boundary = a.stage; break;
+    case action_kind::recv_forward: boundary = a.stage - 1; break;
+    case action_kind::send_backward: boundary = a.stage - 1; direction = 1; break;
+    case action_kind::recv_backward: boundary = a.stage; direction = 1; break;
+    default: break;
+  }
   return (a.microbatch * shape.num_stages() + boundary) * 2 + direction;
 }
 

@@ -159,13 +159,15 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
         p.other_rank = stage_rank(shape, s);
         return p;
       }
-      if (is_communication(a.kind)) {
-        const int peer = message_partner(a).stage;  // the stage at the other end of the message
-        if (peer < 0 || peer >= S || stage_rank(shape, peer) == r) {
-          auto p = make_problem(problem_kind::message_not_needed, r, t, a);
-          p.other_rank = peer;  // the peer stage, or out of range at the pipeline's ends
-          return p;
-        }
+      int peer = -1;  // the stage at the other end of a message
+      if (a.kind == K::send_forward) peer = s + 1;
+      if (a.kind == K::recv_forward) peer = s - 1;
+      if (a.kind == K::send_backward) peer = s - 1;
+      if (a.kind == K::recv_backward) peer = s + 1;
+      if (is_communication(a.kind) && (peer < 0 || peer >= S || stage_rank(shape, peer) == r)) {
+        auto p = make_problem(problem_kind::message_not_needed, r, t, a);
+        p.other_rank = peer;  // the peer stage, or out of range at the pipeline's ends
+        return p;
       }
     }
   }
@@ -250,13 +252,18 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
     const auto& row = prog.ranks[static_cast<std::size_t>(r)];
     for (int t = 0; t < static_cast<int>(row.size()); ++t) {
       const action& a = row[static_cast<std::size_t>(t)];
-      if (!is_communication(a.kind)) continue;
-      const action partner = message_partner(a);
-      if (!index.at(index.key(partner)).found()) {
-        const bool send = a.kind == K::send_forward || a.kind == K::send_backward;
-        auto p = make_problem(send ? problem_kind::send_without_receive : problem_kind::receive_without_send, r, t, a);
+      const int s = a.stage;
+      const int mb = a.microbatch;
+      std::optional<action> partner;
+      problem_kind kind = problem_kind::receive_without_send;
+      if (a.kind == K::recv_forward) partner = action{s - 1, K::send_forward, mb};
+      if (a.kind == K::recv_backward) partner = action{s + 1, K::send_backward, mb};
+      if (a.kind == K::send_forward) partner = action{s + 1, K::recv_forward, mb}, kind = problem_kind::send_without_receive;
+      if (a.kind == K::send_backward) partner = action{s - 1, K::recv_backward, mb}, kind = problem_kind::send_without_receive;
+      if (partner && !index.at(index.key(*partner)).found()) {
+        auto p = make_problem(kind, r, t, a);
         p.other = partner;
-        p.other_rank = stage_rank(shape, partner.stage);
+        p.other_rank = stage_rank(shape, partner->stage);
         return p;
       }
     }

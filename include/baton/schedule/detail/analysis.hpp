@@ -76,7 +76,8 @@ class action_index {
     const int s = a.stage;
     const int mb = a.microbatch;
     if (lowered_) {
-      if (a.kind == action_kind::recv_forward || a.kind == action_kind::recv_backward) return message_partner(a);
+      if (a.kind == action_kind::recv_forward) return action{s - 1, action_kind::send_forward, mb};
+      if (a.kind == action_kind::recv_backward) return action{s + 1, action_kind::send_backward, mb};
       return std::nullopt;
     }
     if (a.kind == action_kind::forward && s > 0 && !colocated(s - 1, s))
