@@ -193,3 +193,49 @@ TEST_CASE("errors: a mask that cannot describe the sequence fails on every rank 
                             }),
                   "the mask does not cover the sequence");
 }
+
+TEST_CASE("errors: a problem the caller found on one rank stops every rank of ring, Ulysses and hybrid",
+          "[cp][errors]") {
+  // cp_params::caller_problem travels through the call's agreement, ahead of the layer's own
+  // checks: the layer above (baton::nn) rejects one rank's bad input on every rank together.
+  const auto call = [](auto& attn, int rank, bool backward) {
+    shard s(1, 4, 2, 2, 3);
+    baton::cp_params params;
+    if (rank == 1) params.caller_problem = "the caller's input on rank 1 is wrong";
+    std::vector<float> dq(s.q.size()), dk(s.k.size()), dv(s.k.size());
+    if (backward) {
+      attn.backward(cview4(s.q, 1, 4, 2, 3), cview4(s.k, 1, 4, 2, 3), cview4(s.v, 1, 4, 2, 3), cview4(s.out, 1, 4, 2, 3),
+                    baton::make_tensor_view(static_cast<const float*>(s.lse.data()), {1, 2, 4}),
+                    cview4(s.out, 1, 4, 2, 3), baton::causal_mask{}, view4(dq, 1, 4, 2, 3), view4(dk, 1, 4, 2, 3),
+                    view4(dv, 1, 4, 2, 3), params);
+    } else {
+      attn.forward(cview4(s.q, 1, 4, 2, 3), cview4(s.k, 1, 4, 2, 3), cview4(s.v, 1, 4, 2, 3), baton::causal_mask{},
+                   view4(s.out, 1, 4, 2, 3), baton::make_tensor_view(s.lse.data(), {1, 2, 4}), params);
+    }
+  };
+  for (bool backward : {false, true}) {
+    INFO((backward ? "backward" : "forward"));
+    every_rank_says(cp_errors(2,
+                              [&](baton::local_communicator& comm) {
+                                baton::ring_attention ring(comm, baton::reference_attention{},
+                                                           baton::sequence_sharding(shard_layout::zigzag, 8, 2));
+                                call(ring, comm.rank(), backward);
+                              }),
+                    "rank 1 rejected its input, so every rank stops: rank 1: the caller's input on rank 1 is wrong");
+    every_rank_says(cp_errors(2,
+                              [&](baton::local_communicator& comm) {
+                                baton::ulysses_attention ulysses(comm, baton::reference_attention{},
+                                                                 baton::sequence_sharding(shard_layout::contiguous, 8, 2));
+                                call(ulysses, comm.rank(), backward);
+                              }),
+                    "rank 1 rejected its input");
+    every_rank_says(cp_errors(4,
+                              [&](baton::local_communicator& comm) {
+                                auto mesh = baton::make_cp_mesh(comm, 2, 2);
+                                baton::hybrid_attention hybrid(mesh, baton::reference_attention{},
+                                                               baton::sequence_sharding(shard_layout::zigzag, 16, 2, 2));
+                                call(hybrid, comm.rank(), backward);
+                              }),
+                    "rank 1 rejected its input");
+  }
+}

@@ -128,9 +128,10 @@ class hybrid_attention
 
   template <class T, class Mask>
   detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
-                                     const std::string& tensor_problem) {
+                                     const std::string& caller_problem, const std::string& tensor_problem) {
     using namespace detail::cp;
     const std::string problem = first_problem({
+        caller_problem,
         sharding_.degree() != ring_->size() || sharding_.inner_degree() != ulysses_->size()
             ? "the sequence_sharding is " + std::to_string(sharding_.degree()) + " (ring) x " +
                   std::to_string(sharding_.inner_degree()) + " (Ulysses) but the mesh is " +

@@ -57,9 +57,10 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
 
   template <class T, class Mask>
   detail::cp::ring_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
-                                  const std::string& tensor_problem) {
+                                  const std::string& caller_problem, const std::string& tensor_problem) {
     using namespace detail::cp;
     const std::string problem = first_problem({
+        caller_problem,
         sharding_.inner_degree() != 1
             ? "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
                   "; ring_attention shards over the ring alone (use hybrid_attention for Ulysses x ring)"

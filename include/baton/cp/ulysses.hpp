@@ -214,9 +214,10 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
 
   template <class T, class Mask>
   detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
-                                     const std::string& tensor_problem) {
+                                     const std::string& caller_problem, const std::string& tensor_problem) {
     using namespace detail::cp;
     const std::string problem = first_problem({
+        caller_problem,
         sharding_.inner_degree() != 1
             ? "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
                   "; ulysses_attention shards over one all-to-all group (use hybrid_attention for Ulysses x ring)"

@@ -118,7 +118,9 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
 // agreement, then the class's algorithm. Derived provides, as members this base may call
 // (befriend it):
 //   template <class T, class Mask> G agree(bool backward, const local_shape&, const Mask&,
+//                                          const std::string& caller_problem,
 //                                          const std::string& tensor_problem);
+//   (reporting the caller's problem, cp_params::caller_problem, before any of its own);
 //   template <class T, class Mask> void run_forward(const G&, q, k, v, mask, out, lse, double scale);
 //   template <class T, class Mask> void run_backward(const G&, q, k, v, out, lse, dout, mask, dq, dk,
 //                                                    dv, double scale);
@@ -133,7 +135,8 @@ class front_end {
                std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
     if constexpr (usable<Backend, T, Mask>()) {
       const local_shape s = shape_of(q, k);
-      const auto agreed = self().template agree<T>(false, s, mask, check_forward_tensors<T>(s, k, v, out, lse));
+      const auto agreed =
+          self().template agree<T>(false, s, mask, params.caller_problem, check_forward_tensors<T>(s, k, v, out, lse));
       self().template run_forward<T>(agreed, q, k, v, mask, out, lse, params.softmax_scale);
     }
   }
@@ -149,7 +152,8 @@ class front_end {
     if constexpr (usable<Backend, T, Mask>()) {
       const local_shape s = shape_of(q, k);
       const auto agreed =
-          self().template agree<T>(true, s, mask, check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
+          self().template agree<T>(true, s, mask, params.caller_problem,
+                                   check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
       self().template run_backward<T>(agreed, q, k, v, out, lse, dout, mask, dq, dk, dv, params.softmax_scale);
     }
   }
