@@ -43,6 +43,18 @@ macro(baton_add_backend name found)
   message(STATUS "baton: ${found} found; baton::${name} is available")
 endmacro()
 
+# baton_available(var name...): the targets baton::<name> of this build, of the names given
+# (for the targets that use an optional backend when it is there).
+function(baton_available var)
+  set(found "")
+  foreach(name IN LISTS ARGN)
+    if(TARGET baton::${name})
+      list(APPEND found baton::${name})
+    endif()
+  endforeach()
+  set(${var} ${found} PARENT_SCOPE)
+endfunction()
+
 function(baton_backend_missing name)
   string(TOUPPER "${name}" upper)
   if(BATON_WITH_${upper} STREQUAL "ON")
@@ -72,6 +84,24 @@ if(want)
     baton_add_backend(mpi "MPI ${MPI_CXX_VERSION}" baton MPI::MPI_CXX)
   else()
     baton_backend_missing(mpi)
+  endif()
+endif()
+
+# --- BLAS (cblas from OpenBLAS) ----------------------------------------------------
+# The model layer's matrix products (baton/nn/detail/gemm.hpp) call cblas_sgemm/dgemm when
+# baton::blas is linked, and a blocked loop nest otherwise.
+baton_backend_wanted(want BLAS)
+if(want)
+  set(_baton_saved_vendor "${BLA_VENDOR}")
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS QUIET)
+  set(BLA_VENDOR "${_baton_saved_vendor}")
+  find_path(BATON_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
+  if(BLAS_FOUND AND BATON_CBLAS_INCLUDE_DIR)
+    baton_add_backend(blas "OpenBLAS (cblas.h in ${BATON_CBLAS_INCLUDE_DIR})" baton BLAS::BLAS)
+    target_include_directories(baton_blas SYSTEM INTERFACE "${BATON_CBLAS_INCLUDE_DIR}")
+  else()
+    baton_backend_missing(blas)
   endif()
 endif()
 

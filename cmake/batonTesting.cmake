@@ -34,8 +34,10 @@ function(baton_add_test)
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT ${BATON_TEST_TIMEOUT})
   endif()
+  # One BLAS thread per process: ranks run as threads already occupy the cores, and a
+  # threaded BLAS under them only oversubscribes (see baton/nn/detail/gemm.hpp).
   set_tests_properties(${arg_NAME} PROPERTIES LABELS "${labels}" TIMEOUT ${arg_TIMEOUT}
-                       SKIP_REGULAR_EXPRESSION "SKIPPED:")
+                       SKIP_REGULAR_EXPRESSION "SKIPPED:" ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
 endfunction()
 
 # baton_add_mpi_test(NAME n SOURCES a.cpp... [LIBS ...] [LABELS ...] NP 2 4)
@@ -63,7 +65,7 @@ function(baton_add_mpi_test)
       SKIP_REGULAR_EXPRESSION "SKIPPED:"
       # OpenMPI keeps process-lifetime allocations LeakSanitizer would report; the
       # shared-memory transport needs no network interface.
-      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0;OMPI_MCA_btl=self,vader;OMPI_MCA_rmaps_base_oversubscribe=1")
+      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0;OMPI_MCA_btl=self,vader;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
   endforeach()
 endfunction()
 
@@ -81,4 +83,35 @@ function(baton_add_compile_fail_test)
                    "-DFLAGS=-std=c++20;-fsyntax-only;-I${PROJECT_SOURCE_DIR}/include;${arg_FLAGS}"
                    -P "${PROJECT_SOURCE_DIR}/cmake/batonCheckCompileFails.cmake")
   set_tests_properties(${arg_NAME} PROPERTIES LABELS "compile_fail;${arg_LABELS}" TIMEOUT 120)
+endfunction()
+
+# baton_add_docs_test(NAME n SOURCE test.cpp DOC docs/x.md [LABELS ...])
+#   Every block between "// [doc:NAME]" and "// [/doc:NAME]" in SOURCE (a compiled test) must
+#   appear verbatim in DOC, so the document shows code that is compiled and run.
+function(baton_add_docs_test)
+  cmake_parse_arguments(arg "" "NAME;SOURCE;DOC" "LABELS" ${ARGN})
+  get_filename_component(source "${arg_SOURCE}" ABSOLUTE)
+  add_test(NAME ${arg_NAME}
+           COMMAND ${CMAKE_COMMAND} "-DSOURCE=${source}" "-DDOC=${PROJECT_SOURCE_DIR}/${arg_DOC}"
+                   -P "${PROJECT_SOURCE_DIR}/cmake/batonCheckDocs.cmake")
+  set_tests_properties(${arg_NAME} PROPERTIES LABELS "docs;${arg_LABELS}" TIMEOUT 60)
+endfunction()
+
+# baton_add_compile_fail_dir(DIR fail PREFIX name [LABELS ...])
+#   One compile-fail test per DIR/*.cpp, named PREFIX_<stem>. Each file carries its expected
+#   diagnostic as a regex on a "// build error: " line (';' written '.', as CMake lists split
+#   on it; parentheses written '.').
+function(baton_add_compile_fail_dir)
+  cmake_parse_arguments(arg "" "DIR;PREFIX" "LABELS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/${arg_DIR}/*.cpp")
+  foreach(source IN LISTS sources)
+    get_filename_component(stem "${source}" NAME_WE)
+    file(STRINGS "${source}" regex_line REGEX "^// build error: ")
+    if(NOT regex_line)
+      message(FATAL_ERROR "${source} has no '// build error: <regex>' line")
+    endif()
+    string(REGEX REPLACE "^// build error: " "" regex "${regex_line}")
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${source}")  # re-read an edited regex
+    baton_add_compile_fail_test(NAME ${arg_PREFIX}_${stem} SOURCE "${source}" REGEX "${regex}" LABELS ${arg_LABELS})
+  endforeach()
 endfunction()

@@ -1,6 +1,6 @@
 // baton/config.hpp — the one place that says which optional backends are compiled in.
 //
-// Each backend's CMake target (baton::kokkos, baton::mpi, baton::cuda, baton::nccl) defines
+// Each backend's CMake target (baton::kokkos, baton::mpi, baton::blas, baton::cuda, baton::nccl) defines
 // BATON_ENABLE_<NAME>=1. Code tests the function-like macros below, never the raw defines
 // and never __CUDACC__ directly, so a misspelt backend name is a compile error rather than
 // a silent 0.
@@ -26,6 +26,12 @@
 #define BATON_HAS_CUDA() 1
 #else
 #define BATON_HAS_CUDA() 0
+#endif
+
+#if defined(BATON_ENABLE_BLAS) && BATON_ENABLE_BLAS
+#define BATON_HAS_BLAS() 1
+#else
+#define BATON_HAS_BLAS() 0
 #endif
 
 #if defined(BATON_ENABLE_NCCL) && BATON_ENABLE_NCCL

@@ -1,4 +1,5 @@
-# Run as: cmake -DSOURCE=test_docs_example.cpp -DDOC=docs/payloads.md -P check_docs.cmake
+# Run as: cmake -DSOURCE=test_docs_example.cpp -DDOC=docs/payloads.md -P batonCheckDocs.cmake
+# (baton_add_docs_test in batonTesting.cmake registers it).
 # Every block between "// [doc:NAME]" and "// [/doc:NAME]" in SOURCE must appear in DOC
 # (leading indentation ignored), so the document shows code that is compiled and tested.
 file(READ "${SOURCE}" source)
