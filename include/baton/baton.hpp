@@ -10,6 +10,7 @@
 #include <baton/pipeline.hpp>
 #include <baton/attention.hpp>
 #include <baton/cp.hpp>
+#include <baton/nn.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/payload/kokkos.hpp>
 #endif

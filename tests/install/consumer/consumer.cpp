@@ -1,6 +1,7 @@
 // Built against the installed package only: proves the exported targets carry the include
 // directories, the C++20 requirement and each component's BATON_HAS_* macro, and that the
-// layers work from an install (a schedule validated, a payload split, ranks reducing).
+// layers work from an install (a schedule validated, a payload split, ranks reducing, a
+// linear layer's matrix product).
 #include <baton/baton.hpp>
 
 #if BATON_HAS_KOKKOS()
@@ -10,9 +11,9 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  std::printf("baton %d.%d.%d kokkos=%d mpi=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
+  std::printf("baton %d.%d.%d kokkos=%d mpi=%d blas=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
               BATON_VERSION_MINOR, BATON_VERSION_PATCH, BATON_HAS_KOKKOS(), BATON_HAS_MPI(),
-              BATON_HAS_CUDA(), BATON_HAS_NCCL());
+              BATON_HAS_BLAS(), BATON_HAS_CUDA(), BATON_HAS_NCCL());
 
   static_assert(baton::is_valid(baton::lower(baton::one_f_one_b::generate({2, 1, 4}))));
 
@@ -26,6 +27,12 @@ int main(int argc, char** argv) {
     return value;
   });
   if (sums[0] != 3 || sums[1] != 3) return 1;
+
+  // The model layer's matrix product (cblas when the blas component is linked).
+  baton::nn::linear<float> layer(3, 2, true, baton::nn::initializer(1));
+  layer.weight().value.fill(1.0f);
+  const auto y = layer.apply(baton::host_tensor<float>({1, 3}, {1.0f, 2.0f, 3.0f}));
+  if (y[0] != 6.0f || y[1] != 6.0f) return 1;
 
 #if BATON_HAS_KOKKOS()
   Kokkos::ScopeGuard kokkos(argc, argv);

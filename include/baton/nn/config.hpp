@@ -1,0 +1,52 @@
+// baton/nn/config.hpp — the sizes of a decoder-only transformer, checked once.
+#pragma once
+
+#include <baton/nn/error.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace baton::nn {
+
+/// The sizes of a Llama-style decoder-only transformer. Zero means "derive":
+/// head_dim = d_model / heads; ffn_hidden = 8/3 d_model rounded up to a multiple of 64.
+struct transformer_config {
+  std::int64_t d_model = 512;
+  std::int64_t heads = 8;
+  std::int64_t kv_heads = 8;  ///< < heads: grouped-query attention; 1: multi-query
+  std::int64_t head_dim = 0;
+  std::int64_t ffn_hidden = 0;
+  std::int64_t vocab = 256;
+  double rope_base = 10000.0;
+  double norm_eps = 1e-5;
+  bool qkv_bias = false;
+
+  /// This config with head_dim and ffn_hidden derived; throws nn_error naming the field to
+  /// change when the sizes do not fit together.
+  transformer_config resolved() const {
+    const auto fail = [](const std::string& what) { throw nn_error("baton::nn::transformer_config: " + what); };
+    if (d_model < 1) fail("d_model = " + std::to_string(d_model) + " must be at least 1");
+    if (heads < 1) fail("heads = " + std::to_string(heads) + " must be at least 1");
+    if (kv_heads < 1) fail("kv_heads = " + std::to_string(kv_heads) + " must be at least 1");
+    if (vocab < 1) fail("vocab = " + std::to_string(vocab) + " must be at least 1");
+    if (heads % kv_heads != 0)
+      fail("heads = " + std::to_string(heads) + " is not a multiple of kv_heads = " + std::to_string(kv_heads) +
+           "; each key/value head serves heads / kv_heads query heads (choose kv_heads dividing heads)");
+    transformer_config c = *this;
+    if (c.head_dim == 0) {
+      if (d_model % heads != 0)
+        fail("d_model = " + std::to_string(d_model) + " is not divisible by heads = " + std::to_string(heads) +
+             "; choose heads dividing d_model, or set head_dim explicitly");
+      c.head_dim = d_model / heads;
+    }
+    if (c.head_dim < 2 || c.head_dim % 2 != 0)
+      fail("head_dim = " + std::to_string(c.head_dim) + " must be even (rotary embedding rotates pairs of features)");
+    if (c.ffn_hidden == 0) c.ffn_hidden = (8 * d_model / 3 + 63) / 64 * 64;
+    if (c.ffn_hidden < 1) fail("ffn_hidden = " + std::to_string(c.ffn_hidden) + " must be at least 1");
+    if (!(norm_eps > 0)) fail("norm_eps must be positive");
+    if (!(rope_base > 1)) fail("rope_base must be > 1");
+    return c;
+  }
+};
+
+}  // namespace baton::nn

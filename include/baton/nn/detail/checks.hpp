@@ -1,0 +1,64 @@
+// baton/nn/detail/checks.hpp — the shape checks every piece of the model layer makes, with
+// one wording: "<piece>: <tensor> has shape [..] but expected [..] (<why>)".
+#pragma once
+
+#include <baton/detail/shape_text.hpp>
+#include <baton/nn/error.hpp>
+#include <baton/payload/host_tensor.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton::nn::detail {
+
+[[noreturn]] inline void shape_mismatch(std::string_view piece, std::string_view tensor,
+                                        std::span<const std::int64_t> got, std::string_view expected,
+                                        std::string_view why) {
+  std::string msg(piece);
+  msg += ": ";
+  msg += tensor;
+  msg += " has shape " + baton::detail::shape_text(got) + " but expected ";
+  msg += expected;
+  if (!why.empty()) {
+    msg += " (";
+    msg += why;
+    msg += ")";
+  }
+  throw nn_error(msg);
+}
+
+/// Rows of a tensor [..., features] (the product of its leading extents); throws when its last
+/// extent is not `features`.
+template <class T>
+std::int64_t rows_of(const host_tensor<T>& x, std::int64_t features, std::string_view piece, std::string_view tensor,
+                     std::string_view why) {
+  if (x.rank() < 1 || x.shape().back() != features)
+    shape_mismatch(piece, tensor, x.shape(), "[..., " + std::to_string(features) + "]", why);
+  return features == 0 ? 0 : x.size() / features;
+}
+
+/// Throws unless `x` has exactly `expected`'s shape.
+template <class T>
+void expect_shape(const host_tensor<T>& x, const std::vector<std::int64_t>& expected, std::string_view piece,
+                  std::string_view tensor, std::string_view why) {
+  if (x.shape() != expected) shape_mismatch(piece, tensor, x.shape(), baton::detail::shape_text(expected), why);
+}
+
+/// Throws unless `x` is [batch, seq, features] for some batch and seq.
+template <class T>
+void expect_bsd(const host_tensor<T>& x, std::int64_t features, std::string_view piece, std::string_view tensor,
+                std::string_view why) {
+  if (x.rank() != 3 || x.shape()[2] != features)
+    shape_mismatch(piece, tensor, x.shape(), "[batch, seq, " + std::to_string(features) + "]", why);
+}
+
+/// `shape` with its last extent replaced.
+inline std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std::int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace baton::nn::detail

@@ -1,0 +1,206 @@
+// baton/nn/lm_stage.hpp — a decoder-only language model cut into pipeline stages: stage s
+// holds a run of consecutive transformer blocks, the first stage also the token embedding,
+// the last also the final norm and the LM head. Every stage has the same type, so the
+// pipeline is uniform_stages<lm_stage<...>> for any schedule and any number of stages.
+#pragma once
+
+#include <baton/attention/masks.hpp>
+#include <baton/nn/block.hpp>
+#include <baton/nn/config.hpp>
+#include <baton/nn/embedding.hpp>
+#include <baton/nn/error.hpp>
+#include <baton/nn/head.hpp>
+#include <baton/nn/loss.hpp>
+#include <baton/nn/parameter.hpp>
+#include <baton/nn/sequence.hpp>
+#include <baton/payload/constant.hpp>
+#include <baton/payload/grad.hpp>
+#include <baton/payload/host_tensor.hpp>
+#include <baton/payload/record.hpp>
+#include <baton/pipeline/stage.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace baton::nn {
+
+/// What flows between the stages of an lm_stage pipeline: the tokens (read by the first
+/// stage, a constant: never differentiated) and the hidden states (the activation). The batch
+/// given to the first stage holds tokens [batch, seq] and hidden [batch, 0]; every stage
+/// outputs tokens [batch, 0] and hidden [batch, seq, d_model] — logits [batch, seq, vocab]
+/// from the last. Under context parallelism seq is this rank's shard.
+template <class T>
+using lm_activation = record<field<"tokens", constant<host_tensor<std::int64_t>>>, field<"hidden", host_tensor<T>>>;
+
+/// The first stage's input: tokens [batch, seq] (int64) and an empty hidden [batch, 0].
+template <class T>
+lm_activation<T> lm_input(host_tensor<std::int64_t> tokens) {
+  const std::int64_t rows = tokens.rank() > 0 ? tokens.shape()[0] : 0;
+  return lm_activation<T>(constant<host_tensor<std::int64_t>>(std::move(tokens)), host_tensor<T>({rows, 0}));
+}
+
+/// Which layers stage `stage` of `stages` holds: layers / stages consecutive blocks.
+struct lm_stage_layout {
+  int stage = 0;
+  int stages = 1;
+  std::int64_t layers = 1;
+
+  /// Throws nn_error naming what to change when the layers cannot be split evenly.
+  static lm_stage_layout of(int stage, int stages, std::int64_t layers) {
+    if (stages < 1 || stage < 0 || stage >= stages)
+      throw nn_error("baton::nn::lm_stage_layout: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                     " stages does not exist");
+    if (layers < stages || layers % stages != 0)
+      throw nn_error("baton::nn::lm_stage_layout: " + std::to_string(layers) + " layers cannot be split evenly into " +
+                     std::to_string(stages) + " pipeline stages; choose a number of layers divisible by " +
+                     std::to_string(stages) + " (e.g. " + std::to_string(stages * ((layers + stages - 1) / stages)) +
+                     ")");
+    return {stage, stages, layers};
+  }
+  std::int64_t per_stage() const noexcept { return layers / stages; }
+  std::int64_t first_layer() const noexcept { return stage * per_stage(); }
+  bool has_embedding() const noexcept { return stage == 0; }
+  bool has_head() const noexcept { return stage == stages - 1; }
+};
+
+/// One pipeline stage of a decoder-only LM: [embedding] → blocks → [final norm + head].
+/// Parameters "embed", "layers.<i>" (global layer index) and "head", initialised from the
+/// root initializer under those names — the same values as a one-stage model's.
+///
+/// It is a baton::split_backward_stage with input and output lm_activation<T> and side input
+/// sequence_info; every block's attention runs through its own `Strategy` object (built by
+/// the factory given to the constructor).
+template <class T, class Strategy, class Mask = causal_mask>
+class lm_stage {
+ public:
+  using value_type = T;
+  using input = lm_activation<T>;
+  using output = lm_activation<T>;
+  using side = sequence_info;
+  using block_type = transformer_block<T, Strategy, Mask>;
+  using parameter_type = parameter<T>;
+
+  struct saved {
+    typename embedding<T>::saved embed;
+    std::vector<typename block_type::saved> blocks;
+    typename lm_head<T>::saved head;
+    std::vector<std::int64_t> input_hidden_shape;
+    std::size_t bytes() const {
+      std::size_t n = embed.bytes() + head.bytes();
+      for (const auto& b : blocks) n += b.bytes();
+      return n;
+    }
+  };
+
+  /// `make_strategy()` returns the attention strategy of one block (called once per block).
+  template <class MakeStrategy>
+  lm_stage(const transformer_config& config, lm_stage_layout layout, const initializer& root,
+           MakeStrategy&& make_strategy, Mask mask = {})
+      : config_(config.resolved()), layout_(layout) {
+    if (layout_.has_embedding()) embed_.emplace(config_.vocab, config_.d_model, root / "embed");
+    for (std::int64_t i = 0; i < layout_.per_stage(); ++i)
+      blocks_.emplace_back(config_, root / "layers" / (layout_.first_layer() + i), make_strategy(), mask);
+    if (layout_.has_head()) head_.emplace(config_, root / "head");
+  }
+
+  const lm_stage_layout& layout() const noexcept { return layout_; }
+  const transformer_config& config() const noexcept { return config_; }
+  std::vector<block_type>& blocks() noexcept { return blocks_; }
+
+  template <class Visit>
+  void visit_parameters(Visit&& visit) {
+    if (embed_) visit("embed", *embed_);
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      visit("layers." + std::to_string(layout_.first_layer() + static_cast<std::int64_t>(i)), blocks_[i]);
+    if (head_) visit("head", *head_);
+  }
+
+  output forward(const input& x, const side& info, saved& st) {
+    const host_tensor<T>& hidden_in = get<"hidden">(x);
+    st.input_hidden_shape = hidden_in.shape();
+    st.blocks.resize(blocks_.size());
+    host_tensor<T> h;
+    const host_tensor<T>* current = &hidden_in;  // the first block reads the input in place
+    if (embed_) {
+      const host_tensor<std::int64_t>& tokens = get<"tokens">(x).value;
+      // Checked before anything runs; under context parallelism the first block's attention
+      // rejects on every rank of the group together.
+      if (std::string problem = token_problem(tokens); !problem.empty()) blocks_.front().attention().reject(problem, false);
+      h = embed_->forward(tokens, st.embed);
+      current = &h;
+    }
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      h = blocks_[i].forward(*current, info, st.blocks[i]);
+      current = &h;
+    }
+    if (head_) h = head_->forward(h, st.head);
+    const std::int64_t rows = h.rank() > 0 ? h.shape()[0] : 0;
+    return output(constant<host_tensor<std::int64_t>>(host_tensor<std::int64_t>({rows, 0})), std::move(h));
+  }
+
+  grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
+    host_tensor<T> dh = head_ ? head_->backward_input(st.head, get<"hidden">(dy)) : get<"hidden">(dy);
+    for (std::size_t i = blocks_.size(); i-- > 0;) dh = blocks_[i].backward_input(st.blocks[i], dh);
+    if (embed_) {
+      embed_->backward_input(st.embed, dh);
+      return grad_t<input>(host_tensor<T>(st.input_hidden_shape));  // tokens have no gradient
+    }
+    return grad_t<input>(std::move(dh));
+  }
+
+  void backward_weight(saved& st) {
+    if (head_) head_->backward_weight(st.head);
+    for (std::size_t i = blocks_.size(); i-- > 0;) blocks_[i].backward_weight(st.blocks[i]);
+    if (embed_) embed_->backward_weight(st.embed);
+    st = saved{};
+  }
+
+  grad_t<input> backward(saved& st, const grad_t<output>& dy) {
+    grad_t<input> dx = backward_input(st, dy);
+    backward_weight(st);
+    return dx;
+  }
+
+ private:
+  std::string token_problem(const host_tensor<std::int64_t>& tokens) const {
+    if (tokens.rank() != 2)
+      return "baton::nn::lm_stage: the first stage's tokens have shape " + baton::detail::shape_text(tokens.shape()) +
+             " but expected [batch, seq]";
+    for (std::int64_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] < 0 || tokens[i] >= config_.vocab)
+        return "baton::nn::lm_stage: token " + std::to_string(tokens[i]) + " at flat index " + std::to_string(i) +
+               " is outside the vocabulary [0, " + std::to_string(config_.vocab) + ")";
+    return {};
+  }
+
+  transformer_config config_;
+  lm_stage_layout layout_;
+  std::optional<embedding<T>> embed_;
+  std::vector<block_type> blocks_;
+  std::optional<lm_head<T>> head_;
+};
+
+/// The pipeline loss of an lm_stage pipeline: `Loss` (cross_entropy<T>, or its group form
+/// over a data/context-parallel group) of the last stage's logits against int64 targets.
+template <class T, class Loss = cross_entropy<T>>
+class lm_loss {
+ public:
+  using targets_type = host_tensor<std::int64_t>;
+
+  explicit lm_loss(Loss loss = Loss{}) : loss_(std::move(loss)) {}
+
+  loss_result<grad_t<lm_activation<T>>> operator()(const lm_activation<T>& out, const targets_type& targets) const {
+    auto r = loss_(get<"hidden">(out), targets);
+    return {r.value, grad_t<lm_activation<T>>(std::move(r.grad))};
+  }
+  std::int64_t tokens(const targets_type& targets) const { return loss_.tokens(targets); }
+
+ private:
+  Loss loss_;
+};
+
+}  // namespace baton::nn

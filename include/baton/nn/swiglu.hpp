@@ -1,0 +1,151 @@
+// baton/nn/swiglu.hpp — the SwiGLU feed-forward network of Llama-style blocks.
+#pragma once
+
+#include <baton/attention/detail/simd.hpp>
+#include <baton/nn/detail/checks.hpp>
+#include <baton/nn/linear.hpp>
+#include <baton/nn/parameter.hpp>
+#include <baton/payload/host_tensor.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace baton::nn {
+
+/// y = (silu(x W_gate) ∘ (x W_up)) W_down, silu(z) = z σ(z); W_gate, W_up [d, hidden],
+/// W_down [hidden, d], no biases. Parameters "gate.weight", "up.weight", "down.weight".
+///
+/// As a piece: forward(x, saved) keeps x, the gate and up pre-activations and the product;
+/// backward_input(saved, dy) returns dx and keeps the gradients the weights need;
+/// backward_weight(saved) adds the three weight gradients.
+template <class T>
+class swiglu_mlp {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "baton::nn::swiglu_mlp<T>: T is float or double");
+
+ public:
+  using value_type = T;
+  using tensor = host_tensor<T>;
+  using parameter_type = parameter<T>;
+
+  struct saved {
+    tensor x, gate, up, product, dy, d_gate, d_up;
+    std::size_t bytes() const {
+      return static_cast<std::size_t>(x.size() + gate.size() + up.size() + product.size() + dy.size() + d_gate.size() +
+                                      d_up.size()) *
+             sizeof(T);
+    }
+  };
+
+  swiglu_mlp(std::int64_t d_model, std::int64_t hidden, const initializer& init)
+      : gate_(d_model, hidden, false, init / "gate"),
+        up_(d_model, hidden, false, init / "up"),
+        down_(hidden, d_model, false, init / "down") {}
+
+  std::int64_t d_model() const noexcept { return gate_.in_features(); }
+  std::int64_t hidden() const noexcept { return gate_.out_features(); }
+  linear<T>& gate() noexcept { return gate_; }
+  linear<T>& up() noexcept { return up_; }
+  linear<T>& down() noexcept { return down_; }
+
+  template <class Visit>
+  void visit_parameters(Visit&& visit) {
+    visit("gate", gate_);
+    visit("up", up_);
+    visit("down", down_);
+  }
+
+  tensor forward(const tensor& x, saved& st) const { return forward(tensor(x), st); }
+  tensor forward(tensor&& x, saved& st) const {
+    detail::rows_of(x, d_model(), "baton::nn::swiglu_mlp", "input", "d_model = " + std::to_string(d_model()));
+    st.gate = gate_.apply(x);
+    st.up = up_.apply(x);
+    st.product = tensor::for_overwrite(st.gate.shape());
+    silu_product(st.gate.data(), st.up.data(), st.product.data(), st.gate.size());
+    st.x = std::move(x);
+    return down_.apply(st.product);
+  }
+
+  tensor backward_input(saved& st, const tensor& dy) const {
+    const tensor d_product = down_.input_grad(dy);
+    // The gradients overwrite the pre-activations they come from, element by element (nothing
+    // needs gate or up afterwards): no new buffers.
+    st.d_gate = std::move(st.gate);
+    st.d_up = std::move(st.up);
+    silu_product_grad(st.d_gate.data(), st.d_up.data(), d_product.data(), st.d_gate.data(), st.d_up.data(),
+                      st.d_gate.size());
+    tensor dx = gate_.input_grad(st.d_gate);
+    up_.add_input_grad(st.d_up, dx, true);
+    st.dy = dy;
+    return dx;
+  }
+
+  void backward_weight(saved& st) {
+    down_.add_weight_grad(st.product, st.dy);
+    gate_.add_weight_grad(st.x, st.d_gate);
+    up_.add_weight_grad(st.x, st.d_up);
+    st = saved{};
+  }
+
+  tensor backward(saved& st, const tensor& dy) {
+    tensor dx = backward_input(st, dy);
+    backward_weight(st);
+    return dx;
+  }
+
+ private:
+  static T sigmoid(T z) {
+    if (z >= T(0)) return T(1) / (T(1) + std::exp(-z));
+    const T e = std::exp(z);
+    return e / (T(1) + e);
+  }
+  static T silu(T z) { return z * sigmoid(z); }
+
+  // The elementwise parts a vector at a time: sigmoid(z) = 1 / (1 + 2^(-z log2 e)) through the
+  // attention kernels' exp2 (branch-free, relative error ~1e-7 in float); the scalar formulas
+  // above for the tail. The outputs may be the inputs (d_gate = gate, d_up = up): every
+  // element is read before it is written.
+  static void silu_product(const T* gate, const T* up, T* product, std::int64_t n) {
+    std::int64_t i = 0;
+#if defined(__GNUC__)
+    namespace va = baton::detail::attn;
+    using V = va::vec_t<T>;
+    constexpr std::int64_t W = va::width_v<T>;
+    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(T(-1.4426950408889634));
+    for (; i + W <= n; i += W) {
+      const V z = va::load(gate + i);
+      const V s = one / (one + va::exp2(z * minus_log2e));
+      va::store(product + i, z * s * va::load(up + i));
+    }
+#endif
+    for (; i < n; ++i) product[i] = silu(gate[i]) * up[i];
+  }
+  static void silu_product_grad(const T* gate, const T* up, const T* d_product, T* d_gate, T* d_up, std::int64_t n) {
+    std::int64_t i = 0;
+#if defined(__GNUC__)
+    namespace va = baton::detail::attn;
+    using V = va::vec_t<T>;
+    constexpr std::int64_t W = va::width_v<T>;
+    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(T(-1.4426950408889634));
+    for (; i + W <= n; i += W) {
+      const V z = va::load(gate + i), u = va::load(up + i), dp = va::load(d_product + i);
+      const V s = one / (one + va::exp2(z * minus_log2e));
+      va::store(d_up + i, dp * z * s);
+      va::store(d_gate + i, dp * u * (s + z * s * (one - s)));
+    }
+#endif
+    for (; i < n; ++i) {
+      const T z = gate[i], u = up[i];
+      const T s = sigmoid(z);
+      d_up[i] = d_product[i] * z * s;
+      d_gate[i] = d_product[i] * u * (s + z * s * (T(1) - s));
+    }
+  }
+
+  linear<T> gate_, up_, down_;
+};
+
+}  // namespace baton::nn
