@@ -7,6 +7,7 @@
 //   loss_result<G>                       what a loss returns per microbatch
 //   pipeline_executor, make_pipeline     run a schedule over a communicator
 //   clip_grad_norm                       gradient-norm clipping over sharded parameters
+//   action_time, measured_cost_model     measured action costs, as a cost model for the simulator
 //
 // See docs/pipeline.md.
 #pragma once
@@ -16,3 +17,4 @@
 #include <baton/pipeline/error.hpp>
 #include <baton/pipeline/executor.hpp>
 #include <baton/pipeline/stage.hpp>
+#include <baton/pipeline/timing.hpp>

@@ -19,6 +19,8 @@ struct pipeline_outcome {
   std::vector<std::optional<double>> loss_by_rank;
   std::vector<std::size_t> peak_saved_by_rank;
   std::vector<std::optional<stage_grads<T>>> grads_by_stage;
+  std::vector<std::vector<baton::action_time>> times_by_rank;
+  std::vector<double> compute_seconds_by_rank, wall_seconds_by_rank;
 };
 
 // Runs one step of `prog` on prog.shape.ranks threads. `make_input` etc. give the full batch;
@@ -33,6 +35,9 @@ pipeline_outcome<T> run_pipeline(const baton::program& prog, std::int64_t width,
   out.loss_by_rank.resize(static_cast<std::size_t>(ranks));
   out.peak_saved_by_rank.resize(static_cast<std::size_t>(ranks));
   out.grads_by_stage.resize(static_cast<std::size_t>(prog.shape.num_stages()));
+  out.times_by_rank.resize(static_cast<std::size_t>(ranks));
+  out.compute_seconds_by_rank.resize(static_cast<std::size_t>(ranks));
+  out.wall_seconds_by_rank.resize(static_cast<std::size_t>(ranks));
   std::mutex m;
   baton::run_local(ranks, [&](baton::local_communicator& comm) {
     auto exec = baton::make_pipeline<baton::uniform_stages<S>>(
@@ -46,6 +51,9 @@ pipeline_outcome<T> run_pipeline(const baton::program& prog, std::int64_t width,
     std::lock_guard lock(m);
     out.loss_by_rank[static_cast<std::size_t>(comm.rank())] = r.loss;
     out.peak_saved_by_rank[static_cast<std::size_t>(comm.rank())] = r.peak_live_saved;
+    out.times_by_rank[static_cast<std::size_t>(comm.rank())] = r.action_times;
+    out.compute_seconds_by_rank[static_cast<std::size_t>(comm.rank())] = r.compute_seconds;
+    out.wall_seconds_by_rank[static_cast<std::size_t>(comm.rank())] = r.wall_seconds;
     exec.for_each_local_stage([&](int s, S& st) { out.grads_by_stage[static_cast<std::size_t>(s)] = stage_grads<T>{st.dw, st.db}; });
   });
   return out;

@@ -6,6 +6,9 @@
 #include "catch.hpp"
 #include "parity_support.hpp"
 
+#include <map>
+#include <utility>
+
 using namespace pipeline_test;
 
 namespace {
@@ -37,6 +40,26 @@ void check_program(const baton::program& prog) {
     INFO("rank " << r);
     CHECK(got.peak_saved_by_rank[static_cast<std::size_t>(r)] ==
           static_cast<std::size_t>(sim.ranks[static_cast<std::size_t>(r)].peak_live));
+  }
+  // Every compute action of a rank is timed once, under its stage and kind: F for each
+  // microbatch, and B, or I and W, as the program has them.
+  for (int r = 0; r < prog.shape.ranks; ++r) {
+    std::map<std::pair<int, baton::action_kind>, int> expected;
+    for (const baton::action& a : prog.ranks[static_cast<std::size_t>(r)])
+      if (a.kind == baton::action_kind::forward || a.kind == baton::action_kind::backward ||
+          a.kind == baton::action_kind::backward_input || a.kind == baton::action_kind::backward_weight)
+        ++expected[{a.stage, a.kind}];
+    std::map<std::pair<int, baton::action_kind>, int> timed;
+    double sum = 0;
+    for (const baton::action_time& t : got.times_by_rank[static_cast<std::size_t>(r)]) {
+      timed[{t.stage, t.kind}] += t.count;
+      sum += t.seconds;
+      CHECK(t.seconds >= 0.0);
+    }
+    INFO("rank " << r);
+    CHECK(timed == expected);
+    CHECK(std::abs(sum - got.compute_seconds_by_rank[static_cast<std::size_t>(r)]) <= 1e-12 * (1 + sum));
+    CHECK(got.compute_seconds_by_rank[static_cast<std::size_t>(r)] <= got.wall_seconds_by_rank[static_cast<std::size_t>(r)]);
   }
 }
 
@@ -88,4 +111,21 @@ TEST_CASE("token-count scaling matches the full-batch token mean with unequal mi
   // ...and the default 1/m scaling is measurably different here (so the test can fail).
   const auto plain = run_pipeline<T>(prog, 4, batch, baton::no_side{}, target);
   CHECK(rel_err(*plain.loss_by_rank[1], oracle_loss) > 1e-6);
+}
+
+TEST_CASE("measured_cost_model: per-stage means of the measured actions, B split when I/W never ran",
+          "[pipeline][timing]") {
+  using k = baton::action_kind;
+  const std::vector<baton::action_time> times{
+      {0, k::forward, 2, 4.0},         {0, k::backward_input, 2, 2.0}, {0, k::backward_weight, 2, 1.0},
+      {1, k::forward, 4, 4.0},         {1, k::backward, 4, 12.0},
+      {0, k::forward, 2, 2.0},  // a second rank's entries for stage 0 (a cp replica): pooled
+  };
+  const baton::cost_model c = baton::measured_cost_model(times, 2, 0.5);
+  CHECK(c.forward == std::vector<double>{1.5, 1.0});
+  CHECK(c.backward_input == std::vector<double>{1.0, 1.5});
+  CHECK(c.backward_weight == std::vector<double>{0.5, 1.5});
+  CHECK(c.backward == std::vector<double>{1.5, 3.0});
+  CHECK(c.communication == 0.5);
+  c.check(2);
 }

@@ -32,6 +32,19 @@ concept gradient_buffer = std::ranges::contiguous_range<R> && std::ranges::sized
 template <class R>
 concept gradient_buffers = std::ranges::input_range<R> && gradient_buffer<std::ranges::range_reference_t<R>>;
 
+// Σ g² in double, over eight partial sums in a fixed order: deterministic, and the compiler
+// keeps them in vector registers (one running sum would serialise every addition).
+template <class V>
+double sum_of_squares(std::span<V> buffer) {
+  double part[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= buffer.size(); i += 8)
+    for (std::size_t l = 0; l < 8; ++l) part[l] += static_cast<double>(buffer[i + l]) * static_cast<double>(buffer[i + l]);
+  double sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+  for (; i < buffer.size(); ++i) sum += static_cast<double>(buffer[i]) * static_cast<double>(buffer[i]);
+  return sum;
+}
+
 template <class Visit, class Grads>
 void for_each_gradient_buffer(Grads&& grads, Visit&& visit) {
   if constexpr (gradient_buffer<Grads>) {
@@ -76,13 +89,15 @@ double clip_grad_norm(Grads&& grads, double max_norm, double norm_type, Groups&.
   const bool inf_norm = std::isinf(norm_type);
   double local = 0;
   detail::pl::for_each_gradient_buffer(grads, [&](auto buffer) {
+    if (norm_type == 2) {
+      local += detail::pl::sum_of_squares(buffer);
+      return;
+    }
     for (const auto g : buffer) {
       const double a = std::abs(static_cast<double>(g));
       if (inf_norm) {
         // NaN must survive the max so that a NaN gradient is reported, not hidden.
         if (a > local || std::isnan(a)) local = a;
-      } else if (norm_type == 2) {
-        local += a * a;
       } else if (norm_type == 1) {
         local += a;
       } else {

@@ -20,10 +20,12 @@
 #include <baton/pipeline/detail/transfer.hpp>
 #include <baton/pipeline/error.hpp>
 #include <baton/pipeline/stage.hpp>
+#include <baton/pipeline/timing.hpp>
 #include <baton/schedule.hpp>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -70,6 +72,15 @@ struct step_report {
   std::size_t peak_saved_bytes = 0;
   /// Actions this rank executed (compute and communication).
   std::size_t actions = 0;
+  /// Seconds this rank spent inside its stages' compute, per stage and action kind (forward
+  /// with the loss, backward, backward_input, backward_weight; waiting for messages excluded):
+  /// the measured costs of the schedule's actions (see measured_cost_model).
+  std::vector<action_time> action_times;
+  /// The sum of action_times, and the wall time of the whole call on this rank: on a rank of
+  /// a pipeline, 1 - compute_seconds / wall_seconds is the share it spent idle or
+  /// communicating (its bubble).
+  double compute_seconds = 0;
+  double wall_seconds = 0;
 };
 
 using buffer_pool_stats = detail::pl::pool_stats;
@@ -606,6 +617,7 @@ class pipeline_executor {
                            ": this executor is unusable after a failed call (" + failure_ +
                            "); construct a new one on every rank");
     }
+    const auto call_start = detail::pl::action_clock::clock::now();
     ++calls_;
     const bool train = kind == detail::pl::call_kind::train;
     const int m = microbatches_;
@@ -639,6 +651,7 @@ class pipeline_executor {
     }
     training_ = train;
     live_saved_ = live_bytes_ = peak_saved_ = peak_bytes_ = 0;
+    clock_.reset(num_stages_);
 
     const auto& actions = train ? train_ : eval_;
     for (const compiled_action& c : actions) {
@@ -658,11 +671,14 @@ class pipeline_executor {
     report.actions = actions.size();
     report.peak_live_saved = peak_saved_;
     report.peak_saved_bytes = peak_bytes_;
+    report.action_times = clock_.entries(report.compute_seconds);
     if (holds_last_) report.loss = loss_sum_;
     if (options_.loss_on_every_rank) report.loss = share_loss(loss_sum_);
     batch_mbs_.clear();
     side_mbs_.clear();
     current_loss_ = nullptr;
+    report.wall_seconds =
+        std::chrono::duration<double>(detail::pl::action_clock::clock::now() - call_start).count();
     return report;
   }
 
@@ -956,6 +972,7 @@ class pipeline_executor {
     st.saved.emplace();
     st.saved_bytes = 0;
     ++live_saved_;
+    const auto compute_start = detail::pl::action_clock::clock::now();
     typename S::output y = [&] {
       try {
         return detail::pl::call_forward(stage_object<T>(c), *st.x, side_for<T>(mb), *st.saved, *st.hooks);
@@ -991,6 +1008,7 @@ class pipeline_executor {
         consumed = true;
       }
     }
+    clock_.add(s, action_kind::forward, detail::pl::action_clock::clock::now() - compute_start);
     if (!consumed) st.y.emplace(std::move(y));
     if (!training_) release_saved<T>(st);
   }
@@ -1045,6 +1063,7 @@ class pipeline_executor {
     if (st.input_grad_done) throw pipeline_error("the input gradient of this microbatch was already computed");
     take_output_grad<T>(c, st);
     st.hooks->fire_output_grad(*st.dy);
+    const auto compute_start = detail::pl::action_clock::clock::now();
     auto dx = [&] {
       try {
         if constexpr (split_backward_stage<stage_t<T>>) {
@@ -1056,6 +1075,8 @@ class pipeline_executor {
                              " threw: " + e.what());
       }
     }();
+    clock_.add(c.act.stage, split ? action_kind::backward_input : action_kind::backward,
+               detail::pl::action_clock::clock::now() - compute_start);
     release_output_grad<T>(st);
     st.hooks->fire_input_grad(dx);
     if (c.act.stage > 0) st.dx.emplace(std::move(dx));
@@ -1087,11 +1108,13 @@ class pipeline_executor {
       if (!st.saved || !st.input_grad_done) {
         throw pipeline_error("backward_weight before the backward_input of this microbatch");
       }
+      const auto compute_start = detail::pl::action_clock::clock::now();
       try {
         stage_object<T>(c).backward_weight(*st.saved);
       } catch (const std::exception& e) {
         throw pipeline_error(std::string("the stage's backward_weight threw: ") + e.what());
       }
+      clock_.add(c.act.stage, action_kind::backward_weight, detail::pl::action_clock::clock::now() - compute_start);
       release_saved<T>(st);
     } else {
       throw pipeline_error("the stage has no backward_weight");  // rejected at construction
@@ -1162,6 +1185,7 @@ class pipeline_executor {
   std::vector<double> weights_;
   std::function<loss_result<grad_t<output_type>>(const output_type&, int)> current_loss_;
   double loss_sum_ = 0;
+  detail::pl::action_clock clock_;
   std::size_t live_saved_ = 0, live_bytes_ = 0, peak_saved_ = 0, peak_bytes_ = 0;
   bool failed_ = false;
   std::string failure_;
