@@ -17,6 +17,7 @@
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/detail/checks.hpp>
 #include <baton/comm/detail/local_world.hpp>
+#include <baton/comm/detail/reduce.hpp>
 #include <baton/comm/error.hpp>
 
 #include <algorithm>
@@ -551,20 +552,8 @@ class local_communicator {
     for (std::size_t b = begin; b < end; b += block) {
       const std::size_t len = std::min(block, end - b);
       std::memcpy(acc, static_cast<const T*>(e[0].recv) + b, len * sizeof(T));
-      for (std::size_t r = 1; r < e.size(); ++r) {
-        const T* in = static_cast<const T*>(e[r].recv) + b;
-        switch (op) {
-          case reduce_op::sum:
-            for (std::size_t j = 0; j < len; ++j) acc[j] += in[j];
-            break;
-          case reduce_op::max:
-            for (std::size_t j = 0; j < len; ++j) acc[j] = acc[j] < in[j] ? in[j] : acc[j];
-            break;
-          case reduce_op::min:
-            for (std::size_t j = 0; j < len; ++j) acc[j] = in[j] < acc[j] ? in[j] : acc[j];
-            break;
-        }
-      }
+      for (std::size_t r = 1; r < e.size(); ++r)  // rank order, as every transport (detail/reduce.hpp)
+        detail::comm::combine(acc, static_cast<const T*>(e[r].recv) + b, len, op);
       std::memcpy(out + b, acc, len * sizeof(T));
     }
   }

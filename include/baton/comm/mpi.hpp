@@ -11,9 +11,9 @@
 // MPI-3 non-blocking collectives) polled against a deadline, so a dead or diverged peer
 // ends in comm_error after mpi_options::timeout instead of a hang. The communicator is a
 // duplicate with MPI_ERRORS_RETURN, so MPI errors come back as comm_error too.
-// Floating-point all_reduce is a reduce-scatter followed by an all-gather: each element is
-// reduced on one rank only, so every rank holds bitwise the same result whatever algorithm
-// the MPI library picks.
+// Floating-point all_reduce is a reduce-scatter (an all-to-all, then the owner of each chunk
+// combines the pieces in rank order, as the local world does) followed by an all-gather: every
+// rank holds bitwise the same result, and the same bits as a run on threads.
 #pragma once
 
 #include <baton/config.hpp>
@@ -24,6 +24,7 @@
 
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/detail/checks.hpp>
+#include <baton/comm/detail/reduce.hpp>
 #include <baton/comm/error.hpp>
 
 #include <mpi.h>
@@ -353,24 +354,35 @@ class mpi_communicator {
     const MPI_Datatype type = detail::comm_mpi::datatype_of<T>();
     MPI_Request request = MPI_REQUEST_NULL;
     if constexpr (std::is_floating_point_v<T>) {
-      // Each rank reduces one chunk (reduce-scatter), then every rank copies every chunk's
-      // bits (all-gather): identical results on every rank whatever algorithm MPI picks,
-      // at nearly MPI_Allreduce's speed (a reduce + broadcast is several times slower).
+      // Rank r owns chunk r: every rank sends it its piece (all-to-all), r combines the n
+      // pieces in rank order — the order and the code of the local world, so the bits are the
+      // same over threads and over MPI — and every rank copies every chunk (all-gather). The
+      // traffic is a reduce-scatter's plus an all-gather's, MPI_Allreduce's own.
       const auto n = static_cast<std::size_t>(size_);
-      auto layout = std::make_unique<int[]>(2 * n);  // counts, then displacements
+      auto layout = std::make_unique<int[]>(4 * n);  // send counts, displacements; receive counts, displacements
       int* counts = layout.get();
       int* displs = layout.get() + n;
+      int* piece_counts = layout.get() + 2 * n;
+      int* piece_displs = layout.get() + 3 * n;
       for (std::size_t r = 0; r < n; ++r) {
         displs[r] = static_cast<int>(static_cast<std::size_t>(count) * r / n);
         counts[r] = static_cast<int>(static_cast<std::size_t>(count) * (r + 1) / n) - displs[r];
       }
-      check(MPI_Ireduce_scatter(MPI_IN_PLACE, inout.data(), counts, type, detail::comm_mpi::op_of(op), comm_, &request),
-            "MPI_Ireduce_scatter");
-      finish(request, "all_reduce", layout);
-      // In place, MPI leaves this rank's reduced chunk at the start of the buffer.
-      const auto mine = static_cast<std::size_t>(rank_);
-      if (counts[mine] > 0 && displs[mine] > 0) {
-        std::memmove(inout.data() + displs[mine], inout.data(), static_cast<std::size_t>(counts[mine]) * sizeof(T));
+      const auto me = static_cast<std::size_t>(rank_);
+      const auto mine = static_cast<std::size_t>(counts[me]);
+      for (std::size_t r = 0; r < n; ++r) {
+        piece_counts[r] = counts[me];
+        piece_displs[r] = static_cast<int>(r * mine);
+      }
+      auto pieces = std::make_unique<T[]>(n * mine);  // rank r's piece of my chunk at r * mine
+      check(MPI_Ialltoallv(inout.data(), counts, displs, type, pieces.get(), piece_counts, piece_displs, type, comm_,
+                           &request),
+            "MPI_Ialltoallv");
+      finish(request, "all_reduce", layout, pieces);
+      if (mine > 0) {  // an empty chunk (fewer elements than ranks) has nothing to combine
+        T* chunk = inout.data() + displs[me];
+        std::memcpy(chunk, pieces.get(), mine * sizeof(T));
+        for (std::size_t r = 1; r < n; ++r) detail::comm::combine(chunk, pieces.get() + r * mine, mine, op);
       }
       check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inout.data(), counts, displs, type, comm_, &request),
             "MPI_Iallgatherv");
