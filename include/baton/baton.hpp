@@ -11,6 +11,7 @@
 #include <baton/attention.hpp>
 #include <baton/cp.hpp>
 #include <baton/nn.hpp>
+#include <baton/train.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/payload/kokkos.hpp>
 #endif

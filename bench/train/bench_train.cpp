@@ -1,0 +1,141 @@
+// bench_train — training steps of a transformer LM on ranks that are threads, against the
+// schedule simulator fed with the per-action times measured in the same steps.
+//
+//   env -u OPENBLAS_CORETYPE ./bench_train           5 interleaved repetitions of 4 steps per mesh
+//   env -u OPENBLAS_CORETYPE ./bench_train --quick   what ctest runs (5 repetitions of 2 steps)
+//
+// Meshes: pp 2 x cp_ring 2 under ZBV (ring zigzag), and pp 4 under 1F1B; both 4 ranks on
+// the local world, float, Kokkos attention, one BLAS thread per rank. Model: 8 layers,
+// d_model 128, 4 heads / 2 kv heads, seq 512, 8 rows per step in 8 microbatches.
+//
+// Per step, per mesh:
+//   train_step_vs_simulated   the pipeline call's wall time (its longest rank) / the makespan
+//                             the simulator predicts for the same lowered program with the
+//                             per-stage T_F, T_I, T_W (or T_B) measured in that very step
+//                             (mean over the ranks that ran each stage; no communication
+//                             cost): what the schedule itself explains. Goal <= 1.10.
+//   train_overhead_fraction   (the whole training step's wall time - that makespan) / the
+//                             step's wall time: everything that is neither compute nor the
+//                             schedule's own bubbles — messages, waits beyond the schedule,
+//                             the gradient all-reduce, clipping, AdamW, slicing the batch.
+//                             Goal <= 0.05.
+//   step_ms, tokens_per_s, measured_bubble (1 - mean busy share of the pipeline call),
+//   simulated_bubble (the simulator's bubble ratio for the measured costs).
+// Every figure prints as `name: median (min .., max .., n ..)` over the steps of all
+// repetitions; the two meshes alternate repetition by repetition.
+#include <baton/attention/kokkos.hpp>
+#include <baton/comm/local.hpp>
+#include <baton/nn/blas.hpp>
+#include <baton/train.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace train = baton::train;
+
+struct figures {
+  std::map<std::string, std::vector<double>> values;
+  void add(const std::string& name, double v) { values[name].push_back(v); }
+  void print(const std::string& prefix) const {
+    for (const auto& [name, v] : values) {
+      std::vector<double> s = v;
+      std::sort(s.begin(), s.end());
+      std::printf("%s%s: %.4g (min %.4g, max %.4g, n %zu)\n", prefix.c_str(), name.c_str(), s[s.size() / 2], s.front(),
+                  s.back(), s.size());
+    }
+  }
+};
+
+struct mesh_case {
+  std::string name;
+  train::lm_parallelism parallelism;
+  baton::program schedule;
+};
+
+// One repetition: a fresh world of 4 threads, `warmup` untimed steps, then `steps` measured.
+void run_case(const mesh_case& c, const train::lm_config& config, const train::byte_corpus& corpus, int warmup,
+              int steps, int first_step, figures& out) {
+  const int ranks = c.parallelism.mesh.size();
+  std::mutex m;
+  std::vector<std::vector<baton::action_time>> times(static_cast<std::size_t>(ranks));
+  std::vector<train::lm_step_report> reports(static_cast<std::size_t>(ranks));
+  baton::run_local(ranks, [&](baton::local_communicator& world) {
+    train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(world, config, c.parallelism,
+                                                                                        c.schedule);
+    const baton::program& lowered = trainer.executor().lowered_program();
+    for (int s = 0; s < warmup + steps; ++s) {
+      const auto r = trainer.step(corpus.train_batch(first_step + s, config.batch, config.seq, false));
+      world.barrier();
+      if (s < warmup) continue;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        times[static_cast<std::size_t>(world.rank())] = r.action_times;
+        reports[static_cast<std::size_t>(world.rank())] = r;
+      }
+      world.barrier();
+      if (world.rank() == 0) {
+        std::vector<baton::action_time> all;
+        for (const auto& t : times) all.insert(all.end(), t.begin(), t.end());
+        const baton::cost_model costs = baton::measured_cost_model(all, lowered.shape.num_stages());
+        const baton::simulation sim = baton::simulate(lowered, costs);
+        double step_seconds = 0;
+        for (const auto& rep : reports) step_seconds = std::max(step_seconds, rep.seconds);
+        const auto& lead = reports[0];
+        out.add("train_step_vs_simulated", lead.pipeline_seconds / sim.makespan);
+        out.add("train_overhead_fraction", (step_seconds - sim.makespan) / step_seconds);
+        out.add("step_ms", 1e3 * step_seconds);
+        out.add("tokens_per_s", static_cast<double>(lead.tokens) / step_seconds);
+        out.add("measured_bubble", lead.bubble_fraction);
+        out.add("sync_fraction", lead.sync_seconds / step_seconds);
+        out.add("optimizer_fraction", lead.optimizer_seconds / step_seconds);
+        out.add("pipeline_excess_fraction", (lead.pipeline_seconds - sim.makespan) / step_seconds);
+        out.add("simulated_bubble", sim.bubble_ratio);
+      }
+      world.barrier();
+    }
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  baton::nn::use_native_blas_kernel(argv);
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  baton::nn::set_blas_threads(1);
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int repetitions = 5, steps = quick ? 2 : 4, warmup = 1;
+
+  train::lm_config config;
+  config.model = {.d_model = 128, .heads = 4, .kv_heads = 2, .vocab = train::byte_corpus::vocab};
+  config.layers = 8;
+  config.seq = 512;
+  config.batch = 8;
+  config.optimizer.lr = 1e-3;
+  const train::byte_corpus corpus = train::byte_corpus::from_file("/usr/share/common-licenses/GPL-3");
+
+  const std::vector<mesh_case> cases{
+      {"pp2xcp2_zbv", {{.pp = 2, .cp_ring = 2}, baton::nn::cp_mode::ring, baton::shard_layout::zigzag},
+       baton::zbv::generate(baton::shape_for<baton::zbv>(2, 8))},
+      {"pp4_1f1b", {{.pp = 4}, baton::nn::cp_mode::none, baton::shard_layout::zigzag},
+       baton::one_f_one_b::generate(baton::shape_for<baton::one_f_one_b>(4, 8))},
+  };
+  std::printf("openblas_core: %s\n", baton::nn::blas_kernel().c_str());
+  std::printf("model: 8 layers, d_model 128, 4 heads / 2 kv heads, seq 512, 8 rows per step, 8 microbatches, float, "
+              "kokkos attention; 4 ranks as threads\n");
+  std::printf("repetitions: %d interleaved, %d measured step(s) each after %d warm-up\n", repetitions, steps, warmup);
+  std::vector<figures> results(cases.size());
+  for (int rep = 0; rep < repetitions; ++rep)
+    for (std::size_t c = 0; c < cases.size(); ++c)
+      run_case(cases[c], config, corpus, warmup, steps, rep * (steps + warmup), results[c]);
+  for (std::size_t c = 0; c < cases.size(); ++c) results[c].print(cases[c].name + "_");
+  return 0;
+}

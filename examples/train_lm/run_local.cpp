@@ -1,0 +1,17 @@
+// baton-train on the local world: every rank is a thread of this process.
+#include "run.hpp"
+
+#include <baton/comm/local.hpp>
+
+#include <algorithm>
+#include <vector>
+
+namespace train_lm {
+
+int run_local_world(const options& o) {
+  const std::vector<int> codes =
+      baton::run_local(o.world_size(), [&](baton::local_communicator& world) { return run_any(world, o); });
+  return *std::max_element(codes.begin(), codes.end());
+}
+
+}  // namespace train_lm
