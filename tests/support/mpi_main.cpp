@@ -1,7 +1,7 @@
-// Catch2 main for tests run under mpiexec: one Catch session per rank. Only rank 0 prints
-// the report; every rank's result is reduced so that a failure on any rank fails the run.
-#define CATCH_CONFIG_RUNNER
-#include "catch.hpp"
+// Catch2 main for tests run under mpiexec: one Catch session per rank (Catch itself is in
+// catch_impl.cpp). Only rank 0 prints the report; every rank's result is reduced so that a
+// failure on any rank fails the run.
+#include "catch_session.hpp"
 
 #include <baton/config.hpp>
 #include <mpi.h>
@@ -21,12 +21,7 @@ int main(int argc, char** argv) {
 #if BATON_HAS_KOKKOS()
     Kokkos::ScopeGuard kokkos_guard(argc, argv);
 #endif
-    Catch::Session session;
-    if (rank != 0) {
-      session.configData().outputFilename = "%debug";  // silence all but rank 0
-    }
-    const int parsed = session.applyCommandLine(argc, argv);
-    failures = parsed != 0 ? 1 : session.run();
+    failures = baton_test::run_catch(argc, argv, /*report=*/rank == 0);  // only rank 0 prints
   }
   int any_failure = 0;
   MPI_Allreduce(&failures, &any_failure, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
