@@ -131,3 +131,14 @@ TEST_CASE("Kokkos views: bytes, allocation, records and errors", "[payload][kokk
   CHECK(get<"hidden">(g).extent(0) == 4);
   CHECK(get<"hidden">(g).data() != v.data());
 }
+
+TEST_CASE("Kokkos views: a shape whose element or byte count overflows is a payload_error",
+          "[payload][kokkos][reliability]") {
+  // 2^40 x 2^40 wrapped to 0 elements before anything was allocated.
+  const std::vector<std::int64_t> wraps{std::int64_t{1} << 40, std::int64_t{1} << 40};
+  CHECK_THROWS_WITH(traits_of<view2>::allocate(wraps),
+                    Catch::Contains("baton Kokkos::View allocate: shape [1099511627776, 1099511627776] overflows"));
+  // 2^61 doubles fit in std::int64_t but are 2^64 bytes.
+  const std::vector<std::int64_t> too_many_bytes{std::int64_t{1} << 61};
+  CHECK_THROWS_AS(traits_of<view1>::allocate(too_many_bytes), payload_error);
+}

@@ -39,7 +39,8 @@ class host_tensor {
 
   host_tensor() : shape_{0} {}
 
-  /// A zero-filled tensor of the given shape (throws baton::payload_error on a negative extent).
+  /// A zero-filled tensor of the given shape (throws baton::payload_error on a negative extent,
+  /// or when the shape's element count or size in bytes overflows).
   explicit host_tensor(std::vector<std::int64_t> shape) : host_tensor(std::move(shape), for_overwrite_tag{}) {
     std::fill_n(values_.get(), size_, T{});
   }
@@ -134,7 +135,7 @@ class host_tensor {
   struct for_overwrite_tag {};
   host_tensor(std::vector<std::int64_t> shape, for_overwrite_tag)
       : shape_(std::move(shape)),
-        size_(detail::payload_impl::checked_element_count(shape_, "baton::host_tensor")),
+        size_(detail::payload_impl::checked_element_count(shape_, "baton::host_tensor", sizeof(T))),
         values_(std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(size_))) {}
 
   template <class... I>

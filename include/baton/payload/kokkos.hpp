@@ -134,7 +134,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
                           std::to_string(shape.size()) + " extents but the view type has rank " +
                           std::to_string(rank));
     }
-    (void)pi::checked_element_count(shape, "baton Kokkos::View allocate");
+    (void)pi::checked_element_count(shape, "baton Kokkos::View allocate", sizeof(value_type));
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       if (zero_fill) {
         return view(Kokkos::view_alloc(std::string("baton::payload")), static_cast<std::size_t>(shape[I])...);

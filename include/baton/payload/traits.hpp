@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <exception>
 #include <iterator>
+#include <limits>
 #include <ranges>
 #include <span>
 #include <stdexcept>
@@ -232,6 +233,25 @@ inline int normalise_dim(int dim, std::size_t rank, std::string_view what) {
   return static_cast<int>(d);
 }
 
+// "[begin, end)" for an error message; "[begin, begin + count)" spelled out when the end
+// does not fit in std::int64_t (the range is being rejected, so it may be anything).
+inline std::string row_range_text(std::int64_t begin, std::int64_t count) {
+  const bool end_fits = count >= 0 ? begin <= std::numeric_limits<std::int64_t>::max() - count
+                                   : begin >= std::numeric_limits<std::int64_t>::min() - count;
+  std::string text = "[";  // appended piece by piece: GCC 12's -Wrestrict misfires on "[" + to_string()
+  text += std::to_string(begin);
+  text += ", ";
+  if (end_fits) {
+    text += std::to_string(begin + count);
+  } else {
+    text += std::to_string(begin);
+    text += " + ";
+    text += std::to_string(count);
+  }
+  text += ')';
+  return text;
+}
+
 }  // namespace detail::payload_impl
 
 // ---- Checked access to one tensor through its traits --------------------------------------
@@ -296,8 +316,8 @@ T tensor_slice(const T& t, int dim, std::int64_t begin, std::int64_t count) {
     const int d = pi::normalise_dim(dim, shape.size(), "baton::tensor_slice");
     const auto extent = shape[static_cast<std::size_t>(d)];
     if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
-      throw payload_error("baton::tensor_slice: rows [" + std::to_string(begin) + ", " +
-                          std::to_string(begin + count) + ") along dim " + std::to_string(d) +
+      throw payload_error("baton::tensor_slice: rows " + pi::row_range_text(begin, count) + " along dim " +
+                          std::to_string(d) +
                           " are outside a tensor of shape " + detail::shape_text(shape));
     }
     return payload_traits<T>::slice(t, d, begin, count);

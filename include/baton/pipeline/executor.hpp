@@ -17,6 +17,7 @@
 
 #include <baton/comm.hpp>
 #include <baton/payload.hpp>
+#include <baton/pipeline/detail/gradient_check.hpp>
 #include <baton/pipeline/detail/transfer.hpp>
 #include <baton/pipeline/error.hpp>
 #include <baton/pipeline/stage.hpp>
@@ -55,8 +56,10 @@ struct pipeline_options {
   loss_scaling scaling = loss_scaling::mean_over_microbatches;
   /// step() and eval() return the loss on every pipeline rank, not only on the last stage's.
   bool loss_on_every_rank = false;
-  /// Exchange a fingerprint (program, call, side-input shapes) with every rank at the start
-  /// of each call, so ranks that disagree fail at once with a message instead of hanging.
+  /// Exchange a fingerprint (program, call, side-input shapes, batch and target rows) with
+  /// every rank at the start of each call, so ranks that disagree fail at once with a message
+  /// instead of hanging. Without it a target whose rows differ from the batch's is only
+  /// caught on a rank that holds both the first and the last stage.
   bool check_agreement = true;
   /// Added to every message tag: lets two executors share one communicator.
   int tag_offset = 0;
@@ -259,8 +262,8 @@ enum class call_kind : std::int64_t { train = 1, eval = 2 };
 
 // The words every rank exchanges at the start of a call.
 struct fingerprint {
-  static constexpr std::size_t size = 7;
-  enum : std::size_t { magic, kind, call, program, side, options, prepared };
+  static constexpr std::size_t size = 9;
+  enum : std::size_t { magic, kind, call, program, side, options, prepared, batch_rows, target_rows };
   std::array<std::int64_t, size> words{};
 };
 
@@ -626,6 +629,10 @@ class pipeline_executor {
     // rank together (through the fingerprint) instead of leaving the others waiting.
     std::string prepare_error;
     std::vector<Target> targets;
+    // The batch's rows (known on the first stage's rank) and the target's (on the last
+    // stage's) must agree; the fingerprint carries them to every rank.
+    const std::int64_t batch_rows = holds_first_ ? detail::pl::leading_rows(batch) : -1;
+    const std::int64_t target_rows = holds_last_ ? detail::pl::leading_rows(target) : -1;
     try {
       if (holds_first_) batch_mbs_ = split_microbatches(batch, m);
       if constexpr (!std::is_same_v<side_type, no_side>) side_mbs_ = split_microbatches(side, m);
@@ -637,10 +644,12 @@ class pipeline_executor {
       prepare_error = e.what();
     }
     if (options_.check_agreement) {
-      exchange_fingerprint(kind, side, prepare_error);
+      exchange_fingerprint(kind, side, prepare_error, batch_rows, target_rows);
     } else if (!prepare_error.empty()) {
       fail("rank " + std::to_string(rank_) + " could not split its inputs into " + std::to_string(m) +
            " microbatches: " + prepare_error);
+    } else if (const auto problem = detail::pl::target_rows_mismatch(batch_rows, target_rows, m); !problem.empty()) {
+      fail(call_context() + ": " + problem);  // without the exchange, seen only where one rank holds both
     }
 
     loss_sum_ = 0;
@@ -737,7 +746,8 @@ class pipeline_executor {
     return static_cast<std::int64_t>(h);
   }
 
-  void exchange_fingerprint(detail::pl::call_kind kind, const side_type& side, const std::string& prepare_error) {
+  void exchange_fingerprint(detail::pl::call_kind kind, const side_type& side, const std::string& prepare_error,
+                            std::int64_t batch_rows, std::int64_t target_rows) {
     using fp = detail::pl::fingerprint;
     fp mine;
     mine.words[fp::magic] = detail::pl::wire_magic;
@@ -747,6 +757,8 @@ class pipeline_executor {
     mine.words[fp::side] = side_hash(side);
     mine.words[fp::options] = (options_.loss_on_every_rank ? 1 : 0) + 2 * static_cast<std::int64_t>(options_.scaling);
     mine.words[fp::prepared] = prepare_error.empty() ? 1 : 0;
+    mine.words[fp::batch_rows] = batch_rows;
+    mine.words[fp::target_rows] = target_rows;
     const int n = comm_->size();
     std::vector<fp> theirs(static_cast<std::size_t>(n));
     std::vector<request> requests;
@@ -805,6 +817,16 @@ class pipeline_executor {
       if (w[fp::options] != mine.words[fp::options]) {
         fail(me + "ranks disagree on pipeline_options (loss_on_every_rank or scaling) with " + peer);
       }
+    }
+    // Every rank compares the same two words, so every rank fails with the same message.
+    const auto word_of = [&](int r, std::size_t word) {
+      return r == rank_ ? mine.words[word] : theirs[static_cast<std::size_t>(r)].words[word];
+    };
+    const std::int64_t first_rows = word_of(stage_rank(program_.shape, 0), fp::batch_rows);
+    const std::int64_t last_rows = word_of(stage_rank(program_.shape, num_stages_ - 1), fp::target_rows);
+    if (const auto problem = detail::pl::target_rows_mismatch(first_rows, last_rows, microbatches_);
+        !problem.empty()) {
+      fail(me + problem);
     }
   }
 
@@ -1001,6 +1023,9 @@ class pipeline_executor {
         const double w = weights_[static_cast<std::size_t>(mb)];
         loss_sum_ += w * result.value;
         if (training_) {
+          if (auto problem = detail::pl::gradient_mismatch(y, result.grad, "the loss", "output"); !problem.empty()) {
+            throw pipeline_error(problem);
+          }
           detail::pl::scale_payload(result.grad, w);
           st.dy.emplace(std::move(result.grad));
           st.dy_pooled = false;
@@ -1077,6 +1102,13 @@ class pipeline_executor {
     }();
     clock_.add(c.act.stage, split ? action_kind::backward_input : action_kind::backward,
                detail::pl::action_clock::clock::now() - compute_start);
+    // Checked before anything sees it: the previous stage's backward trusts its output's shape.
+    if (auto problem = detail::pl::gradient_mismatch(*st.x, dx, split ? "the stage's backward_input"
+                                                                      : "the stage's backward",
+                                                     "input");
+        !problem.empty()) {
+      throw pipeline_error(problem);
+    }
     release_output_grad<T>(st);
     st.hooks->fire_input_grad(dx);
     if (c.act.stage > 0) st.dx.emplace(std::move(dx));

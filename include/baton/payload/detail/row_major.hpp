@@ -7,9 +7,11 @@
 
 #include <baton/payload/traits.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,22 +20,35 @@
 
 namespace baton::detail::payload_impl {
 
-inline std::int64_t product(std::span<const std::int64_t> extents) {
-  std::int64_t p = 1;
-  for (auto e : extents) p *= e;
-  return p;
-}
-
-// Number of elements of a shape; throws on a negative extent.
-inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, std::string_view what) {
-  std::int64_t n = 1;
+// Number of elements of a shape; throws on a negative extent, and when the element count or
+// its size in bytes (at `element_size` bytes per element) does not fit in std::ptrdiff_t: a
+// count that wrapped around would allocate too little and let in-range indices write past the
+// end. A shape with a zero extent holds no elements whatever its other extents.
+inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, std::string_view what,
+                                          std::size_t element_size = 1) {
+  bool empty = false;
   for (auto e : shape) {
     if (e < 0) {
       throw payload_error(std::string(what) + ": negative extent in shape " + shape_text(shape));
     }
-    n *= e;
+    empty = empty || e == 0;
   }
-  return n;
+  if (empty) return 0;
+  const auto max_bytes = static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max());
+  const std::uint64_t max_elements = max_bytes / std::max<std::uint64_t>(element_size, 1);
+  std::uint64_t n = 1;
+  for (auto e : shape) {
+    const auto extent = static_cast<std::uint64_t>(e);
+    if (n > max_elements / extent) {
+      throw payload_error(std::string(what) + ": shape " + shape_text(shape) + " overflows: its " +
+                          (element_size > 1 ? "size in bytes (" + std::to_string(element_size) + " per element)"
+                                            : std::string("number of elements")) +
+                          " exceeds the largest object size, " + std::to_string(max_bytes) +
+                          "; check the extents (an uninitialised or wrapped-around value?)");
+    }
+    n *= extent;
+  }
+  return static_cast<std::int64_t>(n);
 }
 
 struct row_major_split {
@@ -41,7 +56,16 @@ struct row_major_split {
   std::int64_t inner;  // product of extents after dim
 };
 
+// Only called with the shape of a tensor that exists (its element count was checked), so the
+// partial products cannot overflow; an empty tensor is {0, 0}: nothing to copy, and the
+// partial products of its other extents may not even fit in std::int64_t.
 inline row_major_split split_at(std::span<const std::int64_t> shape, int dim) {
+  if (std::find(shape.begin(), shape.end(), std::int64_t{0}) != shape.end()) return {0, 0};
+  const auto product = [](std::span<const std::int64_t> extents) {
+    std::int64_t p = 1;
+    for (auto e : extents) p *= e;
+    return p;
+  };
   const auto d = static_cast<std::size_t>(dim);
   return {product(shape.first(d)), product(shape.subspan(d + 1))};
 }
@@ -60,9 +84,8 @@ inline shape_along checked_slice_shape(std::span<const std::int64_t> shape, int 
   const int d = normalise_dim(dim, shape.size(), what);
   const auto extent = shape[static_cast<std::size_t>(d)];
   if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
-    throw payload_error(std::string(what) + ": rows [" + std::to_string(begin) + ", " +
-                        std::to_string(begin + count) + ") along dim " + std::to_string(d) +
-                        " are outside shape " + shape_text(shape));
+    throw payload_error(std::string(what) + ": rows " + row_range_text(begin, count) + " along dim " +
+                        std::to_string(d) + " are outside shape " + shape_text(shape));
   }
   std::vector<std::int64_t> out(shape.begin(), shape.end());
   out[static_cast<std::size_t>(d)] = count;
@@ -105,7 +128,15 @@ inline shape_along concat_shape(std::span<const std::vector<std::int64_t>> shape
                           shape_text(s) + " but part 0 has " + shape_text(shapes[0]) +
                           "; parts must agree on every extent except along dim " + std::to_string(d));
     }
-    out[static_cast<std::size_t>(d)] += s[static_cast<std::size_t>(d)];
+    const auto rows = s[static_cast<std::size_t>(d)];
+    auto& total = out[static_cast<std::size_t>(d)];
+    if (rows > std::numeric_limits<std::int64_t>::max() - total) {
+      throw payload_error(std::string(what) + ": concatenating part " + std::to_string(p) + " of shape " +
+                          shape_text(s) + " overflows the extent along dim " + std::to_string(d) +
+                          " (the parts' extents sum past " + std::to_string(std::numeric_limits<std::int64_t>::max()) +
+                          "); check the parts' shapes");
+    }
+    total += rows;
   }
   return {d, std::move(out)};
 }

@@ -12,6 +12,7 @@
 
 #include <baton/comm/concepts.hpp>
 #include <baton/payload.hpp>
+#include <baton/payload/detail/row_major.hpp>
 #include <baton/pipeline/error.hpp>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -336,6 +338,36 @@ void check_header(const incoming<Request, P>& in) {
   }
   if (w[5] < 0 || static_cast<std::size_t>(w[5]) > wire_max_tensors) {
     throw pipeline_error("baton pipeline: corrupt header from rank " + std::to_string(in.source));
+  }
+  // The shapes decide what is allocated and how many bytes are copied or received, so each is
+  // checked (rank, element size, an element count or byte count that overflows) before any
+  // buffer is made from it, and inline data must fit the header's data area.
+  const std::string corrupt = "baton pipeline: corrupt header for the " + describe_message(e) + " from rank " +
+                              std::to_string(in.source) + ": ";
+  std::int64_t total_bytes = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(in.header.tensors()); ++i) {
+    const std::int64_t* t = in.header.tensor_words(i);
+    if (t[0] < 0 || static_cast<std::size_t>(t[0]) > wire_max_rank || t[1] <= 0) {
+      throw pipeline_error(corrupt + "tensor " + std::to_string(i) + " has rank " + std::to_string(t[0]) +
+                           " and element size " + std::to_string(t[1]) + "; the ranks do not run the same program");
+    }
+    const std::span<const std::int64_t> shape(t + 2, static_cast<std::size_t>(t[0]));
+    std::int64_t bytes = 0;
+    try {
+      bytes = payload_impl::checked_element_count(shape, "tensor " + std::to_string(i),
+                                                  static_cast<std::size_t>(t[1])) * t[1];
+    } catch (const payload_error& err) {
+      throw pipeline_error(corrupt + err.what());
+    }
+    if (bytes > std::numeric_limits<std::int64_t>::max() - total_bytes) {
+      throw pipeline_error(corrupt + "the byte count of its " + std::to_string(in.header.tensors()) +
+                           " tensors overflows");
+    }
+    total_bytes += bytes;
+  }
+  if (in.header.data_inline() && total_bytes > static_cast<std::int64_t>(wire_inline_bytes)) {
+    throw pipeline_error(corrupt + "it carries its data inline but announces " + std::to_string(total_bytes) +
+                         " bytes, more than the " + std::to_string(wire_inline_bytes) + " bytes a header holds");
   }
 }
 
