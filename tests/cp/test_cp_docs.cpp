@@ -117,3 +117,37 @@ TEST_CASE("docs: merge example", "[cp][docs]") {
   CHECK(std::abs(out[1] - 0.75f) < 1e-6f);
   CHECK(std::abs(lse[0] - std::log(4.0f)) < 1e-6f);
 }
+
+TEST_CASE("docs: padding example", "[cp][docs][reliability]") {
+  std::vector<float> q_full(1 * 33 * 4 * 8);
+  for (std::size_t i = 0; i < q_full.size(); ++i) q_full[i] = std::sin(0.3f * static_cast<float>(i));
+  std::vector<float> out_padded(1 * 36 * 4 * 8);
+  // --- example: padding ---
+  const std::int64_t real = 33;  // 33 tokens over 2 (ring) x 2 (Ulysses): refused, pad to 36
+  const std::int64_t padded = baton::sequence_sharding::padded_length(baton::shard_layout::zigzag, real, 2, 2);
+  baton::sequence_sharding sharding(baton::shard_layout::zigzag, padded, 2, 2);
+  const std::vector<std::int64_t> shape{1, real, 4, 8};  // [batch, seq, heads, dim]
+  std::vector<float> q_padded = baton::pad_sequence<float>(q_full, shape, /*seq_axis=*/1, padded);
+  baton::padding_mask mask(baton::causal_mask{}, real);  // attend with this mask
+  // ... shard, attend, unshard as below; then back to the real tokens:
+  const std::vector<std::int64_t> padded_shape{1, padded, 4, 8};
+  std::vector<float> out_real = baton::unpad_sequence<float>(out_padded, padded_shape, 1, real);
+  // --- end ---
+  CHECK(padded == 36);
+  CHECK(sharding.local_len() == 9);
+  // Attention over the padded sequence with the padding mask equals the unpadded one on the
+  // real tokens (q = k = v here).
+  std::vector<float> lse_padded(4 * 36), out_plain(q_full.size()), lse_plain(4 * 33);
+  baton::reference_attention{}.forward(
+      baton::make_tensor_view(static_cast<const float*>(q_padded.data()), {1, 36, 4, 8}),
+      baton::make_tensor_view(static_cast<const float*>(q_padded.data()), {1, 36, 4, 8}),
+      baton::make_tensor_view(static_cast<const float*>(q_padded.data()), {1, 36, 4, 8}), mask,
+      baton::make_tensor_view(out_padded.data(), {1, 36, 4, 8}), baton::make_tensor_view(lse_padded.data(), {1, 4, 36}));
+  baton::reference_attention{}.forward(
+      baton::make_tensor_view(static_cast<const float*>(q_full.data()), {1, 33, 4, 8}),
+      baton::make_tensor_view(static_cast<const float*>(q_full.data()), {1, 33, 4, 8}),
+      baton::make_tensor_view(static_cast<const float*>(q_full.data()), {1, 33, 4, 8}), baton::causal_mask{},
+      baton::make_tensor_view(out_plain.data(), {1, 33, 4, 8}), baton::make_tensor_view(lse_plain.data(), {1, 4, 33}));
+  out_real = baton::unpad_sequence<float>(out_padded, padded_shape, 1, real);
+  CHECK(out_real == out_plain);
+}

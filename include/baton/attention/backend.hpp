@@ -59,7 +59,11 @@ struct attention_params {
 ///      merged out and lse rather than its own;
 ///   3. k and v are [batch, seq_k, heads_kv, dim] with heads_q % heads_kv == 0 (GQA/MQA);
 ///   4. bad shapes throw attention_error naming the tensor and the expected shape;
-///   5. calls are stateless and may run concurrently from several threads.
+///   5. calls are stateless and may run concurrently from several threads;
+///   6. non-finite values follow the rule of docs/attention.md ("Non-finite values"): a NaN
+///      or infinity in q_i, k_j or v_j of a pair (i, j) the mask allows makes row i's out and
+///      lse NaN, and in backward every gradient such a pair touches NaN; masked pairs are
+///      never read, and a row with no allowed key keeps out 0, lse -inf.
 template <class B, class T>
 concept attention_backend =
     requires(B& b, tensor_view<const T, 4> in, tensor_view<T, 4> out_view, tensor_view<lse_t<T>, 3> lse,
@@ -156,6 +160,16 @@ void check_backward_tensors(const problem& p, const tensor_view<TO, 4>& out, con
   expect_shape(dq, "dq", q_shape, "(dq has the shape of q: [batch, seq_q, heads_q, dim])");
   expect_shape(dk, "dk", kv_shape, "(dk has the shape of k: [batch, seq_k, heads_kv, dim])");
   expect_shape(dv, "dv", kv_shape, "(dv has the shape of v: [batch, seq_k, heads_kv, dim])");
+}
+
+/// Whether row (b, s, h) of t holds only finite values (the non-finite rule's test; one pass
+/// over a row, never inside a kernel's inner loops).
+template <class T>
+[[nodiscard]] bool row_finite(const tensor_view<T, 4>& t, std::int64_t b, std::int64_t s, std::int64_t h,
+                              std::int64_t dim) noexcept {
+  bool finite = true;
+  for (std::int64_t d = 0; d < dim; ++d) finite = finite && std::isfinite(static_cast<double>(t(b, s, h, d)));
+  return finite;
 }
 
 /// Compile-time checks shared by backends: one element type, mutable outputs, lse_t LSE.

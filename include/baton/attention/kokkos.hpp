@@ -107,7 +107,8 @@ class kokkos_attention {
     for (std::int64_t r = 0; r < L.rounds(); ++r) {
       const da::head_round round = L.round(r);
       launch("baton::attention::pack_kv", L.kv_items(round), [&](std::int64_t item) {
-        da::pack_kv_block(L, round, item, k, v, P.kt, P.v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+        da::pack_kv_block(L, round, item, k, v, P.kt, P.v, static_cast<T*>(nullptr), static_cast<T*>(nullptr), P.key_bad,
+                          P.block_bad);
       });
       launch_chunked<T>("baton::attention::forward", L.q_items(round), L.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {
@@ -150,7 +151,7 @@ class kokkos_attention {
       launch("baton::attention::pack_q", L.q_items(round),
              [&](std::int64_t item) { da::pack_q_block(L, round, item, q, out, lse, dout, P); });
       launch("baton::attention::pack_kv", L.kv_items(round), [&](std::int64_t item) {
-        da::pack_kv_block(L, round, item, k, v, P.kt, static_cast<T*>(nullptr), P.vt, P.k);
+        da::pack_kv_block(L, round, item, k, v, P.kt, static_cast<T*>(nullptr), P.vt, P.k, P.key_bad, P.block_bad);
       });
       launch_chunked<T>("baton::attention::backward_kv", L.kv_items(round), L.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {

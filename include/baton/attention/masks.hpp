@@ -255,6 +255,60 @@ template <attention_mask A, attention_mask B>
   return {std::move(a), std::move(b)};
 }
 
+/// `inner` over the first `length` positions of a padded sequence, and nothing else: a pair
+/// is allowed when both positions are below `length` and `inner` allows it. Padding keys are
+/// never attended, and padding queries attend to nothing (out 0, lse -inf, no gradient), so
+/// the results on the real tokens equal those of the unpadded sequence. `inner` is never
+/// asked about a padding position (a document_mask needs ids for the real tokens only).
+/// Pair it with pad_sequence (baton/cp/sharding.hpp) when a sharding refuses the length:
+///
+/// Example (compiled in tests/cp/test_cp_docs.cpp):
+/// ```
+///   const std::int64_t padded = baton::sequence_sharding::padded_length(baton::shard_layout::zigzag, 33, 2, 2);
+///   baton::sequence_sharding sharding(baton::shard_layout::zigzag, padded, 2, 2);  // 36 tokens
+///   baton::padding_mask mask(baton::causal_mask{}, /*length=*/33);               // hides 33..35
+/// ```
+template <attention_mask Mask>
+class padding_mask {
+ public:
+  padding_mask(Mask inner, std::int64_t length) : inner_(std::move(inner)), length_(length) {
+    if (length < 0)
+      throw attention_error("baton::padding_mask: the real length " + std::to_string(length) + " must be >= 0");
+  }
+
+  [[nodiscard]] bool allowed(std::int64_t q, std::int64_t k) const {
+    return q < length_ && k < length_ && static_cast<bool>(inner_.allowed(q, k));
+  }
+  [[nodiscard]] block_kind classify(const position_block& qb, const position_block& kb) const {
+    if (qb.empty() || kb.empty() || qb.min() >= length_ || kb.min() >= length_) return block_kind::empty;
+    // A block straddling the end holds positions the inner mask must not see: test pairs.
+    if (qb.max() >= length_ || kb.max() >= length_) return block_kind::partial;
+    return inner_.classify(qb, kb);
+  }
+  void validate(const positions& q, const positions& k) const {
+    std::vector<std::int64_t> q_real, k_real;
+    detail::attn::validate_mask(inner_, real_positions(q, q_real), real_positions(k, k_real));
+  }
+
+  [[nodiscard]] const Mask& inner() const noexcept { return inner_; }
+  [[nodiscard]] std::int64_t length() const noexcept { return length_; }
+
+ private:
+  positions real_positions(const positions& p, std::vector<std::int64_t>& storage) const {
+    if (p.is_unsized()) return p;
+    if (p.is_range()) {
+      const std::int64_t begin = std::min(p.range_begin(), length_);
+      return positions(begin, std::max<std::int64_t>(0, std::min(p.range_begin() + p.size(), length_) - begin));
+    }
+    for (std::int64_t i = 0; i < p.size(); ++i)
+      if (p[i] < length_) storage.push_back(p[i]);
+    return positions(std::span<const std::int64_t>(storage));
+  }
+
+  Mask inner_;
+  std::int64_t length_;
+};
+
 /// A mask from any predicate `mask_mod(q_pos, k_pos) -> bool` (FlexAttention's BlockMask):
 /// built once over the global grid [0, q_length) x [0, k_length) by evaluating mask_mod on
 /// every pair and recording, per block_size x block_size cell, whether it is empty, full or

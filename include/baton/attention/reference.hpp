@@ -27,25 +27,42 @@ struct reference_attention {
     detail::attn::validate_mask(mask, p.q_pos, p.k_pos);
 
     const double neg_inf = -std::numeric_limits<double>::infinity();
+    const double nan = std::numeric_limits<double>::quiet_NaN();
     std::vector<double> score(static_cast<std::size_t>(p.seq_k));
     std::vector<double> acc(static_cast<std::size_t>(p.dim));
+    std::vector<char> kv_bad(static_cast<std::size_t>(p.seq_k));
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads_q; ++h) {
         const std::int64_t hk = h / p.group();
+        for (std::int64_t j = 0; j < p.seq_k; ++j)
+          kv_bad[j] = !detail::attn::row_finite(k, b, j, hk, p.dim) || !detail::attn::row_finite(v, b, j, hk, p.dim);
         for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          const bool q_bad = !detail::attn::row_finite(q, b, i, h, p.dim);
+          // Non-finite rule (docs/attention.md): a non-finite q, k or v in an allowed pair, or
+          // a score that is NaN or +inf, makes the row NaN; masked pairs are never read.
+          bool poisoned = false;
           double row_max = neg_inf;
           for (std::int64_t j = 0; j < p.seq_k; ++j) {
             score[j] = neg_inf;
             if (!mask.allowed(p.q_pos[i], p.k_pos[j])) continue;
+            if (q_bad || kv_bad[j]) {
+              poisoned = true;
+              continue;
+            }
             double dot = 0;
             for (std::int64_t d = 0; d < p.dim; ++d)
               dot += static_cast<double>(q(b, i, h, d)) * static_cast<double>(k(b, j, hk, d));
             score[j] = dot * p.scale;
+            if (!(score[j] < std::numeric_limits<double>::infinity())) {  // NaN or +inf (overflow)
+              poisoned = true;
+              score[j] = neg_inf;
+              continue;
+            }
             row_max = std::max(row_max, score[j]);
           }
           std::fill(acc.begin(), acc.end(), 0.0);
           double denominator = 0;
-          if (row_max != neg_inf) {
+          if (row_max != neg_inf && !poisoned) {
             for (std::int64_t j = 0; j < p.seq_k; ++j) {
               if (score[j] == neg_inf) continue;
               const double w = std::exp(score[j] - row_max);
@@ -55,8 +72,9 @@ struct reference_attention {
           }
           // A query that may attend to nothing: out 0, lse -inf (the sum of no exponentials).
           const bool any = denominator > 0;
-          for (std::int64_t d = 0; d < p.dim; ++d) out(b, i, h, d) = static_cast<TO>(any ? acc[d] / denominator : 0.0);
-          lse(b, h, i) = static_cast<TL>(any ? row_max + std::log(denominator) : neg_inf);
+          for (std::int64_t d = 0; d < p.dim; ++d)
+            out(b, i, h, d) = static_cast<TO>(poisoned ? nan : any ? acc[d] / denominator : 0.0);
+          lse(b, h, i) = static_cast<TL>(poisoned ? nan : any ? row_max + std::log(denominator) : neg_inf);
         }
       }
   }
@@ -81,17 +99,35 @@ struct reference_attention {
       return static_cast<std::size_t>(((b * p.seq_k + j) * p.heads_kv + h) * p.dim + d);
     };
 
+    // Non-finite rule (docs/attention.md): a pair the mask allows, of a row that attends
+    // (lse not -inf), is poisoned when lse is NaN or +inf or any of q, out, dout of the row or
+    // k, v of the key is non-finite; it makes dq of the row and dk, dv of the key NaN.
+    std::vector<char> q_nan(n_q / static_cast<std::size_t>(std::max<std::int64_t>(p.dim, 1)), 0);
+    std::vector<char> kv_nan(n_kv / static_cast<std::size_t>(std::max<std::int64_t>(p.dim, 1)), 0);
+    std::vector<char> kv_bad(static_cast<std::size_t>(p.seq_k));
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads_q; ++h) {
         const std::int64_t hk = h / p.group();
+        for (std::int64_t j = 0; j < p.seq_k; ++j)
+          kv_bad[j] = !detail::attn::row_finite(k, b, j, hk, p.dim) || !detail::attn::row_finite(v, b, j, hk, p.dim);
         for (std::int64_t i = 0; i < p.seq_q; ++i) {
           const double row_lse = static_cast<double>(lse(b, h, i));
           if (std::isinf(row_lse) && row_lse < 0) continue;  // attends to nothing: no gradient
+          const bool row_bad = !(row_lse < std::numeric_limits<double>::infinity()) ||
+                               !detail::attn::row_finite(q, b, i, h, p.dim) ||
+                               !detail::attn::row_finite(out, b, i, h, p.dim) ||
+                               !detail::attn::row_finite(dout, b, i, h, p.dim);
           double delta = 0;  // D_i = rowsum(dO * O)
-          for (std::int64_t d = 0; d < p.dim; ++d)
-            delta += static_cast<double>(dout(b, i, h, d)) * static_cast<double>(out(b, i, h, d));
+          if (!row_bad)
+            for (std::int64_t d = 0; d < p.dim; ++d)
+              delta += static_cast<double>(dout(b, i, h, d)) * static_cast<double>(out(b, i, h, d));
           for (std::int64_t j = 0; j < p.seq_k; ++j) {
             if (!mask.allowed(p.q_pos[i], p.k_pos[j])) continue;
+            if (row_bad || kv_bad[j]) {
+              q_nan[q_index(b, i, h, 0) / static_cast<std::size_t>(std::max<std::int64_t>(p.dim, 1))] = 1;
+              kv_nan[kv_index(b, j, hk, 0) / static_cast<std::size_t>(std::max<std::int64_t>(p.dim, 1))] = 1;
+              continue;
+            }
             double s = 0, dp = 0;
             for (std::int64_t d = 0; d < p.dim; ++d) {
               s += static_cast<double>(q(b, i, h, d)) * static_cast<double>(k(b, j, hk, d));
@@ -107,6 +143,15 @@ struct reference_attention {
           }
         }
       }
+    const auto poison = [&](std::vector<double>& g, const std::vector<char>& rows) {
+      for (std::size_t r = 0; r < rows.size(); ++r)
+        if (rows[r])
+          std::fill_n(g.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(p.dim)), p.dim,
+                      std::numeric_limits<double>::quiet_NaN());
+    };
+    poison(gq, q_nan);
+    poison(gk, kv_nan);
+    poison(gv, kv_nan);
 
     const auto store = [&](auto view, const std::vector<double>& g, std::int64_t seq, std::int64_t heads) {
       using E = typename decltype(view)::value_type;

@@ -58,7 +58,7 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
               std::to_string(world.size()) + "; choose degrees whose product is the world size");
   }
   const auto all = all_to_all_gather(world, std::span<const call_descriptor>(&mine, 1));
-  agree_or_throw("baton::make_cp_mesh", all);
+  agree_settle_or_throw("baton::make_cp_mesh", all, [&] { settle_all_to_all(world); });
   const int w = world.rank();
   cp_mesh<Comm> mesh{world.split(w / ulysses_degree, w % ulysses_degree), world.split(w % ulysses_degree, w / ulysses_degree),
                      ring_degree, ulysses_degree};
@@ -127,7 +127,7 @@ class hybrid_attention
   }
 
   template <class T, class Mask>
-  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
+  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
                                      const std::string& caller_problem, const std::string& tensor_problem) {
     using namespace detail::cp;
     const std::string problem = first_problem({
@@ -142,10 +142,14 @@ class hybrid_attention
         check_head_split(s.heads_q, s.heads_kv, ulysses_->size()), check_mask(mask, sharding_.seq_len())});
     agree_on_call<T>(backward ? "baton::hybrid_attention::backward" : "baton::hybrid_attention::forward",
                      backward ? op_hybrid_backward : op_hybrid_forward, s, sharding_, ring_->size() * ulysses_->size(),
-                     shard_index(), problem, [&](const call_descriptor& mine) {
+                     shard_index(), problem, mask, scale, [&](const call_descriptor& mine) {
                        // Inside the Ulysses group first, then around the ring: every rank sees all.
                        const auto group = all_to_all_gather(*ulysses_, std::span<const call_descriptor>(&mine, 1));
                        return ring_all_gather(*ring_, std::span<const call_descriptor>(group));
+                     },
+                     [&] {
+                       settle_ring(*ring_);
+                       settle_all_to_all(*ulysses_);
                      });
     return ulysses_geometry_of(s, ulysses_->size());
   }

@@ -36,7 +36,9 @@ A sigmoid(A x) noexcept {
 // Merges one row: out/lse hold the result over the keys seen so far, (out_b, lse_b) the
 // result over a disjoint block of keys. With the sigmoid form the update never forms
 // exp(lse) (no overflow) and an empty side (lse -inf: every key masked) is an exact no-op
-// or an exact copy, never a NaN from (-inf) - (-inf).
+// or an exact copy, never a NaN from (-inf) - (-inf). A NaN side (a block whose row is NaN
+// under the non-finite rule, docs/attention.md) makes the merged row NaN, out and lse: the
+// sigmoid and log_sigmoid of a NaN difference are NaN, so no rank's NaN is hidden.
 template <class A, class B, class L>
 void merge_row(A* out, std::int64_t out_stride, A& lse, const B* out_b, std::int64_t out_b_stride, L lse_b_in,
                std::int64_t dim) noexcept {

@@ -56,7 +56,7 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   friend class detail::cp::front_end<ring_attention, Backend>;
 
   template <class T, class Mask>
-  detail::cp::ring_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
+  detail::cp::ring_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
                                   const std::string& caller_problem, const std::string& tensor_problem) {
     using namespace detail::cp;
     const std::string problem = first_problem({
@@ -73,9 +73,11 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
         check_local(s, sharding_.local_len()), tensor_problem, check_mask(mask, sharding_.seq_len())});
     agree_on_call<T>(backward ? "baton::ring_attention::backward" : "baton::ring_attention::forward",
                      backward ? op_ring_backward : op_ring_forward, s, sharding_, ring_->size(), ring_->rank(), problem,
+                     mask, scale,
                      [&](const call_descriptor& mine) {
                        return ring_all_gather(*ring_, std::span<const call_descriptor>(&mine, 1));
-                     });
+                     },
+                     [&] { settle_ring(*ring_); });
     ring_geometry g;
     for (int r = 0; r < ring_->size(); ++r) g.pieces.push_back(sharding_.pieces(r));
     g.batch = s.batch;

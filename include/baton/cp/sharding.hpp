@@ -76,25 +76,42 @@ class sequence_sharding {
       throw cp_error("sequence_sharding: sequence length " + std::to_string(seq_len) + " must be positive");
     }
     const std::int64_t unit = (layout == shard_layout::zigzag ? 2 : 1) * std::int64_t{degree};
+    // The advice is the smallest length that is accepted as a whole (this check and the
+    // inner degree's below), not only the one that passes the first check.
+    const std::int64_t padded = padded_length(layout, seq_len, degree, inner_degree);
     if (seq_len % unit != 0) {
-      const std::int64_t padded = (seq_len + unit - 1) / unit * unit;
       throw cp_error("sequence_sharding: sequence length " + std::to_string(seq_len) +
                      " is not divisible by " + std::to_string(unit) + " as the " +
                      std::string(to_string(layout)) + " layout over " + std::to_string(degree) +
                      " rank(s) needs" +
                      (layout == shard_layout::zigzag ? " (2 chunks per rank: r and 2R-1-r)" : "") +
+                     (inner_degree > 1 ? " (and each group's shard by the inner degree " + std::to_string(inner_degree) + ")"
+                                       : std::string()) +
                      "; pad the sequence to " + std::to_string(padded) +
-                     " and mask the padding (e.g. a document_mask with its own segment id)");
+                     " and mask the padding (sequence_sharding::padded_length, baton::pad_sequence and baton::padding_mask do both)");
     }
     if ((seq_len / degree) % inner_degree != 0) {
-      const std::int64_t u =
-          std::int64_t{degree} * std::lcm(std::int64_t{inner_degree}, std::int64_t{layout == shard_layout::zigzag ? 2 : 1});
-      const std::int64_t padded = (seq_len + u - 1) / u * u;
       throw cp_error("sequence_sharding: each of the " + std::to_string(degree) + " group shard(s) holds " +
                      std::to_string(seq_len / degree) + " tokens, which the inner (Ulysses) degree " +
                      std::to_string(inner_degree) + " does not divide; pad the sequence to " +
-                     std::to_string(padded));
+                     std::to_string(padded) +
+                     " and mask the padding (sequence_sharding::padded_length, baton::pad_sequence and baton::padding_mask do both)");
     }
+  }
+
+  /// The smallest sequence length >= seq_len (and >= 1) that sequence_sharding(layout, length,
+  /// degree, inner_degree) accepts: a multiple of degree x lcm(inner_degree, 2) for zigzag and
+  /// of degree x inner_degree otherwise. Throws cp_error for a degree below 1.
+  [[nodiscard]] static std::int64_t padded_length(shard_layout layout, std::int64_t seq_len, int degree,
+                                                  int inner_degree = 1) {
+    if (degree < 1 || inner_degree < 1) {
+      throw cp_error("sequence_sharding: degree (" + std::to_string(degree) + ") and inner degree (" +
+                     std::to_string(inner_degree) + ") must be at least 1");
+    }
+    const std::int64_t multiple =
+        std::int64_t{degree} * std::lcm(std::int64_t{inner_degree}, std::int64_t{layout == shard_layout::zigzag ? 2 : 1});
+    const std::int64_t n = std::max<std::int64_t>(seq_len, 1);
+    return (n + multiple - 1) / multiple * multiple;
   }
 
   shard_layout layout() const noexcept { return layout_; }
@@ -283,6 +300,54 @@ void unshard_sequence(const sequence_sharding& sharding, int rank, std::span<con
   const auto s = detail::cp::check_shard_args<T>(sharding, full.size(), local.size(), full_shape, seq_axis,
                                                  "unshard_sequence");
   detail::cp::copy_shard(sharding, rank, s, full.data(), const_cast<T*>(local.data()), false);
+}
+
+/// A copy of the row-major tensor `full` (shape `full_shape`, sequence on `seq_axis`) with its
+/// sequence axis extended to `padded_len` tokens, the new positions filled with `fill`:
+/// padding for a length a sharding refuses (sequence_sharding::padded_length says how long).
+/// Attend the padded sequence with padding_mask(mask, real length), which hides the padding,
+/// and the results on the real tokens equal those of the unpadded sequence; unpad_sequence
+/// drops the padding again.
+template <class T>
+std::vector<T> pad_sequence(std::span<const T> full, std::span<const std::int64_t> full_shape, int seq_axis,
+                            std::int64_t padded_len, T fill = T{}) {
+  const auto s = detail::cp::split_at_seq_axis(full_shape, seq_axis, "pad_sequence");
+  if (static_cast<std::int64_t>(full.size()) != s.outer * s.seq * s.inner) {
+    throw cp_error("pad_sequence: the tensor holds " + std::to_string(full.size()) + " elements but its shape " +
+                   detail::shape_text(full_shape) + " needs " + std::to_string(s.outer * s.seq * s.inner));
+  }
+  if (padded_len < s.seq) {
+    throw cp_error("pad_sequence: padded length " + std::to_string(padded_len) + " is shorter than the sequence (" +
+                   std::to_string(s.seq) + " tokens on axis " + std::to_string(seq_axis) +
+                   "); pass a length >= the sequence length, e.g. sequence_sharding::padded_length(...)");
+  }
+  std::vector<T> out(static_cast<std::size_t>(s.outer * padded_len * s.inner), fill);
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    std::copy_n(full.data() + o * s.seq * s.inner, static_cast<std::size_t>(s.seq * s.inner),
+                out.data() + o * padded_len * s.inner);
+  return out;
+}
+
+/// The first `real_len` tokens of the padded row-major tensor `padded` (shape `padded_shape`,
+/// sequence on `seq_axis`): undoes pad_sequence.
+template <class T>
+std::vector<T> unpad_sequence(std::span<const T> padded, std::span<const std::int64_t> padded_shape, int seq_axis,
+                              std::int64_t real_len) {
+  const auto s = detail::cp::split_at_seq_axis(padded_shape, seq_axis, "unpad_sequence");
+  if (static_cast<std::int64_t>(padded.size()) != s.outer * s.seq * s.inner) {
+    throw cp_error("unpad_sequence: the tensor holds " + std::to_string(padded.size()) + " elements but its shape " +
+                   detail::shape_text(padded_shape) + " needs " + std::to_string(s.outer * s.seq * s.inner));
+  }
+  if (real_len < 0 || real_len > s.seq) {
+    throw cp_error("unpad_sequence: real length " + std::to_string(real_len) + " is outside [0, " +
+                   std::to_string(s.seq) + "], the padded sequence axis " + std::to_string(seq_axis) + " of shape " +
+                   detail::shape_text(padded_shape));
+  }
+  std::vector<T> out(static_cast<std::size_t>(s.outer * real_len * s.inner));
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    std::copy_n(padded.data() + o * s.seq * s.inner, static_cast<std::size_t>(real_len * s.inner),
+                out.data() + o * real_len * s.inner);
+  return out;
 }
 
 }  // namespace baton

@@ -213,7 +213,7 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
   friend class detail::cp::front_end<ulysses_attention, Backend>;
 
   template <class T, class Mask>
-  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask,
+  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
                                      const std::string& caller_problem, const std::string& tensor_problem) {
     using namespace detail::cp;
     const std::string problem = first_problem({
@@ -231,9 +231,10 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
         check_mask(mask, sharding_.seq_len())});
     agree_on_call<T>(backward ? "baton::ulysses_attention::backward" : "baton::ulysses_attention::forward",
                      backward ? op_ulysses_backward : op_ulysses_forward, s, sharding_, comm_->size(), comm_->rank(),
-                     problem, [&](const call_descriptor& mine) {
+                     problem, mask, scale, [&](const call_descriptor& mine) {
                        return all_to_all_gather(*comm_, std::span<const call_descriptor>(&mine, 1));
-                     });
+                     },
+                     [&] { settle_all_to_all(*comm_); });
     return ulysses_geometry_of(s, comm_->size());
   }
 

@@ -428,6 +428,47 @@ template <class TT>
   return &t(b, s, h, 0);
 }
 
+/// Whether x[0..n) holds only finite values: an integer test of the exponent bits that the
+/// compiler vectorises (one pass over a packed row; never inside a tile loop).
+template <class T>
+BATON_ATTN_INLINE bool all_finite(const T* x, std::int64_t n) noexcept {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  U bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    U bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bad |= static_cast<U>((bits & exponent) == exponent);
+  }
+  return bad == 0;
+}
+
+/// The non-finite rule (docs/attention.md) at tile granularity, for tiles that hold a bad query
+/// row or a bad key (rare: every other tile skips this). For each pair of the tile the mask
+/// allows, with row i live: when row_bad[i] or key_bad[j], marks row_hit[i] and key_hit[j]
+/// (either may be null). row_live null: every row is live.
+template <class T>
+inline void mark_bad_pairs(const tile_extent<T>& t, std::int64_t qc, const unsigned char* row_bad,
+                           const unsigned char* row_live, const unsigned char* key_bad, unsigned char* row_hit,
+                           unsigned char* key_hit) noexcept {
+  for (std::int64_t i = 0; i < qc; ++i) {
+    if (row_live && !row_live[i]) continue;
+    for (std::int64_t j = 0; j < t.kc; ++j) {
+      if (!(row_bad[i] || key_bad[j])) continue;
+      if (t.partial && t.bias[i][j] != T(0)) continue;  // masked: never read
+      if (row_hit) row_hit[i] = 1;
+      if (key_hit) key_hit[j] = 1;
+    }
+  }
+}
+
+/// Writes NaN over a row of n elements (the non-finite rule's result).
+template <class TD>
+inline void write_nan_row(TD* dst, std::int64_t n) noexcept {
+  std::fill(dst, dst + n, std::numeric_limits<TD>::quiet_NaN());
+}
+
 /// dst[d] = src[d] * factor (+ dst[d] when accumulating), d < n: the final write of a gradient.
 template <class TD, class T>
 inline void write_scaled_row(TD* dst, const T* src, T factor, std::int64_t n, bool accumulate) noexcept {
@@ -531,6 +572,8 @@ template <class T>
 struct forward_packed {
   T* kt = nullptr;  // per (kv unit of the round, key block): K^T, [dim][block_k]
   T* v = nullptr;   // per kv unit of the round: V rows [seq_k_padded][dim_padded]
+  unsigned char* key_bad = nullptr;    // per kv unit: [seq_k_padded], 1 where k or v is non-finite
+  unsigned char* block_bad = nullptr;  // per (kv unit, key block): any key_bad in it
 };
 
 /// Places the forward's packed arrays, one round's worth (carver with a null base: only
@@ -540,6 +583,8 @@ forward_packed<T> carve_forward_packing(const flash_layout<T>& L, workspace_carv
   forward_packed<T> packed;
   packed.kt = carver.take<T>(L.round_units * L.k_blocks * L.p.dim * block_k);
   packed.v = carver.take<T>(L.round_units * L.seq_k_padded * L.dim_padded);
+  packed.key_bad = carver.take<unsigned char>(L.round_units * L.seq_k_padded);
+  packed.block_bad = carver.take<unsigned char>(L.round_units * L.k_blocks);
   return packed;
 }
 
@@ -596,7 +641,7 @@ inline void transpose_rows(const T* const* rows, std::int64_t count, std::int64_
 template <class T, class TK, class TV>
 inline void pack_kv_block(const flash_layout<T>& L, const head_round& round, std::int64_t item,
                           const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v, T* kt_out, T* v_rows_out,
-                          T* vt_out, T* k_rows_out) {
+                          T* vt_out, T* k_rows_out, unsigned char* key_bad_out, unsigned char* block_bad_out) {
   const auto& p = L.p;
   const auto [unit, b, hk, kb] = L.kv_item_at(round, item);
   const std::int64_t k0 = kb * block_k;
@@ -613,6 +658,16 @@ inline void pack_kv_block(const flash_layout<T>& L, const head_round& round, std
     k_rows[j] = &k(b, k0 + j, hk, 0);
     v_rows[j] = &v(b, k0 + j, hk, 0);
   }
+  // Keys with a non-finite k or v: flagged for the non-finite rule, and packed as zeros, so
+  // that no tile's arithmetic meets them (a masked pair must not turn NaN through 0 * inf).
+  unsigned char bad[block_k] = {};
+  bool any_bad = false;
+  for (std::int64_t j = 0; j < kc; ++j) {
+    bad[j] = !(all_finite(k_rows[j], p.dim) && all_finite(v_rows[j], p.dim));
+    any_bad = any_bad || bad[j];
+  }
+  std::copy(bad, bad + block_k, key_bad_out + row0);
+  block_bad_out[blk] = any_bad;
   if (kt_out) transpose_rows(k_rows, kc, p.dim, kt_out + blk * p.dim * block_k);
   if (vt_out) transpose_rows(v_rows, kc, p.dim, vt_out + blk * p.dim * block_k);
   for (std::int64_t j = 0; j < block_k; ++j) {
@@ -625,6 +680,15 @@ inline void pack_kv_block(const flash_layout<T>& L, const head_round& round, std
     if (v_rows_out) copy_row(real ? v_rows[j] : nullptr, v_rows_out + (row0 + j) * dp);
     if (k_rows_out) copy_row(real ? k_rows[j] : nullptr, k_rows_out + (row0 + j) * dp);
   }
+  if (any_bad)
+    for (std::int64_t j = 0; j < kc; ++j) {
+      if (!bad[j]) continue;
+      for (T* t : {kt_out, vt_out})
+        if (t)
+          for (std::int64_t d = 0; d < p.dim; ++d) t[blk * p.dim * block_k + d * block_k + j] = T(0);
+      for (T* rows : {v_rows_out, k_rows_out})
+        if (rows) std::fill(rows + (row0 + j) * dp, rows + (row0 + j + 1) * dp, T(0));
+    }
 }
 
 /// Work item (query head, query block) of a round's forward pass; L.q_items(round) items.
@@ -652,10 +716,19 @@ inline void forward_tile(const flash_layout<T>& L, const head_round& round, std:
   T* const s = work.s.data();
   T* const m = work.m.data();
   T* const l = work.l.data();
+  // Non-finite rule: a query row with a non-finite value is packed as zeros and flagged;
+  // poisoned[i] collects the rows an allowed bad pair makes NaN.
+  unsigned char row_bad[block_q] = {}, poisoned[block_q] = {};
+  bool any_row_bad = false;
   for (std::int64_t i = 0; i < block_q; ++i) {  // rows past qc are computed (then dropped): zero them
     T* dst = qt + i * dp;
     if (i + prefetch_rows_ahead < qc) prefetch_row(row_of(q, b, q0 + i + prefetch_rows_ahead, h), p.dim);
-    if (i < qc) std::copy_n(row_of(q, b, q0 + i, h), p.dim, dst);
+    if (i < qc) {
+      std::copy_n(row_of(q, b, q0 + i, h), p.dim, dst);
+      row_bad[i] = !all_finite(dst, p.dim);
+      if (row_bad[i]) std::fill(dst, dst + p.dim, T(0));
+      any_row_bad = any_row_bad || row_bad[i];
+    }
     std::fill(dst + (i < qc ? p.dim : 0), dst + dp, T(0));
   }
   std::fill(o, o + block_q * dp, T(0));
@@ -666,6 +739,9 @@ inline void forward_tile(const flash_layout<T>& L, const head_round& round, std:
   tile_extent<T>& tile = *work.tile;
   for_each_key_tile(L, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + L.kv_block_index(round, kv_unit, kb) * p.dim * block_k;
+    if (any_row_bad || packed.block_bad[L.kv_block_index(round, kv_unit, kb)])
+      mark_bad_pairs(tile, qc, row_bad, nullptr, packed.key_bad + L.kv_row_index(round, kv_unit, k0), poisoned,
+                     nullptr);
 
     tile_scores(tile, s, qt, dp, kt, p.dim);
     tile_mask(tile, s);
@@ -705,6 +781,13 @@ inline void forward_tile(const flash_layout<T>& L, const head_round& round, std:
 
   for (std::int64_t i = 0; i < qc; ++i) {
     const T row_sum = hsum<T>(load(l + i * W));
+    // NaN for a poisoned row, and for a score that overflowed to +inf or made a NaN (the
+    // online softmax would otherwise drop it as "attends to nothing").
+    if (poisoned[i] || !(m[i] < std::numeric_limits<T>::infinity()) || std::isnan(row_sum)) {
+      write_nan_row(row_of(out, b, q0 + i, h), p.dim);
+      lse(b, h, q0 + i) = std::numeric_limits<TL>::quiet_NaN();
+      continue;
+    }
     const bool attends = row_sum > T(0);
     const T inv = attends ? T(1) / row_sum : T(0);
     write_scaled_row(row_of(out, b, q0 + i, h), o + i * dp, inv, p.dim, false);
@@ -727,6 +810,13 @@ struct backward_packed {
   T* kt = nullptr;     // per (kv unit, key block): K^T, [dim][block_k]
   T* vt = nullptr;     // per (kv unit, key block): V^T, [dim][block_k]
   T* k = nullptr;      // per kv unit: K rows [seq_k_padded][dim_padded]
+  // Non-finite rule: per query row 0 (no gradient: lse -inf or padding), 1 (live) or 2 (live
+  // and bad: lse NaN or +inf, or q, out or dout non-finite; packed as zeros, P = 0); per query
+  // block whether it holds a bad row; per key whether k or v is non-finite, per key block any.
+  unsigned char* row_state = nullptr;
+  unsigned char* q_block_bad = nullptr;
+  unsigned char* key_bad = nullptr;
+  unsigned char* block_bad = nullptr;
 };
 
 template <class T>
@@ -741,6 +831,10 @@ backward_packed<T> carve_backward_packing(const flash_layout<T>& L, workspace_ca
   packed.kt = carver.take<T>(kv_blocks * L.p.dim * block_k);
   packed.vt = carver.take<T>(kv_blocks * L.p.dim * block_k);
   packed.k = carver.take<T>(L.round_units * L.seq_k_padded * L.dim_padded);
+  packed.row_state = carver.take<unsigned char>(q_rows);
+  packed.q_block_bad = carver.take<unsigned char>(q_rows / block_q);
+  packed.key_bad = carver.take<unsigned char>(L.round_units * L.seq_k_padded);
+  packed.block_bad = carver.take<unsigned char>(kv_blocks);
   return packed;
 }
 
@@ -757,6 +851,7 @@ inline void pack_q_block(const flash_layout<T>& L, const head_round& round, std:
   const std::int64_t qc = std::min(block_q, p.seq_q - q0);
   const std::int64_t dp = L.dim_padded;
   constexpr T inf = std::numeric_limits<T>::infinity();
+  bool any_bad = false;
   for (std::int64_t i = 0; i < block_q; ++i) {
     const std::int64_t r = L.q_row_index(round, unit, q0 + i);
     T* q_dst = packed.q + r * dp;
@@ -766,6 +861,7 @@ inline void pack_q_block(const flash_layout<T>& L, const head_round& round, std:
       std::fill(g_dst, g_dst + dp, T(0));
       packed.lse2[r] = inf;
       packed.delta[r] = T(0);
+      packed.row_state[r] = 0;
       continue;
     }
     const auto* qrow = &q(b, q0 + i, h, 0);
@@ -792,8 +888,21 @@ inline void pack_q_block(const flash_layout<T>& L, const head_round& round, std:
                                      ((partial[4] + partial[5]) + (partial[6] + partial[7])));
     const double l = static_cast<double>(lse(b, h, q0 + i));
     // A row that attends to nothing (lse = -inf) contributes no gradient: P = 2^(s - inf) = 0.
-    packed.lse2[r] = (std::isinf(l) && l < 0) ? inf : static_cast<T>(l * 1.4426950408889634074);
+    const bool live = !(std::isinf(l) && l < 0);
+    const bool nonfinite = !all_finite(q_dst, p.dim) || !all_finite(g_dst, p.dim) || !all_finite(orow, p.dim);
+    const bool bad = live && (nonfinite || !(l < static_cast<double>(inf)));
+    packed.lse2[r] = !live || bad ? inf : static_cast<T>(l * 1.4426950408889634074);
+    packed.row_state[r] = bad ? 2 : live ? 1 : 0;
+    any_bad = any_bad || bad;
+    // Zeros and P = 0: the arithmetic stays finite (also for a row without gradient, whose
+    // P = 0 would otherwise meet a NaN dout); the rule writes NaN at the end.
+    if (bad || nonfinite) {
+      std::fill(q_dst, q_dst + p.dim, T(0));
+      std::fill(g_dst, g_dst + p.dim, T(0));
+      packed.delta[r] = T(0);
+    }
   }
+  packed.q_block_bad[L.q_row_index(round, unit, q0) / block_q] = any_bad;
 }
 
 /// P and dS for one tile, in place: s holds scores on entry and P on exit; dp holds dO V^T on
@@ -845,6 +954,9 @@ inline void backward_kv_tile(const flash_layout<T>& L, const head_round& round, 
   T* const dv_acc = work.rows_b.data();
   std::fill(dk_acc, dk_acc + block_k * dp, T(0));
   std::fill(dv_acc, dv_acc + block_k * dp, T(0));
+  const unsigned char* key_bad = packed.key_bad + L.kv_row_index(round, unit, k0);
+  const bool keys_bad = packed.block_bad[L.kv_block_index(round, unit, kb)] != 0;
+  unsigned char key_poisoned[block_k] = {};
   tile_extent<T>& tile = *work.tile;
   for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
     for (std::int64_t qb = 0; qb < L.q_blocks; ++qb) {
@@ -855,6 +967,14 @@ inline void backward_kv_tile(const flash_layout<T>& L, const head_round& round, 
       const std::int64_t r = L.q_row_index(round, b * p.heads_q + h, q0);
       const T* qrows = packed.q + r * dp;
       const T* grows = packed.dout + r * dp;
+      if (keys_bad || packed.q_block_bad[r / block_q]) {
+        unsigned char row_bad[block_q], row_live[block_q];
+        for (std::int64_t i = 0; i < block_q; ++i) {
+          row_bad[i] = packed.row_state[r + i] == 2;
+          row_live[i] = packed.row_state[r + i] != 0;
+        }
+        mark_bad_pairs(tile, std::min(block_q, p.seq_q - q0), row_bad, row_live, key_bad, nullptr, key_poisoned);
+      }
 
       tile_scores(tile, s, qrows, dp, kt, p.dim);
       tile_mask(tile, s);
@@ -866,6 +986,11 @@ inline void backward_kv_tile(const flash_layout<T>& L, const head_round& round, 
 
   const T scale = static_cast<T>(p.scale);
   for (std::int64_t j = 0; j < kc; ++j) {
+    if (key_poisoned[j]) {
+      write_nan_row(row_of(dk, b, k0 + j, hk), p.dim);
+      write_nan_row(row_of(dv, b, k0 + j, hk), p.dim);
+      continue;
+    }
     write_scaled_row(row_of(dk, b, k0 + j, hk), dk_acc + j * dp, scale, p.dim, accumulate);
     write_scaled_row(row_of(dv, b, k0 + j, hk), dv_acc + j * dp, T(1), p.dim, accumulate);
   }
@@ -892,10 +1017,19 @@ inline void backward_q_tile(const flash_layout<T>& L, const head_round& round, s
   T* const dpt = work.dp.data();
   T* const dq_acc = work.rows_a.data();
   std::fill(dq_acc, dq_acc + block_q * dp, T(0));
+  const bool rows_bad = packed.q_block_bad[r / block_q] != 0;
+  unsigned char row_bad[block_q], row_live[block_q], row_poisoned[block_q] = {};
+  for (std::int64_t i = 0; i < block_q; ++i) {
+    row_bad[i] = packed.row_state[r + i] == 2;
+    row_live[i] = packed.row_state[r + i] != 0;
+  }
   tile_extent<T>& tile = *work.tile;
   for_each_key_tile(L, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + L.kv_block_index(round, kv_unit, kb) * p.dim * block_k;
     const T* vt = packed.vt + L.kv_block_index(round, kv_unit, kb) * p.dim * block_k;
+    if (rows_bad || packed.block_bad[L.kv_block_index(round, kv_unit, kb)])
+      mark_bad_pairs(tile, qc, row_bad, row_live, packed.key_bad + L.kv_row_index(round, kv_unit, k0), row_poisoned,
+                     nullptr);
 
     tile_scores(tile, s, qrows, dp, kt, p.dim);
     tile_mask(tile, s);
@@ -905,7 +1039,12 @@ inline void backward_q_tile(const flash_layout<T>& L, const head_round& round, s
   });
 
   const T scale = static_cast<T>(p.scale);
-  for (std::int64_t i = 0; i < qc; ++i) write_scaled_row(row_of(dq, b, q0 + i, h), dq_acc + i * dp, scale, p.dim, accumulate);
+  for (std::int64_t i = 0; i < qc; ++i) {
+    if (row_poisoned[i])
+      write_nan_row(row_of(dq, b, q0 + i, h), p.dim);
+    else
+      write_scaled_row(row_of(dq, b, q0 + i, h), dq_acc + i * dp, scale, p.dim, accumulate);
+  }
 }
 
 }  // namespace baton::detail::attn

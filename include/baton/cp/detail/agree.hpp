@@ -10,7 +10,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,12 +24,13 @@ namespace baton::detail::cp {
 inline constexpr int tag_agree = 0x4350;
 inline constexpr int tag_kv = 0x4351;
 inline constexpr int tag_grad = 0x4352;
+inline constexpr int tag_settle = 0x4353;
 
 // What a rank knows about its call, as plain integers so that it travels over any transport.
 struct call_descriptor {
   enum field : std::size_t {
     magic, operation, failed, batch, seq_local, heads_q, heads_kv, head_dim, seq_len, layout, degree, inner_degree,
-    element_size, world_size, rank, lse_element_size, fields
+    element_size, world_size, rank, lse_element_size, mask_fingerprint, softmax_scale, fields
   };
   static constexpr std::size_t message_words = 48;  // 384 bytes of the failing rank's message
   static constexpr std::size_t words = fields + message_words;
@@ -58,6 +61,21 @@ inline std::string shape_summary(const call_descriptor& d) {
   return "[batch " + std::to_string(d[call_descriptor::batch]) + ", seq " + std::to_string(d[call_descriptor::seq_local]) +
          ", heads " + std::to_string(d[call_descriptor::heads_q]) + "/" + std::to_string(d[call_descriptor::heads_kv]) +
          " (q/kv), dim " + std::to_string(d[call_descriptor::head_dim]) + "]";
+}
+
+// A softmax scale carried as the bits of a double.
+inline std::int64_t scale_bits(double scale) noexcept {
+  std::int64_t bits = 0;
+  static_assert(sizeof bits == sizeof scale);
+  std::memcpy(&bits, &scale, sizeof bits);
+  return bits;
+}
+inline std::string scale_text(std::int64_t bits) {
+  double scale = 0;
+  std::memcpy(&scale, &bits, sizeof scale);
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", scale);
+  return text;
 }
 
 // Throws the same cp_error on every rank when any descriptor failed or the descriptors
@@ -101,6 +119,18 @@ inline void agree_or_throw(const std::string& who, std::span<const call_descript
                        "every rank");
       }
     }
+    if ((*c)[d::softmax_scale] != first[d::softmax_scale]) {
+      throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
+                     " pass different softmax scales (" + scale_text(first[d::softmax_scale]) + " and " +
+                     scale_text((*c)[d::softmax_scale]) +
+                     " after 0 selects 1/sqrt(head dim)); every rank must pass the same cp_params::softmax_scale");
+    }
+    if ((*c)[d::mask_fingerprint] != first[d::mask_fingerprint]) {
+      throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
+                     " pass different masks (their types or parameters differ: window extents, prefix length, "
+                     "document segment ids, block mask predicate, ...); every rank must pass the same mask, built "
+                     "over the global sequence");
+    }
     for (d::field f : {d::element_size, d::lse_element_size}) {
       if ((*c)[f] != first[f]) {
         throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
@@ -137,6 +167,64 @@ std::vector<call_descriptor> all_to_all_gather(Comm& comm, std::span<const call_
   comm.all_to_all(std::as_bytes(std::span<const call_descriptor>(send)),
                   std::as_writable_bytes(std::span<call_descriptor>(all)));
   return all;
+}
+
+// Settling before every rank throws the agreed cp_error. The verdict is the same on every
+// rank, but the gather completes at different times on different ranks: a rank that threw
+// at once could make the transport abort a peer still finishing its part of the gather
+// (the local world aborts every pending operation when a rank's function throws; MPI's
+// abort notice does the same), and that peer would see a comm_error instead of the cp_error.
+// So, on the failure path only, each rank first makes sure every peer has finished the
+// gather, with rounds whose own errors are ignored: a rank that fails in them has finished
+// the gather, knows the verdict and throws it. The success path does none of this.
+
+// floor(R/2) shifts around the ring: when a rank finishes round k, ranks up to k hops away
+// on either side have finished the gather.
+template <class Ring>
+void settle_ring(Ring& ring) noexcept {
+  try {
+    const std::int64_t token = 0;
+    std::int64_t received = 0;
+    for (int round = 0; round < ring.size() / 2; ++round) {
+      auto request = ring.shift(std::as_bytes(std::span<const std::int64_t>(&token, 1)),
+                                std::as_writable_bytes(std::span<std::int64_t>(&received, 1)), 1, tag_settle);
+      request.wait();
+    }
+  } catch (...) {  // a peer threw the verdict already: so will this rank
+  }
+}
+
+// A barrier (or, on a communicator without one, an all-to-all of a token): when it
+// completes on a rank, every rank has entered it, so every rank has finished what came
+// before. The barrier is preferred: it moves no buffer that a peer aborted by the verdict
+// could still be reading.
+template <class Comm>
+void settle_all_to_all(Comm& comm) noexcept {
+  try {
+    if constexpr (requires { comm.barrier(); }) {
+      comm.barrier();
+    } else {
+      const std::vector<std::int64_t> send(static_cast<std::size_t>(comm.size()), 0);
+      std::vector<std::int64_t> recv(send.size());
+      comm.all_to_all(std::as_bytes(std::span<const std::int64_t>(send)),
+                      std::as_writable_bytes(std::span<std::int64_t>(recv)));
+    }
+  } catch (...) {  // a peer threw the verdict already: so will this rank
+  }
+}
+
+// agree_or_throw, settling first when the verdict is a cp_error.
+template <class Settle>
+void agree_settle_or_throw(const std::string& who, std::span<const call_descriptor> all, Settle&& settle) {
+  std::exception_ptr verdict;
+  try {
+    agree_or_throw(who, all);
+  } catch (const cp_error&) {
+    verdict = std::current_exception();
+  }
+  if (!verdict) return;
+  settle();
+  std::rethrow_exception(verdict);
 }
 
 }  // namespace baton::detail::cp

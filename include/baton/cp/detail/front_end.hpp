@@ -12,11 +12,17 @@
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 namespace baton::detail::cp {
@@ -103,22 +109,140 @@ constexpr bool usable() {
   return backend_ok && mask_ok;
 }
 
-// Records this rank's problem (if any) in its descriptor, has `gather` collect every rank's
-// descriptor, and then either every rank returns or every rank throws the same cp_error.
-template <class T, class Gather>
+// A fingerprint of a mask's identity and parameters, for the agreement: ranks that pass
+// different masks would otherwise compute silently different attention. The built-in masks
+// contribute their type and every parameter (a document_mask all its segment ids); any other
+// mask its type and its answers on O(seq_len) probe pairs (each query against itself, its
+// neighbours, the first and last key and a scattered key), or exactly what its
+// `fingerprint()` member returns when it has one. Called only on a mask that passed
+// check_mask (so every position in [0, seq_len) is valid for it).
+class fingerprint_hasher {
+ public:
+  void add(std::uint64_t x) noexcept {  // splitmix-style mixing, order dependent
+    h_ ^= x + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2);
+    h_ *= 0xbf58476d1ce4e5b9ull;
+    h_ ^= h_ >> 31;
+  }
+  void add(std::string_view text) noexcept {
+    for (char c : text) add(static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
+    add(text.size());
+  }
+  [[nodiscard]] std::int64_t value() const noexcept { return static_cast<std::int64_t>(h_ >> 1); }
+
+ private:
+  std::uint64_t h_ = 0x6261746f6e4d534bull;
+};
+
+template <class T>
+inline constexpr bool is_block_mask_v = false;
+template <class F>
+inline constexpr bool is_block_mask_v<basic_block_mask<F>> = true;
+template <class T>
+inline constexpr bool is_padding_mask_v = false;
+template <class M>
+inline constexpr bool is_padding_mask_v<padding_mask<M>> = true;
+template <class T>
+inline constexpr bool is_intersection_v = false;
+template <class A, class B>
+inline constexpr bool is_intersection_v<mask_intersection<A, B>> = true;
+
+template <class Mask>
+void probe_mask(fingerprint_hasher& h, const Mask& mask, std::int64_t seq_len) {
+  std::uint64_t bits = 0;
+  int used = 0;
+  const auto put = [&](bool allowed) {
+    bits = bits << 1 | (allowed ? 1u : 0u);
+    if (++used == 64) {
+      h.add(bits);
+      bits = 0;
+      used = 0;
+    }
+  };
+  for (std::int64_t q = 0; q < seq_len; ++q) {
+    put(mask.allowed(q, q));
+    put(mask.allowed(q, 0));
+    put(mask.allowed(q, seq_len - 1));
+    put(mask.allowed(q, q > 0 ? q - 1 : q));
+    put(mask.allowed(q, q + 1 < seq_len ? q + 1 : q));
+    put(mask.allowed(q, (q * 7919 + 13) % seq_len));
+  }
+  h.add(bits);
+}
+
+template <class Mask>
+void fingerprint_mask(fingerprint_hasher& h, const Mask& mask, std::int64_t seq_len) {
+  h.add(std::string_view(typeid(Mask).name()));
+  if constexpr (requires { { mask.fingerprint() } -> std::convertible_to<std::uint64_t>; }) {
+    h.add(static_cast<std::uint64_t>(mask.fingerprint()));
+  } else if constexpr (std::is_same_v<Mask, no_mask> || std::is_same_v<Mask, causal_mask>) {
+  } else if constexpr (std::is_same_v<Mask, sliding_window_mask>) {
+    h.add(static_cast<std::uint64_t>(mask.left));
+    h.add(static_cast<std::uint64_t>(mask.right));
+  } else if constexpr (std::is_same_v<Mask, prefix_lm_mask>) {
+    h.add(static_cast<std::uint64_t>(mask.prefix_length));
+  } else if constexpr (std::is_same_v<Mask, document_mask>) {
+    for (std::int64_t id : mask.segment_ids()) h.add(static_cast<std::uint64_t>(id));
+    h.add(mask.segment_ids().size());
+  } else if constexpr (is_intersection_v<Mask>) {
+    fingerprint_mask(h, mask.first, seq_len);
+    fingerprint_mask(h, mask.second, seq_len);
+  } else if constexpr (is_padding_mask_v<Mask>) {
+    h.add(static_cast<std::uint64_t>(mask.length()));
+    fingerprint_mask(h, mask.inner(), std::min(seq_len, mask.length()));
+  } else if constexpr (is_block_mask_v<Mask>) {
+    h.add(static_cast<std::uint64_t>(mask.q_length()));
+    h.add(static_cast<std::uint64_t>(mask.k_length()));
+    h.add(static_cast<std::uint64_t>(mask.block_size()));
+    for (std::int64_t i = 0; i < mask.q_blocks(); ++i)
+      for (std::int64_t j = 0; j < mask.k_blocks(); ++j) h.add(static_cast<std::uint64_t>(mask.cell(i, j)));
+    probe_mask(h, mask, seq_len);
+  } else {
+    probe_mask(h, mask, seq_len);
+  }
+}
+
+template <class Mask>
+std::int64_t mask_fingerprint(const Mask& mask, std::int64_t seq_len) {
+  fingerprint_hasher h;
+  fingerprint_mask(h, mask, seq_len);
+  return h.value();
+}
+
+// The problem with a softmax scale, if any (the backends' own rule, checked before any data
+// moves so that a bad scale on one rank stops every rank together).
+inline std::string check_scale(double scale) {
+  if (!(scale >= 0) || std::isinf(scale))
+    return "softmax_scale is " + scale_text(scale_bits(scale)) +
+           "; it must be positive and finite (0 selects 1/sqrt(head dim))";
+  return {};
+}
+
+// Records this rank's problem (if any) in its descriptor, with the fingerprint of its mask
+// and its softmax scale (0 resolved to 1/sqrt(head dim)), has `gather` collect every rank's
+// descriptor, and then either every rank returns or every rank throws the same cp_error
+// (after `settle`: see agree_settle_or_throw).
+template <class T, class Mask, class Gather, class Settle>
 void agree_on_call(const std::string& who, operation_code op, const local_shape& s, const sequence_sharding& sharding,
-                   int world_size, int world_rank, const std::string& problem, Gather&& gather) {
+                   int world_size, int world_rank, std::string problem, const Mask& mask, double scale,
+                   Gather&& gather, Settle&& settle) {
   call_descriptor mine = describe<T>(op, s, sharding, world_size, world_rank);
-  if (!problem.empty()) mine.fail("rank " + std::to_string(world_rank) + ": " + problem);
+  if (problem.empty()) problem = check_scale(scale);
+  if (!problem.empty()) {
+    mine.fail("rank " + std::to_string(world_rank) + ": " + problem);
+  } else {
+    mine[call_descriptor::mask_fingerprint] = mask_fingerprint(mask, sharding.seq_len());
+    mine[call_descriptor::softmax_scale] =
+        scale_bits(scale == 0 ? (s.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(s.dim)) : 1.0) : scale);
+  }
   const std::vector<call_descriptor> all = gather(mine);
-  agree_or_throw(who, all);
+  agree_settle_or_throw(who, all, settle);
 }
 
 // The public forward and backward of a context-parallel attention class (CRTP): checks,
 // agreement, then the class's algorithm. Derived provides, as members this base may call
 // (befriend it):
 //   template <class T, class Mask> G agree(bool backward, const local_shape&, const Mask&,
-//                                          const std::string& caller_problem,
+//                                          double softmax_scale, const std::string& caller_problem,
 //                                          const std::string& tensor_problem);
 //   (reporting the caller's problem, cp_params::caller_problem, before any of its own);
 //   template <class T, class Mask> void run_forward(const G&, q, k, v, mask, out, lse, double scale);
@@ -136,7 +260,8 @@ class front_end {
     if constexpr (usable<Backend, T, Mask>()) {
       const local_shape s = shape_of(q, k);
       const auto agreed =
-          self().template agree<T>(false, s, mask, params.caller_problem, check_forward_tensors<T>(s, k, v, out, lse));
+          self().template agree<T>(false, s, mask, params.softmax_scale, params.caller_problem,
+                                   check_forward_tensors<T>(s, k, v, out, lse));
       self().template run_forward<T>(agreed, q, k, v, mask, out, lse, params.softmax_scale);
     }
   }
@@ -152,7 +277,7 @@ class front_end {
     if constexpr (usable<Backend, T, Mask>()) {
       const local_shape s = shape_of(q, k);
       const auto agreed =
-          self().template agree<T>(true, s, mask, params.caller_problem,
+          self().template agree<T>(true, s, mask, params.softmax_scale, params.caller_problem,
                                    check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
       self().template run_backward<T>(agreed, q, k, v, out, lse, dout, mask, dq, dk, dv, params.softmax_scale);
     }
