@@ -15,7 +15,9 @@ int run_mpi_world(const options& o) {
                    world.size());
     return 2;
   }
-  return run_any(world, o);
+  // run_mpi: when one rank throws, every other rank stops within milliseconds naming it,
+  // instead of waiting out the timeout.
+  return baton::run_mpi(world, [&](baton::mpi_communicator& comm) { return run_any(comm, o); });
 }
 
 }  // namespace train_lm

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -91,6 +92,41 @@ TEST_CASE("local world: when a rank throws, the others stop and the first error 
   }, slow), "stage 1 diverged");
   REQUIRE(aborted == 2);
   REQUIRE(std::chrono::steady_clock::now() - start < 5s);
+}
+
+TEST_CASE("local world: a failure during a collective never frees a buffer a peer still reads",
+          "[comm][local][reliability]") {
+  // Ranks 0-3 run data collectives on fresh buffers, freed when each call returns; rank 4,
+  // outside their group, throws meanwhile, so the failure lands inside some collective's
+  // copy phase. A rank that left such a collective early would free its buffer while a peer
+  // still copies from it: AddressSanitizer reports the use after free, ThreadSanitizer the
+  // race. Each rank's collective must finish, and the next operation names the failure.
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<int> told{0};
+    REQUIRE_THROWS_WITH(run_local(5, [&](local_communicator& c) {
+      auto group = c.split(c.rank() == 4 ? 1 : 0, c.rank());
+      if (c.rank() == 4) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2 + 3 * round));
+        throw std::runtime_error("rank 4 ran out of memory");
+      }
+      try {
+        for (int i = 0; i < 100000; ++i) {
+          std::vector<double> send(4096, group.rank() + i), recv(4096);
+          group.all_to_all(std::span<const double>(send), std::span(recv));
+          if (recv[1024] != 1 + i) throw std::logic_error("all_to_all: block 1 did not come from rank 1");
+          std::vector<double> sum(4096, 1.0);
+          group.all_reduce(std::span(sum), baton::reduce_op::sum);
+          if (sum[4095] != 4.0) throw std::logic_error("all_reduce: wrong sum");
+          std::vector<double> gathered(4 * 512);
+          group.all_gather(std::span<const double>(send.data(), 512), std::span(gathered));
+        }
+      } catch (const baton::comm_error& e) {
+        if (std::string(e.what()).find("rank 4 failed: rank 4 ran out of memory") != std::string::npos) ++told;
+        throw;
+      }
+    }, quick), "rank 4 ran out of memory");
+    REQUIRE(told == 4);
+  }
 }
 
 TEST_CASE("local world: after a failure, new operations fail at once", "[comm][local]") {

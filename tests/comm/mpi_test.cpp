@@ -96,3 +96,33 @@ TEST_CASE("mpi: the documentation's generic ring example", "[comm][mpi][docs]") 
   std::iota(expected.begin(), expected.end(), 0.f);
   REQUIRE(all == expected);
 }
+
+TEST_CASE("mpi: run_mpi - a rank that throws aborts every other rank's waits at once, on splits too", "[comm][mpi]") {
+  baton::mpi_communicator c(MPI_COMM_WORLD, {.timeout = 20s});
+  const int last = c.size() - 1;
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    baton::run_mpi(c, [&](baton::mpi_communicator& comm) {
+      auto half = comm.split(comm.rank() % 2, comm.rank());
+      if (comm.rank() == last) throw std::runtime_error("injected on the last rank");
+      half.barrier();  // with 4 ranks, rank 1 waits here for the last rank
+      std::int32_t value = 0;
+      baton::irecv(comm, std::span(&value, 1), last, 5).wait();
+    });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  INFO(message);
+  CHECK(waited < 10s);  // the notice, not the 20 s timeout
+  if (c.rank() == last) {
+    CHECK(message == "injected on the last rank");
+  } else {
+    CHECK_THAT(message, Catch::Contains("aborted because rank " + std::to_string(last) +
+                                        " failed: injected on the last rank"));
+  }
+  // The family refuses new work with the same cause.
+  std::int32_t v = 0;
+  REQUIRE_THROWS_WITH(baton::isend(c, std::span(&v, 1), 0, 1), Catch::Contains("aborted because rank"));
+}

@@ -489,7 +489,8 @@ class local_communicator {
     return {};
   }
 
-  void sync() { group_->arrive_and_wait(rank_, current_, timeout_, nullptr); }
+  /// A barrier inside a collective, after enter(): see group::arrive_committed.
+  void sync() { group_->arrive_committed(rank_); }
 
   /// Every rank found the same `problem` in what all ranks published: one more barrier so
   /// that nobody still reads the entries when a rank moves on, then all throw it.

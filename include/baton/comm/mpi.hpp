@@ -11,6 +11,10 @@
 // MPI-3 non-blocking collectives) polled against a deadline, so a dead or diverged peer
 // ends in comm_error after mpi_options::timeout instead of a hang. The communicator is a
 // duplicate with MPI_ERRORS_RETURN, so MPI errors come back as comm_error too.
+// Run each rank's work through run_mpi(comm, fn) and a rank that throws tells every other
+// rank at once (an out-of-band notice every wait polls): they fail within milliseconds with
+// "aborted because rank N failed: <what>", as in the local world. A wait that times out asks
+// the other ranks what they wait for and names the rank that made no progress.
 // Floating-point all_reduce is a reduce-scatter (an all-to-all, then the owner of each chunk
 // combines the pieces in rank order, as the local world does) followed by an all-gather: every
 // rank holds bitwise the same result, and the same bits as a run on threads.
@@ -24,6 +28,7 @@
 
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/detail/checks.hpp>
+#include <baton/comm/detail/mpi_notice.hpp>
 #include <baton/comm/detail/reduce.hpp>
 #include <baton/comm/error.hpp>
 
@@ -36,10 +41,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -146,24 +154,56 @@ class mpi_request {
 
   /// Blocks until complete, or throws comm_error (timeout, MPI error, size mismatch) naming
   /// rank, peer and tag. Completes (or throws) once; later calls return at once.
+  /// Ends early with comm_error when a rank announced a failure (run_mpi) or the peer's
+  /// run_mpi function returned without the matching call.
   void wait() {
     if (active() == 0) return;
     const auto deadline = detail::comm::deadline_after(timeout_);
-    if (detail::comm::poll_until([&] { return progress(); }, deadline)) return;
-    for (const part& p : parts_) {
-      if (p.request == MPI_REQUEST_NULL) continue;
-      const std::string what = rank_text_ + ": " + describe(p) + " timed out after " +
-                               detail::comm::seconds_text(timeout_) + ": peer " + std::to_string(p.peer) +
-                               " posted no matching " + (p.is_recv ? "isend" : "irecv") + " with tag " +
-                               std::to_string(p.tag) +
-                               "; check that both ranks agree on peer, tag and order, or raise mpi_options::timeout";
+    const detail::comm_mpi::waiter me = waiting_for();
+    std::string stop;
+    const bool done = detail::comm::poll_until(
+        [&] {
+          if (progress()) return true;
+          stop = interruption(me);
+          return !stop.empty();
+        },
+        deadline);
+    if (done && stop.empty()) return;
+    if (!stop.empty()) {
+      abandon();
+      throw comm_error(stop);
+    }
+    const part& p = pending();
+    std::string cause = board_ ? board_->diagnose(me, timeout_, board_label_) : std::string();
+    if (board_ && !board_->failure().empty()) {
+      const std::string what = rank_text_ + ": " + describe(p) + " aborted " + board_->failure();
       abandon();
       throw comm_error(what);
     }
+    if (cause.empty()) {
+      cause = std::string("peer ") + std::to_string(p.peer) + " posted no matching " + (p.is_recv ? "isend" : "irecv") +
+              " with tag " + std::to_string(p.tag) + "; check that both ranks agree on peer, tag and order";
+    }
+    const std::string what = rank_text_ + ": " + describe(p) + " timed out after " + detail::comm::seconds_text(timeout_) +
+                             ": " + cause + ", or raise mpi_options::timeout";
+    abandon();
+    throw comm_error(what);
   }
 
-  /// True once complete; never blocks. Throws like wait() on an MPI error or size mismatch.
-  bool test() { return active() == 0 || progress(); }
+  /// True once complete; never blocks. Throws like wait() on an MPI error or size mismatch,
+  /// or when a rank announced a failure.
+  bool test() {
+    if (active() == 0 || progress()) return true;
+    if (board_) {
+      board_->poll(nullptr);
+      if (!board_->failure().empty()) {
+        const std::string what = rank_text_ + ": " + describe(pending()) + " aborted " + board_->failure();
+        abandon();
+        throw comm_error(what);
+      }
+    }
+    return false;
+  }
 
  private:
   friend class mpi_communicator;
@@ -174,7 +214,41 @@ class mpi_request {
     int peer = 0;
     int tag = 0;
     std::size_t bytes = 0;
+    int board_peer = -1;  // the peer's rank on the notice board
   };
+
+  /// The first part still pending (the receive of a shift before its send).
+  const part& pending() const {
+    for (const part& p : parts_) {
+      if (p.request != MPI_REQUEST_NULL && p.is_recv) return p;
+    }
+    for (const part& p : parts_) {
+      if (p.request != MPI_REQUEST_NULL) return p;
+    }
+    return parts_[0];
+  }
+
+  detail::comm_mpi::waiter waiting_for() {
+    return {pending().board_peer, [this] { return describe(pending()); }};
+  }
+
+  /// Why this wait must end now — a failure announced by some rank, or a peer whose run_mpi
+  /// function returned while the transfer is still pending — or "" to go on waiting.
+  std::string interruption(const detail::comm_mpi::waiter& me) {
+    if (!board_) return {};
+    board_->poll(&me);
+    const part& p = pending();
+    if (!board_->failure().empty()) return rank_text_ + ": " + describe(p) + " aborted " + board_->failure();
+    if (!board_->returned(p.board_peer)) return {};
+    // What the peer sent before returning may still be on its way: give it a moment.
+    const auto now = std::chrono::steady_clock::now();
+    if (returned_seen_ == std::chrono::steady_clock::time_point{}) returned_seen_ = now;
+    if (now - returned_seen_ < std::chrono::milliseconds(250)) return {};
+    return rank_text_ + ": " + describe(p) + " cannot complete: peer " + std::to_string(p.peer) +
+           " returned from its run_mpi function without " +
+           (p.is_recv ? "sending a matching message" : "receiving this message") +
+           "; make both ranks agree on peer, tag and count";
+  }
 
   int active() const noexcept {
     int n = 0;
@@ -243,11 +317,17 @@ class mpi_request {
     for (part& p : other.parts_) p.request = MPI_REQUEST_NULL;
     rank_text_ = std::move(other.rank_text_);
     timeout_ = other.timeout_;
+    board_ = std::move(other.board_);
+    board_label_ = std::move(other.board_label_);
+    returned_seen_ = other.returned_seen_;
   }
 
   std::array<part, 2> parts_{};
   std::string rank_text_;
   std::chrono::nanoseconds timeout_{};
+  std::shared_ptr<detail::comm_mpi::notice_board> board_;
+  std::string board_label_;  // "rank" or "world rank": how diagnoses name board ranks
+  std::chrono::steady_clock::time_point returned_seen_{};
 };
 
 /// One rank's handle on an MPI communicator. Move-only; owns (and frees) its MPI_Comm, so
@@ -271,6 +351,7 @@ class mpi_communicator {
     MPI_Comm dup = MPI_COMM_NULL;
     check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
     adopt(dup);
+    board_ = std::make_shared<detail::comm_mpi::notice_board>(comm_);
   }
 
   mpi_communicator(mpi_communicator&& other) noexcept
@@ -280,7 +361,9 @@ class mpi_communicator {
         world_rank_(other.world_rank_),
         tag_ub_(other.tag_ub_),
         options_(other.options_),
-        broken_(std::move(other.broken_)) {}
+        broken_(std::move(other.broken_)),
+        board_(std::move(other.board_)),
+        board_ranks_(std::move(other.board_ranks_)) {}
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       release();
@@ -291,6 +374,8 @@ class mpi_communicator {
       tag_ub_ = other.tag_ub_;
       options_ = other.options_;
       broken_ = std::move(other.broken_);
+      board_ = std::move(other.board_);
+      board_ranks_ = std::move(other.board_ranks_);
     }
     return *this;
   }
@@ -312,10 +397,24 @@ class mpi_communicator {
   }
   const mpi_options& options() const noexcept { return options_; }
 
+  /// Tells every rank of this communicator's family — the communicator it was constructed
+  /// from and every communicator split from that — that this rank failed with `what`: their
+  /// pending and later operations end within milliseconds with comm_error "... aborted because
+  /// rank N failed: <what>". run_mpi calls it when its function throws; call it yourself where
+  /// a rank's failure is caught outside run_mpi. Does nothing when a failure was already
+  /// announced to this rank (its own error is then a consequence). Never throws.
+  void announce_failure(std::string_view what) noexcept {
+    try {
+      if (board_) board_->announce_failure(what);
+    } catch (...) {  // announcing is best effort: the caller is already handling an error
+    }
+  }
+
   // ---- point to point ---------------------------------------------------------------
 
   [[nodiscard]] mpi_request isend(std::span<const std::byte> data, int dest, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "isend", dest, tag, data.size(), tag_ub_);
+    refuse_if_aborted([&] { return detail::comm::p2p_text("isend", dest, tag, data.size()); });
     mpi_request r = make_request();
     start_send(r.parts_[0], data, dest, tag);
     return r;
@@ -323,6 +422,7 @@ class mpi_communicator {
 
   [[nodiscard]] mpi_request irecv(std::span<std::byte> data, int source, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "irecv", source, tag, data.size(), tag_ub_);
+    refuse_if_aborted([&] { return detail::comm::p2p_text("irecv", source, tag, data.size()); });
     mpi_request r = make_request();
     start_recv(r.parts_[0], data, source, tag);
     return r;
@@ -332,6 +432,7 @@ class mpi_communicator {
     const auto peers = detail::comm::ring_peers_of(rank_, size_, k);
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "shift: isend", peers.dest, tag, send.size(),
                                      tag_ub_);
+    refuse_if_aborted([&] { return detail::comm::p2p_text("shift: isend", peers.dest, tag, send.size()); });
     mpi_request r = make_request();
     start_recv(r.parts_[1], recv, peers.source, tag);
     start_send(r.parts_[0], send, peers.dest, tag);
@@ -481,6 +582,7 @@ class mpi_communicator {
       agree(detail::comm_mpi::coll_kind::barrier, 0, "", 0, "");  // the agreement is itself a barrier
       return;
     }
+    refuse_if_aborted([] { return std::string("barrier"); });
     refuse_if_broken("barrier");
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
@@ -505,7 +607,20 @@ class mpi_communicator {
     }
     MPI_Comm part = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");  // every rank is here: no wait
-    return mpi_communicator(adopt_tag{}, part, options_);
+    mpi_communicator child(adopt_tag{}, part, options_);
+    // The part shares this family's notice board; its ranks are translated to the board's.
+    child.board_ = board_;
+    MPI_Group mine = MPI_GROUP_NULL, board = MPI_GROUP_NULL;
+    MPI_Comm_group(child.comm_, &mine);
+    MPI_Comm_group(board_->channel(), &board);
+    std::vector<int> ranks(static_cast<std::size_t>(child.size_));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    auto translated = std::make_shared<std::vector<int>>(ranks.size());
+    MPI_Group_translate_ranks(mine, child.size_, ranks.data(), board, translated->data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&board);
+    child.board_ranks_ = std::move(translated);
+    return child;
   }
 
  private:
@@ -557,7 +672,25 @@ class mpi_communicator {
     mpi_request r;
     r.rank_text_ = rank_text();
     r.timeout_ = options_.timeout;
+    r.board_ = board_;
+    r.board_label_ = board_label();
     return r;
+  }
+
+  /// This communicator's rank `r` on the notice board.
+  int board_rank(int r) const {
+    return board_ranks_ ? (*board_ranks_)[static_cast<std::size_t>(r)] : r;
+  }
+  /// How diagnoses name board ranks: "rank" on the communicator itself, "world rank" on a split.
+  std::string board_label() const { return board_ranks_ ? "world rank" : "rank"; }
+
+  /// Refuses a new operation once a failure was announced: "rank 1: isend to peer 2 (...)
+  /// aborted because rank 3 failed: ...".
+  template <class What>
+  void refuse_if_aborted(const What& what) {
+    if (!board_) return;
+    board_->poll(nullptr);
+    if (!board_->failure().empty()) throw comm_error(rank_text() + ": " + what() + " aborted " + board_->failure());
   }
 
   void start_send(mpi_request::part& p, std::span<const std::byte> data, int dest, int tag) {
@@ -565,6 +698,7 @@ class mpi_communicator {
     p.peer = dest;
     p.tag = tag;
     p.bytes = data.size();
+    p.board_peer = board_rank(dest);
     check(MPI_Isend(data.data(), int_count(data.size(), "isend"), MPI_BYTE, dest, tag, comm_, &p.request), "MPI_Isend");
   }
 
@@ -573,6 +707,7 @@ class mpi_communicator {
     p.peer = source;
     p.tag = tag;
     p.bytes = data.size();
+    p.board_peer = board_rank(source);
     check(MPI_Irecv(data.data(), int_count(data.size(), "irecv"), MPI_BYTE, source, tag, comm_, &p.request), "MPI_Irecv");
   }
 
@@ -586,24 +721,57 @@ class mpi_communicator {
   /// Waits for a collective request with the timeout. A collective cannot be cancelled, so
   /// after a timeout the communicator refuses further collectives, and the internal scratch
   /// buffers given as `scratch` are leaked on purpose: MPI may still write into them.
+  /// A collective also ends early when a rank announced a failure, or when a member's
+  /// run_mpi function returned without calling it; the communicator is then broken likewise.
   template <class... Scratch>
   void finish(MPI_Request& request, const char* what, Scratch&... scratch) {
     const auto deadline = detail::comm::deadline_after(options_.timeout);
+    const detail::comm_mpi::waiter me{-1, [what] { return std::string(what) + " (a collective)"; }};
     int rc = MPI_SUCCESS;
+    std::string stop;
+    std::chrono::steady_clock::time_point returned_seen{};
     const bool done = detail::comm::poll_until(
         [&] {
           int flag = 0;
           rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-          return rc != MPI_SUCCESS || flag != 0;
+          if (rc != MPI_SUCCESS || flag != 0) return true;
+          stop = interruption(me, what, returned_seen);
+          return !stop.empty();
         },
         deadline);
     if (rc != MPI_SUCCESS) throw comm_error(rank_text() + ": " + what + ": MPI error: " + detail::comm_mpi::error_text(rc));
-    if (!done) {
-      (static_cast<void>(scratch.release()), ...);
-      broken_ = rank_text() + ": " + what + " timed out after " + detail::comm::seconds_text(options_.timeout);
-      throw comm_error(broken_ + "; some rank did not call " + what +
-                       " (every rank must call the same collectives in the same order), or raise mpi_options::timeout");
+    if (done && stop.empty()) return;
+    (static_cast<void>(scratch.release()), ...);  // MPI may still write into them
+    if (!stop.empty()) {
+      broken_ = stop;
+      throw comm_error(stop);
     }
+    broken_ = rank_text() + ": " + what + " timed out after " + detail::comm::seconds_text(options_.timeout);
+    std::string cause = board_->diagnose(me, options_.timeout, board_label());
+    if (!board_->failure().empty()) {
+      broken_ = rank_text() + ": " + what + " aborted " + board_->failure();
+      throw comm_error(broken_);
+    }
+    if (cause.empty()) cause = "some rank did not call " + std::string(what) + " (every rank must call the same collectives in the same order)";
+    throw comm_error(broken_ + "; " + cause + ", or raise mpi_options::timeout");
+  }
+
+  /// Why a collective must end now, or "" to go on waiting (see mpi_request::interruption).
+  std::string interruption(const detail::comm_mpi::waiter& me, const char* what,
+                           std::chrono::steady_clock::time_point& returned_seen) {
+    board_->poll(&me);
+    if (!board_->failure().empty()) return rank_text() + ": " + what + " aborted " + board_->failure();
+    std::string gone;
+    for (int r = 0; r < size_; ++r) {
+      if (board_->returned(board_rank(r))) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (gone.empty()) return {};
+    const auto now = std::chrono::steady_clock::now();
+    if (returned_seen == std::chrono::steady_clock::time_point{}) returned_seen = now;
+    if (now - returned_seen < std::chrono::milliseconds(250)) return {};
+    return rank_text() + ": " + what + " cannot complete: rank(s) " + gone +
+           " returned from their run_mpi function without calling " + what +
+           "; every rank of a communicator must call the same collectives in the same order";
   }
 
   /// With check_collectives: one all-reduce (MAX over v and -v) tells every rank whether all
@@ -612,6 +780,7 @@ class mpi_communicator {
   void agree(detail::comm_mpi::coll_kind kind, std::int64_t a, const char* a_name, std::int64_t b, const char* b_name,
              detail::comm_mpi::problem p = detail::comm_mpi::problem::none) {
     const char* what = detail::comm::collective_name(kind);
+    refuse_if_aborted([what] { return std::string(what); });
     refuse_if_broken(what);
     if (!options_.check_collectives) {
       if (p != detail::comm_mpi::problem::none) {
@@ -652,6 +821,75 @@ class mpi_communicator {
   int tag_ub_ = 32767;
   mpi_options options_;
   std::string broken_;
+  std::shared_ptr<detail::comm_mpi::notice_board> board_;  // shared by the family (see announce_failure)
+  std::shared_ptr<const std::vector<int>> board_ranks_;    // rank -> board rank; null: the same
+
+  template <class F>
+  friend auto run_mpi(mpi_communicator& comm, F&& fn);
+
+  /// run_mpi: this rank's function returned; waits (with the timeout) until every rank's has.
+  void join_run() {
+    board_->announce_return();
+    const detail::comm_mpi::waiter me{-1, [] { return std::string("run_mpi (its function returned)"); }};
+    const bool done = detail::comm::poll_until(
+        [&] {
+          board_->poll(&me);
+          return board_->all_returned() || !board_->failure().empty();
+        },
+        detail::comm::deadline_after(options_.timeout));
+    if (!board_->failure().empty()) throw comm_error(rank_text() + ": run_mpi aborted " + board_->failure());
+    if (done) return;
+    std::string cause = board_->diagnose(me, options_.timeout, board_label());
+    if (!board_->failure().empty()) throw comm_error(rank_text() + ": run_mpi aborted " + board_->failure());
+    if (cause.empty()) cause = "some rank's function did not return";
+    throw comm_error(rank_text() + ": run_mpi: the other ranks' functions did not return within " +
+                     detail::comm::seconds_text(options_.timeout) + ": " + cause + ", or raise mpi_options::timeout");
+  }
 };
+
+/// Runs this rank's part of a job: call it on every rank of `comm`, as run_local calls fn
+/// on every thread. Returns fn's result once every rank's fn has returned.
+///
+/// When fn throws, every other rank learns at once (announce_failure): its pending and later
+/// operations on `comm` and on the communicators split from it end within milliseconds with
+/// comm_error "aborted because rank N failed: <what>", and its run_mpi throws too. This rank's
+/// run_mpi rethrows its own error. When fn returns while another rank still waits for a
+/// message or collective from it, that wait ends (after a moment for messages in flight) with
+/// "returned from its run_mpi function without ...". A wait that times out names the rank
+/// that made no progress. After a failure the family of communicators is unusable: report the
+/// error and end the job (see docs/communicators.md for MPI_Finalize and MPI_Abort).
+template <class F>
+auto run_mpi(mpi_communicator& comm, F&& fn) {
+  static_assert(std::is_invocable_v<F&, mpi_communicator&>,
+                "baton::run_mpi(comm, fn): fn must be callable as fn(baton::mpi_communicator&)");
+  using result = std::invoke_result_t<F&, mpi_communicator&>;
+  if (!comm.board_) throw comm_error("baton::run_mpi: the communicator is empty (moved from)");
+  if (comm.board_ranks_) {
+    throw comm_error(comm.rank_text() + ": run_mpi: pass the communicator constructed from an MPI_Comm, not one "
+                     "split from it (the split communicators share its failure notices already)");
+  }
+  struct end_run {
+    detail::comm_mpi::notice_board& board;
+    ~end_run() { board.end_run(); }
+  };
+  comm.board_->begin_run();
+  const end_run guard{*comm.board_};
+  try {
+    if constexpr (std::is_void_v<result>) {
+      std::invoke(fn, comm);
+      comm.join_run();
+    } else {
+      result value = std::invoke(fn, comm);
+      comm.join_run();
+      return value;
+    }
+  } catch (const std::exception& e) {
+    comm.announce_failure(e.what());
+    throw;
+  } catch (...) {
+    comm.announce_failure("an exception not derived from std::exception");
+    throw;
+  }
+}
 
 }  // namespace baton

@@ -261,6 +261,26 @@ class group {
     return comm::p2p_text(op.kind == op_kind::send ? "isend" : "irecv", op.peer, op.tag, op.bytes);
   }
 
+  /// The barriers inside a collective, after every rank has entered it: between them each
+  /// rank reads the others' buffers, so none may leave early, not even when the world fails
+  /// meanwhile (its caller would free a buffer that a peer still copies from). Every member
+  /// is past the entry and only copies memory until it arrives here, so the wait is short and
+  /// needs no timeout; a failure is reported by the communicator's next operation.
+  void arrive_committed(int rank) {
+    world& w = *the_world;
+    std::unique_lock lock(w.mutex);
+    present[static_cast<std::size_t>(rank)] = 1;
+    if (++arrived == size()) {
+      arrived = 0;
+      std::fill(present.begin(), present.end(), 0);
+      ++generation;
+      wake_members();
+      return;
+    }
+    const std::uint64_t mine_generation = generation;
+    w.wakeup(world_rank_of(rank)).wait(lock, [&] { return generation != mine_generation; });
+  }
+
   /// Arrives at the group's barrier (publishing `mine` first when given) and returns once
   /// every rank has arrived. Throws when the world failed, a member returned without
   /// arriving, or the timeout passed; the last two break the group for everyone.
