@@ -10,6 +10,7 @@ packages=(
   libtrilinos-kokkos-dev    # Kokkos 3.4 (Serial) for the attention kernels
   libopenmpi-dev openmpi-bin  # MPI communicator and its tests
   libopenblas-dev           # the sgemm roof of bench_attention
+  clang libclang-rt-14-dev  # libFuzzer: the CSV schedule fuzz target (tests/fuzz)
 )
 
 missing=()

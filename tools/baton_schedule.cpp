@@ -8,6 +8,7 @@
 //   baton-schedule trace     --policy zb1p --ranks 4 --microbatches 8 --out zb1p.json
 #include <baton/schedule.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -79,11 +80,25 @@ int to_int(const std::string& flag, const std::string& text) {
   throw usage_error(flag + " expects an integer, got '" + text + "'");
 }
 
-double to_double(const std::string& flag, const std::string& text) {
+// A count flag (--ranks, --microbatches, --stages-per-rank): an integer >= 1.
+int to_count(const std::string& flag, const std::string& text) {
+  const int value = to_int(flag, text);
+  if (value < 1) {
+    throw usage_error(flag + " must be at least 1, got " + text +
+                      (flag == "--stages-per-rank" ? " (leave it out for the policy's default)" : ""));
+  }
+  return value;
+}
+
+// A cost flag (--tf, --tb, --ti, --tw, --tcomm): a finite number >= 0.
+double to_cost(const std::string& flag, const std::string& text) {
   try {
     std::size_t used = 0;
     const double value = std::stod(text, &used);
-    if (used == text.size()) return value;
+    if (used == text.size() && std::isfinite(value) && value >= 0) return value;
+    if (used == text.size()) throw usage_error(flag + " must be a finite time >= 0, got '" + text + "'");
+  } catch (const usage_error&) {
+    throw;
   } catch (const std::exception&) {
   }
   throw usage_error(flag + " expects a number, got '" + text + "'");
@@ -101,19 +116,19 @@ options parse(int argc, char** argv) {
     };
     if (arg == "--policy") o.policy = value();
     else if (arg == "--csv") o.csv_path = value();
-    else if (arg == "--ranks") o.ranks = to_int(arg, value());
-    else if (arg == "--microbatches") o.microbatches = to_int(arg, value());
-    else if (arg == "--stages-per-rank") o.stages_per_rank = to_int(arg, value());
+    else if (arg == "--ranks") o.ranks = to_count(arg, value());
+    else if (arg == "--microbatches") o.microbatches = to_count(arg, value());
+    else if (arg == "--stages-per-rank") o.stages_per_rank = to_count(arg, value());
     else if (arg == "--placement") {
       const std::string p = value();
       if (p == "loop") o.place = baton::placement::loop;
       else if (p == "v") o.place = baton::placement::v;
       else throw usage_error("--placement is loop or v, got '" + p + "'");
-    } else if (arg == "--tf") o.tf = to_double(arg, value());
-    else if (arg == "--tb") o.tb = to_double(arg, value());
-    else if (arg == "--ti") o.ti = to_double(arg, value());
-    else if (arg == "--tw") o.tw = to_double(arg, value());
-    else if (arg == "--tcomm") o.tcomm = to_double(arg, value());
+    } else if (arg == "--tf") o.tf = to_cost(arg, value());
+    else if (arg == "--tb") o.tb = to_cost(arg, value());
+    else if (arg == "--ti") o.ti = to_cost(arg, value());
+    else if (arg == "--tw") o.tw = to_cost(arg, value());
+    else if (arg == "--tcomm") o.tcomm = to_cost(arg, value());
     else if (arg == "--costs-per-stage") o.per_stage = true;
     else if (arg == "--lowered") o.lowered = true;
     else if (arg == "--out") o.out_path = value();

@@ -88,6 +88,9 @@ inline constexpr std::array<kind_info, action_kind_count> kind_table{{
 // file cannot ask the validator for a schedule of a billion stages; real pipelines are
 // orders of magnitude smaller.
 inline constexpr int max_index = 1 << 20;
+// The most (stage, microbatch) pairs a generated program may hold: 4 Mi, e.g. 1024 ranks x
+// 4096 microbatches. Checked before a policy allocates anything.
+inline constexpr long long max_stage_microbatches = 1LL << 22;
 
 }  // namespace detail::sched
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace baton {
@@ -28,6 +29,11 @@ namespace detail::sched {
   throw schedule_error("baton: invalid schedule: rank " + std::to_string(rank) + ", step " + std::to_string(step) +
                            ", action " + (cell.empty() ? std::string("(none)") : quote_for_message(cell)) + ": " + what,
                        rank, step, none);
+}
+
+// A problem with the schedule as a whole (no rank, step or action to point at).
+[[noreturn]] inline void csv_shape_error(const std::string& what) {
+  throw schedule_error("baton: invalid schedule: " + what);
 }
 
 }  // namespace detail::sched
@@ -61,8 +67,7 @@ namespace detail::sched {
     }
     rows.push_back(std::move(row));
   }
-  if (rows.empty())
-    detail::sched::csv_error(0, 0, {}, "the schedule is empty: expected one CSV row of actions per rank");
+  if (rows.empty()) detail::sched::csv_shape_error("the schedule is empty: expected one CSV row of actions per rank");
   return rows;
 }
 
@@ -71,7 +76,7 @@ namespace detail::sched {
 // not a multiple of the row count (a row missing or extra).
 [[nodiscard]] constexpr schedule_shape infer_shape(const std::vector<std::vector<action>>& rows) {
   const int ranks = static_cast<int>(rows.size());
-  if (ranks == 0) detail::sched::csv_error(0, 0, {}, "the schedule is empty: expected one CSV row of actions per rank");
+  if (ranks == 0) detail::sched::csv_shape_error("the schedule is empty: expected one CSV row of actions per rank");
   int max_stage = -1;
   int max_microbatch = -1;
   for (const auto& row : rows)
@@ -79,14 +84,14 @@ namespace detail::sched {
       max_stage = std::max(max_stage, a.stage);
       max_microbatch = std::max(max_microbatch, a.microbatch);
     }
-  if (max_stage < 0) detail::sched::csv_error(0, 0, {}, "the schedule has rows but no actions");
+  if (max_stage < 0) detail::sched::csv_shape_error("the schedule has rows but no actions");
   const int stages = max_stage + 1;
   if (stages % ranks != 0) {
-    detail::sched::csv_error(ranks, 0, {},
-                             "the schedule has " + std::to_string(ranks) + " rows (one per rank) but uses " +
-                                 std::to_string(stages) + " stages, which is not a multiple of " +
-                                 std::to_string(ranks) +
-                                 ": a row is missing or extra, or give the shape explicitly");
+    detail::sched::csv_shape_error(
+        "the schedule has " + std::to_string(ranks) + (ranks == 1 ? " row" : " rows") +
+        " (one per rank) but uses " + std::to_string(stages) + " stages (0.." + std::to_string(max_stage) +
+        "), which is not a multiple of " + std::to_string(ranks) +
+        " (every rank holds the same number of stages): a row is missing or extra, or give the shape explicitly");
   }
   schedule_shape shape{ranks, stages / ranks, max_microbatch + 1, placement::loop};
   schedule_shape v_shape = shape;
@@ -123,9 +128,22 @@ namespace detail::sched {
 }
 
 [[nodiscard]] inline std::string read_text_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw schedule_error("baton: cannot read schedule file '" + path.string() +
+                         "': it is a directory; give the path of a CSV file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw schedule_error("baton: cannot open schedule file '" + path.string() + "' for reading");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  try {
+    std::string text(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+    if (in.bad()) throw schedule_error("baton: reading schedule file '" + path.string() + "' failed");
+    return text;
+  } catch (const schedule_error&) {
+    throw;
+  } catch (const std::exception& e) {  // the stream reports some read errors by throwing
+    throw schedule_error("baton: reading schedule file '" + path.string() + "' failed: " + e.what());
+  }
 }
 
 [[nodiscard]] inline program read_csv_file(const std::filesystem::path& path,

@@ -37,6 +37,13 @@ constexpr void check_common(const char* name, const schedule_shape& s) {
   if (s.ranks > max_index || s.microbatches > max_index ||
       static_cast<long long>(s.ranks) * s.stages_per_rank > max_index)
     shape_error(name, "the shape is too large: ranks x stages_per_rank and microbatches must be at most 1048576");
+  // Checked before anything is allocated: a program holds 2 or 3 actions per stage and
+  // microbatch, so a shape past this limit would take minutes and gigabytes to build.
+  const long long work = static_cast<long long>(s.ranks) * s.stages_per_rank * s.microbatches;
+  if (work > max_stage_microbatches)
+    shape_error(name, "the shape is too large: ranks x stages_per_rank x microbatches = " + std::to_string(work) +
+                          " stage-microbatches, more than the " + std::to_string(max_stage_microbatches) +
+                          " a program may hold (2 or 3 actions each); use fewer microbatches or ranks");
 }
 
 constexpr void check_one_stage_per_rank(const char* name, const schedule_shape& s) {

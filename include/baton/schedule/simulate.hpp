@@ -11,6 +11,7 @@
 #include <baton/schedule/validate.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -72,10 +73,13 @@ struct cost_model {
         throw schedule_error(std::string("baton::cost_model: ") + name + " has " + std::to_string(values->size()) +
                              " values; give one for all stages or one per stage (" + std::to_string(stages) + ")");
       for (double x : *values)
-        if (!(x >= 0.0))
-          throw schedule_error(std::string("baton::cost_model: ") + name + " has a negative or NaN cost");
+        if (!(x >= 0.0) || !std::isfinite(x))
+          throw schedule_error(std::string("baton::cost_model: ") + name + " has a negative, infinite or NaN cost (" +
+                               std::to_string(x) + "); costs must be finite and >= 0");
     }
-    if (!(communication >= 0.0)) throw schedule_error("baton::cost_model: communication must be >= 0");
+    if (!(communication >= 0.0) || !std::isfinite(communication))
+      throw schedule_error("baton::cost_model: communication must be finite and >= 0 (got " +
+                           std::to_string(communication) + ")");
   }
 
  private:
