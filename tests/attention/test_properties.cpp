@@ -41,6 +41,62 @@ TEMPLATE_TEST_CASE("attention backends model attention_backend", "[attention][co
   STATIC_REQUIRE(baton::attention_backend<typename TestType::backend, typename TestType::value>);
 }
 
+// Near misses of attention_backend: each differs from `fake_backend` (which models it) in one
+// requirement, so each negative check fails if the concept stopped asking for that requirement.
+namespace concept_probe {
+
+using in_view = baton::tensor_view<const float, 4>;
+using out_view = baton::tensor_view<float, 4>;
+using lse_view = baton::tensor_view<float, 3>;
+using saved_lse = baton::tensor_view<const float, 3>;
+
+struct fake_backend {  // the shape of the contract, float only
+  template <class Mask>
+  void forward(in_view, in_view, in_view, const Mask&, out_view, lse_view, const baton::attention_params&) const;
+  template <class Mask>
+  void backward(in_view, in_view, in_view, in_view, saved_lse, in_view, const Mask&, out_view, out_view, out_view,
+                const baton::attention_params&) const;
+};
+struct forward_only {  // no backward
+  template <class Mask>
+  void forward(in_view, in_view, in_view, const Mask&, out_view, lse_view, const baton::attention_params&) const;
+};
+struct backward_only {  // no forward
+  template <class Mask>
+  void backward(in_view, in_view, in_view, in_view, saved_lse, in_view, const Mask&, out_view, out_view, out_view,
+                const baton::attention_params&) const;
+};
+struct mutable_inputs {  // forward wants mutable q, k, v: callers hold const views
+  template <class Mask>
+  void forward(out_view, out_view, out_view, const Mask&, out_view, lse_view, const baton::attention_params&) const;
+  template <class Mask>
+  void backward(in_view, in_view, in_view, in_view, saved_lse, in_view, const Mask&, out_view, out_view, out_view,
+                const baton::attention_params&) const;
+};
+struct no_params {  // forward without the attention_params argument
+  template <class Mask>
+  void forward(in_view, in_view, in_view, const Mask&, out_view, lse_view) const;
+  template <class Mask>
+  void backward(in_view, in_view, in_view, in_view, saved_lse, in_view, const Mask&, out_view, out_view, out_view,
+                const baton::attention_params&) const;
+};
+
+}  // namespace concept_probe
+
+TEST_CASE("attention_backend rejects near misses", "[attention][concept]") {
+  using namespace concept_probe;
+  STATIC_REQUIRE(baton::attention_backend<fake_backend, float>);
+  STATIC_REQUIRE_FALSE(baton::attention_backend<fake_backend, double>);  // float-only views
+  STATIC_REQUIRE_FALSE(baton::attention_backend<forward_only, float>);
+  STATIC_REQUIRE_FALSE(baton::attention_backend<backward_only, float>);
+  STATIC_REQUIRE_FALSE(baton::attention_backend<mutable_inputs, float>);
+  STATIC_REQUIRE_FALSE(baton::attention_backend<no_params, float>);
+  STATIC_REQUIRE_FALSE(baton::attention_backend<int, float>);
+  // A mask argument is checked by the mask concept, not by overload failure: passing a
+  // non-mask is a static_assert (compile_fail/not_a_mask*.cpp), and the concept is unchanged.
+  STATIC_REQUIRE_FALSE(baton::attention_mask<int>);
+}
+
 TEMPLATE_TEST_CASE("rowsum(dO * O) = rowsum(P * dP), and P sums to one", "[attention][identity]",
                    BATON_ATTENTION_CONFIGS) {
   // Backward computes dS = P * (dP - D) with D = rowsum(dO * O) instead of rowsum(P * dP):

@@ -299,10 +299,18 @@ TEST_CASE("Ulysses layout: heads <-> sequence round-trips, GQA replicas are summ
   for (std::int64_t j = 0; j < P; ++j) {
     const auto dst = bshd<double>(gathered[j].data(), b, P * sl, hc, x);
     for (std::int64_t i = 0; i < P; ++i) unpack_sequence_part(send[i].data() + j * block, i, dst, sl);
-    // rank j holds, at row i*sl + t, rank i's token t of head first(j)
-    for (std::int64_t i = 0; i < P; ++i)
-      for (std::int64_t t = 0; t < sl; ++t)
-        REQUIRE(dst(1, i * sl + t, 0, 4) == bshd<double>(local[i].data(), b, sl, H, x)(1, t, split.first(j), 4));
+    // rank j holds, at row i*sl + t, rank i's token t of heads first(j) .. first(j) + hc - 1:
+    // every element of the gathered block, not one
+    for (std::int64_t i = 0; i < P; ++i) {
+      const auto src = bshd<double>(local[i].data(), b, sl, H, x);
+      for (std::int64_t bb = 0; bb < b; ++bb)
+        for (std::int64_t t = 0; t < sl; ++t)
+          for (std::int64_t hh = 0; hh < hc; ++hh)
+            for (std::int64_t d = 0; d < x; ++d) {
+              INFO("rank " << j << " from rank " << i << ": batch " << bb << ", token " << t << ", head " << hh << ", dim " << d);
+              REQUIRE(dst(bb, i * sl + t, hh, d) == src(bb, t, split.first(j) + hh, d));
+            }
+    }
   }
   // inverse: pack by sequence, exchange, unpack by heads summing replicas
   std::vector<std::vector<double>> back_send(P, std::vector<double>(static_cast<std::size_t>(P * block)));

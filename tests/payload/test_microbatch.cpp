@@ -132,7 +132,11 @@ TEST_CASE("records without tensors still split and merge", "[payload][microbatch
   record<> empty;
   const auto parts = split_microbatches(empty, 3);
   CHECK(parts.size() == 3);
-  (void)merge_microbatches(parts);
+  // Merging gives the empty record back; merging no parts is refused like for any record
+  // (a record without tensors has nothing else to compare).
+  STATIC_REQUIRE(std::is_same_v<decltype(merge_microbatches(parts)), record<>>);
+  CHECK_NOTHROW(merge_microbatches(parts));
+  CHECK_THROWS_WITH(merge_microbatches(std::vector<record<>>{}), Catch::Contains("no parts to merge"));
   using only_config = record<field<"config", run_config>>;
   const auto configs = split_microbatches(only_config{run_config{0.5, 7}}, 4);
   REQUIRE(configs.size() == 4);

@@ -63,12 +63,16 @@ TEST_CASE("clip_grad_norm on one rank", "[pipeline][clip]") {
 
 TEST_CASE("clip_grad_norm over ranks equals clipping the concatenation on one rank", "[pipeline][clip]") {
   const double p = GENERATE(2.0, std::numeric_limits<double>::infinity());
-  // Rank r holds r + 1 values.
+  // Rank 0 holds two values, rank 1 three, rank 2 one.
   std::vector<std::vector<double>> per_rank{{0.5, -1.5}, {2.0, 0.25, -3.0}, {1.0}};
-  std::vector<double> all;
-  for (const auto& v : per_rank) all.insert(all.end(), v.begin(), v.end());
-  auto expected = all;
-  const double expected_norm = baton::clip_grad_norm(expected, 0.5, p);
+  // The expectation, written out rather than computed by clip_grad_norm on one rank: the
+  // 2-norm of all six values is sqrt(0.25 + 2.25 + 4 + 0.0625 + 9 + 1) = sqrt(16.5625), the
+  // inf-norm |-3| = 3; each value is then multiplied by 0.5 / (norm + 1e-6).
+  const double expected_norm = p == 2.0 ? std::sqrt(16.5625) : 3.0;
+  const double scale = 0.5 / (expected_norm + 1e-6);
+  std::vector<std::vector<double>> expected = per_rank;
+  for (auto& v : expected)
+    for (double& x : v) x *= scale;
   std::vector<double> norms(3);
   std::mutex m;
   baton::run_local(3, [&](baton::local_communicator& comm) {
@@ -78,9 +82,10 @@ TEST_CASE("clip_grad_norm over ranks equals clipping the concatenation on one ra
     norms[static_cast<std::size_t>(comm.rank())] = norm;
     per_rank[static_cast<std::size_t>(comm.rank())] = mine;
   });
-  std::size_t k = 0;
-  for (int r = 0; r < 3; ++r) {
-    CHECK(norms[static_cast<std::size_t>(r)] == Approx(expected_norm).epsilon(1e-14));
-    for (double v : per_rank[static_cast<std::size_t>(r)]) CHECK(v == Approx(expected[k++]).epsilon(1e-14));
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK(norms[r] == Approx(expected_norm).epsilon(1e-14));
+    REQUIRE(per_rank[r].size() == expected[r].size());
+    for (std::size_t i = 0; i < per_rank[r].size(); ++i) CHECK(per_rank[r][i] == Approx(expected[r][i]).epsilon(1e-14));
   }
 }

@@ -4,6 +4,8 @@
 #include "catch.hpp"
 #include "parity_support.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <mutex>
 
@@ -13,6 +15,29 @@ namespace {
 
 using S = mlp_stage<double>;
 constexpr std::int64_t width = 4;
+
+// The loss of `stages` on (x, t), written out here rather than through the stages' forward or
+// the oracle: y = tanh(x W + b) per row and stage, then 0.5 * sum (y - t)^2 / rows.
+double mlp_loss_by_hand(const std::vector<S>& stages, const tensor<double>& x, const tensor<double>& t) {
+  const std::int64_t rows = x.size() / width;
+  std::vector<double> h(x.data(), x.data() + x.size());
+  for (const S& s : stages) {
+    std::vector<double> y(h.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < width; ++j) {
+        double z = s.b.data()[j];
+        for (std::int64_t i = 0; i < width; ++i) z += h[static_cast<std::size_t>(r * width + i)] * s.w.data()[i * width + j];
+        y[static_cast<std::size_t>(r * width + j)] = std::tanh(z);
+      }
+    h = std::move(y);
+  }
+  double loss = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    const double d = h[i] - t.data()[i];
+    loss += 0.5 * d * d;
+  }
+  return loss / static_cast<double>(rows);
+}
 
 }  // namespace
 
@@ -46,7 +71,11 @@ TEST_CASE("seed 004: eval() before the first step equals the sequential forward 
   });
   REQUIRE(errors.size() == 2 * 4 + 4 * 2);
   for (double e : errors) CHECK(e <= 1e-12);
-  CHECK(eval_oracle == step_oracle);  // same weights, same forward
+  // Both oracles against the forward written out by hand (same weights: no optimizer runs), so
+  // the executor's losses above are anchored to an expectation that shares no code with them.
+  const double by_hand = mlp_loss_by_hand(oracle, x, t);
+  CHECK(rel_err(eval_oracle, by_hand) <= 1e-12);
+  CHECK(rel_err(step_oracle, by_hand) <= 1e-12);
 }
 
 // ---- structured payloads ---------------------------------------------------------------------
@@ -235,11 +264,23 @@ TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the wh
   const auto t = random_tensor<double>({8, width}, 52, 0.5);
   auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), width);
   sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
-  std::vector<std::span<double>> all;
-  for (auto& s : oracle) append_grad_spans(all, s);
+  // The expected norm and clipped gradients, written out here rather than by clip_grad_norm
+  // (torch.nn.utils.clip_grad_norm_): the p-norm over every stage's dw and db, then every
+  // gradient times max_norm / (norm + 1e-6).
   const double max_norm = 1e-3;  // far below the norm: clipping happens
-  const double oracle_norm = baton::clip_grad_norm(all, max_norm, p);
+  double reduced = 0;  // sum of squares (p = 2) or largest magnitude (p = inf)
+  for (const S& s : oracle)
+    for (const tensor<double>* g : {&s.dw, &s.db})
+      for (std::int64_t i = 0; i < g->size(); ++i) {
+        const double a = std::abs(g->data()[i]);
+        reduced = p == 2.0 ? reduced + a * a : std::max(reduced, a);
+      }
+  const double oracle_norm = p == 2.0 ? std::sqrt(reduced) : reduced;
   REQUIRE(oracle_norm > max_norm);
+  const double scale = max_norm / (oracle_norm + 1e-6);
+  for (S& s : oracle)
+    for (tensor<double>* g : {&s.dw, &s.db})
+      for (std::int64_t i = 0; i < g->size(); ++i) g->data()[i] *= scale;
 
   std::vector<double> errors;
   std::mutex m;
@@ -278,4 +319,90 @@ TEST_CASE("seed 004: the loss reported on every rank equals the sequential loss"
   SECTION("ZBV, 4 ranks (the last stage is on rank 0)") {
     check(baton::zbv::generate(baton::shape_for<baton::zbv>(4, 8)));
   }
+}
+
+// ---- the stage concepts reject near misses ---------------------------------------------------
+// Each probe differs from `full` (a stage) or `split` (a split-backward stage) in one
+// requirement, so each negative check fails if the concept stopped asking for it.
+
+namespace stage_probe {
+
+using T = tensor<double>;
+struct saved_state {};
+struct no_default_saved {
+  explicit no_default_saved(int) {}
+};
+
+struct full {
+  using input = T;
+  using output = T;
+  using side = baton::no_side;
+  using saved = saved_state;
+  output forward(const input&, const side&, saved&);
+  baton::grad_t<input> backward(saved&, const baton::grad_t<output>&);
+};
+struct split : full {
+  baton::grad_t<input> backward_input(saved&, const baton::grad_t<output>&);
+  void backward_weight(saved&);
+};
+struct no_side_type {  // `side` missing
+  using input = T;
+  using output = T;
+  using saved = saved_state;
+  output forward(const input&, const baton::no_side&, saved&);
+  baton::grad_t<input> backward(saved&, const baton::grad_t<output>&);
+};
+struct saved_not_default_constructible : full {
+  using saved = no_default_saved;
+  output forward(const input&, const side&, saved&);
+  baton::grad_t<input> backward(saved&, const baton::grad_t<output>&);
+};
+struct forward_returns_other_type {
+  using input = T;
+  using output = T;
+  using side = baton::no_side;
+  using saved = saved_state;
+  tensor<float> forward(const input&, const side&, saved&);
+  baton::grad_t<input> backward(saved&, const baton::grad_t<output>&);
+};
+struct no_backward {
+  using input = T;
+  using output = T;
+  using side = baton::no_side;
+  using saved = saved_state;
+  output forward(const input&, const side&, saved&);
+};
+struct split_without_full_backward {  // backward_input/backward_weight but no backward
+  using input = T;
+  using output = T;
+  using side = baton::no_side;
+  using saved = saved_state;
+  output forward(const input&, const side&, saved&);
+  baton::grad_t<input> backward_input(saved&, const baton::grad_t<output>&);
+  void backward_weight(saved&);
+};
+struct no_backward_weight : full {
+  baton::grad_t<input> backward_input(saved&, const baton::grad_t<output>&);
+};
+struct backward_input_returns_other_type : full {
+  tensor<float> backward_input(saved&, const baton::grad_t<output>&);
+  void backward_weight(saved&);
+};
+
+}  // namespace stage_probe
+
+TEST_CASE("stage and split_backward_stage reject near misses", "[pipeline][concept]") {
+  using namespace stage_probe;
+  STATIC_REQUIRE(baton::stage<full>);
+  STATIC_REQUIRE_FALSE(baton::split_backward_stage<full>);  // no backward_input / backward_weight
+  STATIC_REQUIRE(baton::split_backward_stage<split>);
+  STATIC_REQUIRE(baton::split_backward_stage<S>);  // the stage the tests above run
+  STATIC_REQUIRE_FALSE(baton::stage<no_side_type>);
+  STATIC_REQUIRE_FALSE(baton::stage<saved_not_default_constructible>);
+  STATIC_REQUIRE_FALSE(baton::stage<forward_returns_other_type>);
+  STATIC_REQUIRE_FALSE(baton::stage<no_backward>);
+  STATIC_REQUIRE_FALSE(baton::stage<int>);
+  STATIC_REQUIRE_FALSE(baton::split_backward_stage<split_without_full_backward>);  // a stage needs backward
+  STATIC_REQUIRE_FALSE(baton::split_backward_stage<no_backward_weight>);
+  STATIC_REQUIRE_FALSE(baton::split_backward_stage<backward_input_returns_other_type>);
 }

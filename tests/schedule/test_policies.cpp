@@ -181,11 +181,20 @@ TEST_CASE("known orders", "[schedule][policy]") {
     const auto p = baton::looped_bfs::generate({2, 2, 2});
     CHECK(p.ranks[1] == row({{1, F, 0}, {1, F, 1}, {3, F, 0}, {3, F, 1}, {3, B, 1}, {3, B, 0}, {1, B, 1}, {1, B, 0}}));
   }
-  SECTION("ZBV, p = 2, m = 3: V placement, rank 0 holds the first and the last stage") {
-    const auto p = baton::zbv::generate({2, 2, 3, baton::placement::v});
+  SECTION("ZBV, p = 2, m = 4: torch's ScheduleZBVZeroBubble order, rank by rank") {
+    // Not baton's own output pinned: the compute actions, in order, of the schedule PyTorch's
+    // generator wrote for ScheduleZBVZeroBubble at 2 ranks, 4 microbatches
+    // (torch/distributed/pipelining/schedules.py at commit
+    // 00722e648b740f91d0e71494baa17891749fd291, file zbv_p2_m4_runtime.csv, with its
+    // UNSHARD / RESHARD / REDUCE_GRAD and SEND / RECV cells left out). V placement: rank 0
+    // holds stages 0 and 3, rank 1 stages 1 and 2.
+    const auto p = baton::zbv::generate({2, 2, 4, baton::placement::v});
     CHECK(p.ranks[0] == row({{0, F, 0}, {0, F, 1}, {0, F, 2}, {3, F, 0}, {3, I, 0}, {3, W, 0}, {3, F, 1}, {3, I, 1},
-                             {3, W, 1}, {0, I, 0}, {0, W, 0}, {3, F, 2}, {3, I, 2}, {3, W, 2}, {0, I, 1}, {0, W, 1},
-                             {0, I, 2}, {0, W, 2}}));
+                             {3, W, 1}, {0, F, 3}, {0, I, 0}, {0, W, 0}, {3, F, 2}, {3, I, 2}, {3, W, 2}, {0, I, 1},
+                             {0, W, 1}, {3, F, 3}, {3, I, 3}, {3, W, 3}, {0, I, 2}, {0, W, 2}, {0, I, 3}, {0, W, 3}}));
+    CHECK(p.ranks[1] == row({{1, F, 0}, {2, F, 0}, {1, F, 1}, {2, F, 1}, {2, I, 0}, {2, W, 0}, {1, F, 2}, {1, I, 0},
+                             {1, W, 0}, {2, F, 2}, {2, I, 1}, {2, W, 1}, {1, F, 3}, {1, I, 1}, {1, W, 1}, {2, F, 3},
+                             {2, I, 2}, {2, W, 2}, {1, I, 2}, {2, I, 3}, {1, I, 3}, {1, W, 2}, {2, W, 3}, {1, W, 3}}));
   }
   SECTION("DualPipeV, p = 2, m = 4: paired F/B in the middle, I/W in the tail") {
     const auto p = baton::dual_pipe_v::generate({2, 2, 4, baton::placement::v});
@@ -268,4 +277,37 @@ TEST_CASE("baton::is_valid agrees with the oracle on mutated schedules", "[sched
   }
   CHECK(valid_seen > 50);
   CHECK(invalid_seen > 500);
+}
+
+// More near misses of schedule_policy (no_generate, runtime_flag and wrong_result are above):
+// each differs from `complete` in one requirement, so each negative check fails if the concept
+// stopped asking for it.
+namespace policy_probe {
+
+struct complete {
+  static constexpr bool splits_backward = false;
+  static constexpr baton::placement default_placement = baton::placement::loop;
+  static baton::program generate(const baton::schedule_shape& s);
+};
+struct no_splits_backward {
+  static constexpr baton::placement default_placement = baton::placement::loop;
+  static baton::program generate(const baton::schedule_shape& s);
+};
+struct no_default_placement {
+  static constexpr bool splits_backward = false;
+  static baton::program generate(const baton::schedule_shape& s);
+};
+struct generate_needs_mutable_policy {  // non-const member: cannot be called on a const policy
+  static constexpr bool splits_backward = false;
+  static constexpr baton::placement default_placement = baton::placement::loop;
+  baton::program generate(const baton::schedule_shape& s);
+};
+
+}  // namespace policy_probe
+
+TEST_CASE("schedule_policy rejects near misses", "[schedule][policy][concept]") {
+  STATIC_REQUIRE(baton::schedule_policy<policy_probe::complete>);
+  STATIC_REQUIRE_FALSE(baton::schedule_policy<policy_probe::no_splits_backward>);
+  STATIC_REQUIRE_FALSE(baton::schedule_policy<policy_probe::no_default_placement>);
+  STATIC_REQUIRE_FALSE(baton::schedule_policy<policy_probe::generate_needs_mutable_policy>);
 }

@@ -172,6 +172,17 @@ template <class T>
   return finite;
 }
 
+/// Compile-time check shared by backends: the mask argument models attention_mask. Each
+/// backend's forward/backward has an overload for a non-mask argument that only calls this,
+/// so the user reads this message rather than a failed constraint.
+template <class Mask>
+constexpr void static_check_mask() {
+  static_assert(attention_mask<Mask>,
+                "baton attention: the mask argument is not a mask: it must model baton::attention_mask, with const "
+                "members allowed(q_pos, k_pos) -> bool and classify(position_block, position_block) -> block_kind; "
+                "pass baton::no_mask{} for no masking, or wrap a predicate in baton::block_mask");
+}
+
 /// Compile-time checks shared by backends: one element type, mutable outputs, lse_t LSE.
 template <class TQ, class TK, class TV, class TO, class TL>
 constexpr void static_check_forward_types() {

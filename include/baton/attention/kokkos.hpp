@@ -81,6 +81,14 @@ class kokkos_attention {
   /// them). The next call allocates again.
   void release_workspace() const noexcept { workspace_->release(); }
 
+  /// A mask argument that is not an attention_mask: one readable error (static_check_mask).
+  template <class TQ, class TK, class TV, class Mask, class TO, class TL>
+    requires(!attention_mask<Mask>)
+  void forward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, const Mask&, tensor_view<TO, 4>,
+               tensor_view<TL, 3>, const attention_params& = {}) const {
+    detail::attn::static_check_mask<Mask>();
+  }
+
   template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
   void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
                tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
@@ -115,6 +123,15 @@ class kokkos_attention {
                           da::forward_tile(L, round, item, mask, q, P, out, lse, work);
                         });
     }
+  }
+
+  /// A mask argument that is not an attention_mask: one readable error (static_check_mask).
+  template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask, class TG1, class TG2, class TG3>
+    requires(!attention_mask<Mask>)
+  void backward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, tensor_view<TO, 4>, tensor_view<TL, 3>,
+                tensor_view<TD, 4>, const Mask&, tensor_view<TG1, 4>, tensor_view<TG2, 4>, tensor_view<TG3, 4>,
+                const attention_params& = {}) const {
+    detail::attn::static_check_mask<Mask>();
   }
 
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,

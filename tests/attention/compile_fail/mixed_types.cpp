@@ -1,4 +1,5 @@
-// build error: q, k and v must have the same element type
+// q of float, k and v of double: baton's own message, not a failed overload.
+// build error: baton attention: q, k and v must have the same element type
 #include <baton/attention.hpp>
 
 #include <vector>

@@ -1,4 +1,6 @@
-// build error: the mask argument must model baton::attention_mask (allowed + classify)
+// forward() with a mask argument that is not an attention_mask (no classify()): baton's own
+// message, not a failed constraint.
+// build error: baton attention: the mask argument is not a mask: it must model baton::attention_mask, with const members allowed.q_pos, k_pos. -> bool and classify.position_block, position_block. -> block_kind. pass baton::no_mask{} for no masking, or wrap a predicate in baton::block_mask
 #include <baton/attention.hpp>
 
 #include <cstdint>
