@@ -21,4 +21,10 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/batonConfigVersion.cmake
 install(FILES "${PROJECT_BINARY_DIR}/batonConfig.cmake" "${PROJECT_BINARY_DIR}/batonConfigVersion.cmake"
               cmake/FindNCCL.cmake cmake/batonKokkosFix.cmake
         DESTINATION "${BATON_INSTALL_CMAKEDIR}")
-install(FILES LICENSE README.md DESTINATION "${CMAKE_INSTALL_DOCDIR}")
+# The documentation, laid out as in the source tree so that the relative links of the
+# installed README (docs/*.md, CONTRIBUTING.md) and of docs/ (img/*.svg) resolve:
+# <prefix>/share/doc/baton/{README.md, CONTRIBUTING.md, LICENSE, docs/, examples/}.
+# tests/install checks every relative link of the installed Markdown files.
+install(FILES LICENSE README.md CONTRIBUTING.md DESTINATION "${CMAKE_INSTALL_DOCDIR}")
+install(DIRECTORY docs/ DESTINATION "${CMAKE_INSTALL_DOCDIR}/docs")
+install(DIRECTORY examples/ DESTINATION "${CMAKE_INSTALL_DOCDIR}/examples")

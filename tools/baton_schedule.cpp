@@ -6,6 +6,7 @@
 //   baton-schedule lower     my_schedule.csv > with_comms.csv
 //   baton-schedule svg       --policy dual_pipe_v --ranks 4 --microbatches 8 --out dpv.svg
 //   baton-schedule trace     --policy zb1p --ranks 4 --microbatches 8 --out zb1p.json
+//   baton-schedule --help    (or -h, or help: this usage on standard output, exit 0)
 #include <baton/schedule.hpp>
 
 #include <cmath>
@@ -50,6 +51,7 @@ output:
   --out FILE             write there instead of standard output
   --title TEXT           title of the SVG / trace
   --lowered              (show) include SEND/RECV actions
+  --help, -h             print this help and exit (also: baton-schedule help)
 )";
 
 struct usage_error : std::runtime_error {
@@ -66,6 +68,7 @@ struct options {
   std::optional<double> tb;
   bool per_stage = false;
   bool lowered = false;
+  bool help = false;  // --help / -h / the command "help": print usage_text, exit 0
   std::string out_path;
   std::string title;
 };
@@ -108,6 +111,10 @@ options parse(int argc, char** argv) {
   if (argc < 2) throw usage_error("missing COMMAND");
   options o;
   o.command = argv[1];
+  if (o.command == "--help" || o.command == "-h" || o.command == "help") {
+    o.help = true;
+    return o;
+  }
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -133,7 +140,10 @@ options parse(int argc, char** argv) {
     else if (arg == "--lowered") o.lowered = true;
     else if (arg == "--out") o.out_path = value();
     else if (arg == "--title") o.title = value();
-    else if (arg == "--help" || arg == "-h") throw usage_error("");
+    else if (arg == "--help" || arg == "-h") {
+      o.help = true;
+      return o;
+    }
     else if (!arg.empty() && arg[0] != '-' && o.csv_path.empty()) o.csv_path = arg;
     else throw usage_error("unknown option '" + arg + "'");
   }
@@ -274,7 +284,12 @@ int run(const options& o) {
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    const options o = parse(argc, argv);
+    if (o.help) {
+      std::cout << usage_text;
+      return std::cout.good() ? 0 : 1;
+    }
+    return run(o);
   } catch (const usage_error& e) {
     if (*e.what()) std::cerr << "baton-schedule: " << e.what() << "\n\n";
     std::cerr << usage_text;

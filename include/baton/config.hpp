@@ -1,9 +1,13 @@
 // baton/config.hpp — the one place that says which optional backends are compiled in.
 //
 // Each backend's CMake target (baton::kokkos, baton::mpi, baton::blas, baton::cuda, baton::nccl) defines
-// BATON_ENABLE_<NAME>=1. Code tests the function-like macros below, never the raw defines
-// and never __CUDACC__ directly, so a misspelt backend name is a compile error rather than
-// a silent 0.
+// BATON_ENABLE_<NAME>=1. Code tests the function-like macros below, never the raw defines,
+// so a misspelt backend name is a compile error rather than a silent 0.
+//
+// BATON_HAS_CUDA() says that baton::cuda (the CUDA runtime) is linked, as baton::nccl links
+// it. The NCCL communicator is the only CUDA code, and it is compiled only, never run on a
+// GPU. baton has no CUDA kernels yet, hence no host/device annotation macro: one comes with
+// the first kernel.
 #pragma once
 
 #define BATON_VERSION_MAJOR 0
@@ -38,18 +42,4 @@
 #define BATON_HAS_NCCL() 1
 #else
 #define BATON_HAS_NCCL() 0
-#endif
-
-// True while nvcc compiles device-capable code (a .cu file or a .cuh header).
-#if defined(__CUDACC__)
-#define BATON_CUDA_COMPILATION() 1
-#else
-#define BATON_CUDA_COMPILATION() 0
-#endif
-
-// One host/device annotation for code shared by CPU and CUDA kernels.
-#if BATON_CUDA_COMPILATION()
-#define BATON_HOST_DEVICE __host__ __device__
-#else
-#define BATON_HOST_DEVICE
 #endif

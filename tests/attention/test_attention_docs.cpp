@@ -68,7 +68,7 @@ TEST_CASE("docs/attention.md examples", "[attention][docs]") {
 
   SECTION("a shard: global positions and a document mask") {
     // [example: shard]
-    // Rank 1 of 2 in a zigzag layout over 8 chunks of 16 tokens holds chunks 1 and 6 of the
+    // Rank 1 of 4 in a zigzag layout over 8 chunks of 16 tokens holds chunks 1 and 6 of the
     // queries; the keys it attends to this step are chunks 0..3 (positions 0..63).
     std::vector<std::int64_t> mine;
     for (std::int64_t p = 16; p < 32; ++p) mine.push_back(p);

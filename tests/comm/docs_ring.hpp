@@ -9,7 +9,8 @@
 #include <vector>
 
 // [generic-ring]
-// Written once against the capabilities it needs; runs on threads, MPI processes or GPUs.
+// Written once against the capabilities it needs; runs on threads or MPI processes (and is
+// meant for NCCL GPUs, where nothing has run yet).
 // Every rank ends with every rank's block, passed around the ring with shift().
 template <baton::ring_communicator C>
 std::vector<float> ring_all_gather(C& comm, std::span<const float> mine) {

@@ -116,6 +116,24 @@ TEST_CASE("ZBV and DualPipeV beat ZB1P at p = 4; ZBV needs no more memory than 1
   }
 }
 
+TEST_CASE("ZBV is not bubble-free: (p - 1) / (6m + p - 1) at equal costs", "[schedule][simulate]") {
+  // The closed form policies.hpp and docs/schedules.md state: T_F = T_I = T_W = 1 per rank's
+  // share, each rank idles (p - 1) / 2 while the V fills, for every m >= 2p - 1.
+  for (int p : {2, 4, 8}) {
+    for (int m : {2 * p - 1, 2 * p, 4 * p, 4 * p + 3}) {
+      INFO("p=" << p << " m=" << m);
+      const auto zbv = baton::simulate(baton::zbv::generate(baton::shape_for<baton::zbv>(p, m)),
+                                       unit_costs().per_rank_share(2));
+      CHECK(zbv.total_idle() == Approx(0.5 * p * (p - 1)));
+      CHECK(zbv.bubble_ratio == Approx(double(p - 1) / (6.0 * m + p - 1)));
+      CHECK(zbv.bubble_ratio > 0.0);
+    }
+  }
+  const auto p4m8 = baton::simulate(baton::zbv::generate(baton::shape_for<baton::zbv>(4, 8)),
+                                    unit_costs().per_rank_share(2));
+  CHECK(p4m8.bubble_ratio == Approx(3.0 / 51.0));  // 0.0588, the figure of docs/schedules.md
+}
+
 TEST_CASE("communication cost and per-stage costs", "[schedule][simulate]") {
   SECTION("two ranks, one microbatch: F, message, F, B, message, B") {
     auto costs = unit_costs();

@@ -5,7 +5,8 @@
 //
 //     template <ring_communicator C> void ring_step(C& comm, ...);
 //
-// and runs unchanged on the local world (threads), MPI processes or NCCL GPUs.
+// and runs unchanged on the local world (threads) and MPI processes. The NCCL backend models
+// the same concepts but is compiled only: it has not yet run on a GPU.
 #pragma once
 
 #include <baton/comm/error.hpp>

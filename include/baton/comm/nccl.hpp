@@ -1,5 +1,8 @@
 // baton/comm/nccl.hpp — the NCCL backend: ranks are GPUs.
 //
+// Compiled only (g++ and nvcc): this code has never run on a GPU, and its test
+// (baton_comm_nccl) skips without one. Treat it as planned until a GPU run proves it.
+//
 //     baton::mpi_communicator host;                                    // or a local_communicator
 //     auto gpu = baton::nccl_communicator::bootstrap(host, /*device=*/local_rank);
 //     gpu.all_reduce(std::span(device_grad, n), baton::reduce_op::sum);  // device memory

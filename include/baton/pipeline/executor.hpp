@@ -1,8 +1,9 @@
 // baton/pipeline/executor.hpp — the executor: one per rank, it runs that rank's row of a
 // lowered program over the rank's stages and a point-to-point communicator.
 //
+//   // ZBV needs 2 stages per rank in a V: {comm.size(), 2, 8, placement::v}.
 //   auto exec = baton::make_pipeline<baton::zbv, baton::uniform_stages<block>>(
-//       comm, baton::schedule_shape{.ranks = 4, .stages_per_rank = 2, .microbatches = 8},
+//       comm, baton::shape_for<baton::zbv>(comm.size(), /*microbatches=*/8),
 //       [&](auto stage_index) { return block(seed + int(stage_index)); }, loss);
 //   baton::step_report r = exec.step(batch, side, target);   // r.loss on the last stage's rank
 //

@@ -8,7 +8,8 @@
 //   looped_bfs               breadth first: every microbatch through a local stage before the next
 //   zb1p                     zero-bubble ZB-H1: 1F1B with split backward, W deferred to fill bubbles
 //   interleaved_zero_bubble  ZB1P over several stages per rank (loop)
-//   zbv                      zero-bubble V: 2 stages per rank in a V, split backward
+//   zbv                      ZB-V of the zero-bubble paper: 2 stages per rank in a V, split
+//                            backward (a small bubble remains: see zbv below)
 //   dual_pipe_v              DeepSeek's DualPipeV: 2 stages per rank in a V, F and B paired
 // Each generate() is constexpr and checks the shape it is given.
 #pragma once
@@ -250,7 +251,12 @@ struct interleaved_zero_bubble {
 };
 
 // ZB-V (zero-bubble paper, section 6): 2 stages per rank in a V (rank r holds r and
-// 2p - 1 - r), split backward; zero bubble when T_F = T_I = T_W, at 1F1B's peak memory.
+// 2p - 1 - r), split backward, at 1F1B's peak memory. Not bubble-free: with T_F = T_I = T_W
+// (one rank's share of the model) and no communication cost, each rank idles
+// (p - 1) T_F / 2 (a sixth of 1F1B's (p - 1)(T_F + T_B)) while the first microbatches
+// fill the V: a bubble ratio of (p - 1) / (6m + p - 1) for m >= 2p - 1, 0.0588 at p = 4,
+// m = 8 (`baton-schedule simulate --policy zbv --ranks 4 --microbatches 8`; pinned by
+// tests/schedule/test_simulate.cpp). For m < 2p - 1 the bubble is larger.
 // For m < 2p - 1 the full pattern is built and the missing microbatches dropped.
 struct zbv {
   static constexpr bool splits_backward = true;
