@@ -200,7 +200,8 @@ std::vector<scenario> scenarios() {
 
 }  // namespace
 
-TEST_CASE("train: every mesh trains the same model as one rank (double, reference attention)", "[train]") {
+TEST_CASE("train: every mesh trains the same model as one rank (double, reference attention)",
+          "[train][double-parity]") {
   for (const scenario& s : scenarios()) check_scenario<double, baton::reference_attention>(s);
 }
 
