@@ -32,7 +32,20 @@ function(baton_add_test)
   target_link_libraries(${arg_NAME} PRIVATE ${main} baton_test_catch Catch2::Catch2 baton::baton ${arg_LIBS})
   target_include_directories(${arg_NAME} PRIVATE "${PROJECT_SOURCE_DIR}/tests/support")
   baton_warnings(${arg_NAME})
-  add_test(NAME ${arg_NAME} COMMAND ${arg_NAME} ${arg_ARGS})
+  baton_skippable_cases(skippable ${arg_SOURCES})
+  if(skippable)
+    add_test(NAME ${arg_NAME} COMMAND ${arg_NAME} ${arg_ARGS} "~[can-skip]")
+  else()
+    add_test(NAME ${arg_NAME} COMMAND ${arg_NAME} ${arg_ARGS})
+  endif()
+  set(tests ${arg_NAME})
+  foreach(case IN LISTS skippable)
+    string(REPLACE "|" ";" case "${case}")
+    list(GET case 0 suffix)
+    list(GET case 1 tags)
+    add_test(NAME ${arg_NAME}.${suffix} COMMAND ${arg_NAME} ${arg_ARGS} --warn NoTests "${tags}")
+    list(APPEND tests ${arg_NAME}.${suffix})
+  endforeach()
   set(labels ${arg_LABELS})
   if(arg_THREADS)
     list(APPEND labels threads)
@@ -42,8 +55,30 @@ function(baton_add_test)
   endif()
   # One BLAS thread per process: ranks run as threads already occupy the cores, and a
   # threaded BLAS under them only oversubscribes (see baton/nn/detail/gemm.hpp).
-  set_tests_properties(${arg_NAME} PROPERTIES LABELS "${labels}" TIMEOUT ${arg_TIMEOUT}
+  set_tests_properties(${tests} PROPERTIES LABELS "${labels}" TIMEOUT ${arg_TIMEOUT}
                        SKIP_REGULAR_EXPRESSION "SKIPPED:" ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+endfunction()
+
+# baton_skippable_cases(out sources...)
+#   The test cases of the sources tagged [can-skip] (tests/support/skip.hpp), as "suffix|tags"
+#   items: each gets its own ctest entry, selected by all of its tags, so that its skip is
+#   reported as that case's skip and hides no sibling's verdict.
+function(baton_skippable_cases out)
+  set(found)
+  foreach(source IN LISTS ARGN)
+    get_filename_component(path "${source}" ABSOLUTE)
+    file(STRINGS "${path}" lines REGEX "TEST_CASE\\(.*\\[can-skip\\]")
+    foreach(line IN LISTS lines)
+      string(REGEX MATCH "\"(\\[[^\"]*\\[can-skip\\][^\"]*)\"" matched "${line}")
+      set(tags "${CMAKE_MATCH_1}")
+      string(REGEX REPLACE "\\[can-skip\\]" "" suffix "${tags}")
+      string(REGEX REPLACE "\\]\\[" "_" suffix "${suffix}")
+      string(REGEX REPLACE "[][]" "" suffix "${suffix}")
+      list(APPEND found "${suffix}|${tags}")
+    endforeach()
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${path}")
+  endforeach()
+  set(${out} "${found}" PARENT_SCOPE)
 endfunction()
 
 # baton_add_mpi_test(NAME n SOURCES a.cpp... [LIBS ...] [LABELS ...] NP 2 4)
@@ -61,12 +96,24 @@ function(baton_add_mpi_test)
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT ${BATON_TEST_TIMEOUT})
   endif()
+  baton_skippable_cases(skippable ${arg_SOURCES})
   foreach(np IN LISTS arg_NP)
-    add_test(NAME ${arg_NAME}_np${np}
-             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
-                     --allow-run-as-root --bind-to none ${MPIEXEC_PREFLAGS}
-                     $<TARGET_FILE:${arg_NAME}> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(${arg_NAME}_np${np} PROPERTIES
+    set(launch ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+               --allow-run-as-root --bind-to none ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${arg_NAME}> ${MPIEXEC_POSTFLAGS})
+    set(tests ${arg_NAME}_np${np})
+    if(skippable)
+      add_test(NAME ${arg_NAME}_np${np} COMMAND ${launch} "~[can-skip]")
+    else()
+      add_test(NAME ${arg_NAME}_np${np} COMMAND ${launch})
+    endif()
+    foreach(case IN LISTS skippable)
+      string(REPLACE "|" ";" case "${case}")
+      list(GET case 0 suffix)
+      list(GET case 1 tags)
+      add_test(NAME ${arg_NAME}_np${np}.${suffix} COMMAND ${launch} --warn NoTests "${tags}")
+      list(APPEND tests ${arg_NAME}_np${np}.${suffix})
+    endforeach()
+    set_tests_properties(${tests} PROPERTIES
       LABELS "mpi;${arg_LABELS}" TIMEOUT ${arg_TIMEOUT} PROCESSORS ${np}
       SKIP_REGULAR_EXPRESSION "SKIPPED:"
       # OpenMPI keeps process-lifetime allocations LeakSanitizer would report; the

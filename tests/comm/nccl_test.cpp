@@ -1,7 +1,8 @@
 // The NCCL backend: concept checks always; transfers on every visible GPU (one rank per GPU,
 // ranks as threads of the local world, NCCL bootstrapped over it). Without a CUDA device the
-// runtime part prints "SKIPPED: no CUDA device", which ctest reports as skipped.
+// GPU case skips: BATON_SKIP, in its own ctest entry (baton_comm_nccl.comm_nccl_gpu).
 #include "catch.hpp"
+#include "skip.hpp"
 #include "suite.hpp"
 
 #include <baton/comm/local.hpp>
@@ -107,12 +108,9 @@ TEST_CASE("nccl: the communicator concepts", "[comm][nccl]") {
   STATIC_REQUIRE(baton::comm_request<baton::nccl_request>);
 }
 
-TEST_CASE("nccl: transfers on every visible GPU", "[comm][nccl]") {
+TEST_CASE("nccl: transfers on every visible GPU", "[comm][nccl][gpu][can-skip]") {
   const int devices = visible_devices();
-  if (devices == 0) {
-    std::cout << "SKIPPED: no CUDA device\n";
-    return;
-  }
+  if (devices == 0) BATON_SKIP("no CUDA device");
   const int n = std::min(devices, 4);  // NCCL needs one GPU per rank
   REQUIRE_NOTHROW(baton::run_local(n, [](baton::local_communicator& host) { nccl_rank_body(host); },
                                    baton::local_options{.timeout = std::chrono::seconds(60)}));
