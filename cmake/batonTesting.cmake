@@ -138,16 +138,23 @@ function(baton_add_compile_fail_test)
   set_tests_properties(${arg_NAME} PROPERTIES LABELS "compile_fail;${arg_LABELS}" TIMEOUT 120)
 endfunction()
 
-# baton_add_docs_test(NAME n SOURCE test.cpp DOC docs/x.md [LABELS ...])
-#   Every block between "// [doc:NAME]" and "// [/doc:NAME]" in SOURCE (a compiled test) must
-#   appear verbatim in DOC, so the document shows code that is compiled and run.
+# baton_add_docs_test()
+#   The one documentation check (label "docs"; call it once, from tests/CMakeLists.txt):
+#   every ```cpp block of README.md, docs/*.md and the comments of include/baton/ must be a
+#   "// [doc:NAME]" ... "// [/doc:NAME]" region of a compiled test source under tests/ or
+#   examples/, and a program's output shown after it must be asserted by that test
+#   ("// [doc-output:NAME]"). See cmake/batonCheckDocs.cmake. It prints how many blocks it
+#   found compiled (ctest -L docs -V). A second test, docs_check_selftest (label
+#   "selftest"), runs the check on small trees that must pass and fail.
 function(baton_add_docs_test)
-  cmake_parse_arguments(arg "" "NAME;SOURCE;DOC" "LABELS" ${ARGN})
-  get_filename_component(source "${arg_SOURCE}" ABSOLUTE)
-  add_test(NAME ${arg_NAME}
-           COMMAND ${CMAKE_COMMAND} "-DSOURCE=${source}" "-DDOC=${PROJECT_SOURCE_DIR}/${arg_DOC}"
-                   -P "${PROJECT_SOURCE_DIR}/cmake/batonCheckDocs.cmake")
-  set_tests_properties(${arg_NAME} PROPERTIES LABELS "docs;${arg_LABELS}" TIMEOUT 60)
+  add_test(NAME docs_code_blocks_compiled
+           COMMAND ${CMAKE_COMMAND} "-DROOT=${PROJECT_SOURCE_DIR}" -P "${PROJECT_SOURCE_DIR}/cmake/batonCheckDocs.cmake")
+  set_tests_properties(docs_code_blocks_compiled PROPERTIES LABELS docs TIMEOUT 120)
+  add_test(NAME docs_check_selftest
+           COMMAND ${CMAKE_COMMAND} "-DCHECK=${PROJECT_SOURCE_DIR}/cmake/batonCheckDocs.cmake"
+                   "-DWORK=${PROJECT_BINARY_DIR}/docs_check_selftest"
+                   -P "${PROJECT_SOURCE_DIR}/cmake/batonCheckDocsSelfTest.cmake")
+  set_tests_properties(docs_check_selftest PROPERTIES LABELS selftest TIMEOUT 120)
 endfunction()
 
 # baton_add_compile_fail_dir(DIR fail PREFIX name [LABELS ...])

@@ -16,11 +16,13 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
 
-constexpr const char* usage_text = R"(usage: baton-schedule COMMAND [options] [FILE.csv]
+// The usage, with {POLICIES} replaced by the registry's names (see usage()).
+constexpr std::string_view usage_template = R"(usage: baton-schedule COMMAND [options] [FILE.csv]
 
 commands:
   show        print each rank's program as a grid (--lowered: with SEND/RECV)
@@ -32,9 +34,10 @@ commands:
   svg         write an SVG Gantt chart
   trace       write a Chrome/Perfetto trace (JSON)
 
-schedule (a policy, or a CSV file given as FILE or --csv FILE):
-  --policy NAME          gpipe, one_f_one_b (1f1b), interleaved_1f1b, looped_bfs, zb1p,
-                         interleaved_zero_bubble, zbv, dual_pipe_v (torch names work too)
+schedule (a policy, or a CSV file given as FILE or --csv FILE, in torch's format: its
+compute-only and runtime files, UNSHARD/RESHARD/REDUCE_GRAD and OVERLAP_F_B cells included):
+  --policy NAME          baton's name or torch's (get_schedule_class), any case:
+{POLICIES}
   --ranks P              pipeline ranks (required for a policy)
   --microbatches M       microbatches (required for a policy)
   --stages-per-rank V    default: the policy's (1, or 2 for interleaved and V schedules)
@@ -54,6 +57,26 @@ output:
   --help, -h             print this help and exit (also: baton-schedule help)
 )";
 
+// One line per built-in policy: baton's name and torch's, or, when torch has no name for it,
+// where it comes from; built from the registry, so the help lists exactly the names it accepts.
+std::string usage() {
+  std::string policies;
+  for (const auto& info : baton::builtin_policies) {
+    std::string line = "                           " + std::string(info.name);
+    line.append(line.size() < 52 ? 52 - line.size() : 1, ' ');
+    if (info.torch_name.empty()) {
+      line += "(baton's own name)\n                             " + std::string(info.origin);
+    } else {
+      line += info.torch_name;
+    }
+    policies += line + "\n";
+  }
+  std::string text(usage_template);
+  const std::string_view placeholder = "{POLICIES}\n";
+  text.replace(text.find(placeholder), placeholder.size(), policies);
+  return text;
+}
+
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -68,7 +91,7 @@ struct options {
   std::optional<double> tb;
   bool per_stage = false;
   bool lowered = false;
-  bool help = false;  // --help / -h / the command "help": print usage_text, exit 0
+  bool help = false;  // --help / -h / the command "help": print usage(), exit 0
   std::string out_path;
   std::string title;
 };
@@ -250,7 +273,7 @@ std::string table_of_all(const options& o) {
 }
 
 int run(const options& o) {
-  if (o.command == "simulate" && baton::detail::sched::same_name(o.policy, "all")) {
+  if (o.command == "simulate" && baton::detail::schedule::same_name(o.policy, "all")) {
     emit(o, table_of_all(o));
     return 0;
   }
@@ -286,13 +309,13 @@ int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
     if (o.help) {
-      std::cout << usage_text;
+      std::cout << usage();
       return std::cout.good() ? 0 : 1;
     }
     return run(o);
   } catch (const usage_error& e) {
     if (*e.what()) std::cerr << "baton-schedule: " << e.what() << "\n\n";
-    std::cerr << usage_text;
+    std::cerr << usage();
     return 2;
   } catch (const baton::schedule_error& e) {
     std::cerr << e.what() << "\n";

@@ -2,13 +2,21 @@
 // whether they send exactly the bytes their closed forms say.
 //
 //   efficiency = T(one rank, whole sequence) / (2 x T(2 local ranks, ring or Ulysses))
+//   work_efficiency = CPU time of the one rank / CPU time summed over the 2 ranks
 //   bytes_vs_theory = bytes each rank sent (forward + backward) / closed form
 //
-// Times are of forward + backward, best of --reps runs, with the Kokkos flash backend (the
-// reference backend when Kokkos is absent, at a small size). Ranks are threads of this
-// process (the local world), so "2 ranks" means 2 cores; on a loaded machine expect noise.
+// Times are of one forward + backward, with the Kokkos flash backend (the reference backend
+// when Kokkos is absent, at a small size). Ranks are threads of this process (the local world),
+// so "2 ranks" means 2 cores. The one-rank baseline and the 2-rank runs alternate in pairs
+// (--pairs, 7 by default, at least 5; the order flips from pair to pair), in one world whose
+// attention objects persist across the pairs (as a model layer keeps them between steps);
+// every ratio is taken per pair and prints as `name: median (min .., max .., n ..)`, with the
+// load average before and after. An efficiency above 1 would mean the baseline was timed in
+// a slow moment; pairing keeps both sides in the same moment.
 //
-//   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--reps N]
+//   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N]
+#include "bench_common.hpp"
+
 #include <baton/attention.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/cp.hpp>
@@ -19,11 +27,12 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -90,114 +99,154 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+// The one-rank baseline: one forward + backward of the whole sequence on the calling thread.
+class single_rank {
+ public:
+  explicit single_rank(const problem& p)
+      : p_(p), out_(p.q.size()), dq_(p.q.size()), dk_(p.k.size()), dv_(p.k.size()),
+        lse_(static_cast<std::size_t>(p.b * p.h * p.s)) {}
 
-struct timing {
-  double seconds = 1e300;      // wall clock, best run
-  double cpu_seconds = 1e300;  // CPU time summed over ranks, best run
-  std::int64_t bytes_per_rank = 0;
+  template <class Mask>
+  void run(const Mask& mask) {
+    const problem& p = p_;
+    const auto q = baton::make_tensor_view(p.q.data(), {p.b, p.s, p.h, p.d});
+    const auto k = baton::make_tensor_view(p.k.data(), {p.b, p.s, p.hkv, p.d});
+    const auto v = baton::make_tensor_view(p.v.data(), {p.b, p.s, p.hkv, p.d});
+    backend_.forward(q, k, v, mask, baton::make_tensor_view(out_.data(), {p.b, p.s, p.h, p.d}),
+                     baton::make_tensor_view(lse_.data(), {p.b, p.h, p.s}));
+    backend_.backward(q, k, v, baton::make_tensor_view(static_cast<const T*>(out_.data()), {p.b, p.s, p.h, p.d}),
+                      baton::make_tensor_view(static_cast<const L*>(lse_.data()), {p.b, p.h, p.s}),
+                      baton::make_tensor_view(p.dout.data(), {p.b, p.s, p.h, p.d}), mask,
+                      baton::make_tensor_view(dq_.data(), {p.b, p.s, p.h, p.d}),
+                      baton::make_tensor_view(dk_.data(), {p.b, p.s, p.hkv, p.d}),
+                      baton::make_tensor_view(dv_.data(), {p.b, p.s, p.hkv, p.d}));
+  }
+
+ private:
+  const problem& p_;
+  backend_t backend_;
+  std::vector<T> out_, dq_, dk_, dv_;
+  std::vector<L> lse_;
 };
 
-template <class Mask>
-timing time_single(const problem& p, const Mask& mask, int reps) {
-  backend_t backend;
-  std::vector<T> out(p.q.size()), dq(p.q.size()), dk(p.k.size()), dv(p.k.size());
-  std::vector<L> lse(static_cast<std::size_t>(p.b * p.h * p.s));
-  const auto q = baton::make_tensor_view(p.q.data(), {p.b, p.s, p.h, p.d});
-  const auto k = baton::make_tensor_view(p.k.data(), {p.b, p.s, p.hkv, p.d});
-  const auto v = baton::make_tensor_view(p.v.data(), {p.b, p.s, p.hkv, p.d});
-  timing best;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = thread_cpu_seconds();
-    backend.forward(q, k, v, mask, baton::make_tensor_view(out.data(), {p.b, p.s, p.h, p.d}),
-                    baton::make_tensor_view(lse.data(), {p.b, p.h, p.s}));
-    backend.backward(q, k, v, baton::make_tensor_view(static_cast<const T*>(out.data()), {p.b, p.s, p.h, p.d}),
-                     baton::make_tensor_view(static_cast<const L*>(lse.data()), {p.b, p.h, p.s}),
-                     baton::make_tensor_view(p.dout.data(), {p.b, p.s, p.h, p.d}), mask,
-                     baton::make_tensor_view(dq.data(), {p.b, p.s, p.h, p.d}),
-                     baton::make_tensor_view(dk.data(), {p.b, p.s, p.hkv, p.d}),
-                     baton::make_tensor_view(dv.data(), {p.b, p.s, p.hkv, p.d}));
-    best.seconds = std::min(best.seconds, seconds_since(t0));
-    best.cpu_seconds = std::min(best.cpu_seconds, thread_cpu_seconds() - c0);
-  }
-  return best;
-}
+// One rank's shards of a sequence sharding, and its output and gradient buffers.
+struct shards {
+  std::int64_t sl = 0;
+  std::vector<T> q, k, v, dout, out, dq, dk, dv;
+  std::vector<L> lse;
 
-enum class cp_mode { ring, ulysses };
-
-template <class Mask>
-timing time_cp(cp_mode mode, const problem& p, const Mask& mask, baton::shard_layout layout, int reps) {
-  const int R = 2;
-  std::vector<double> times(static_cast<std::size_t>(reps), 0);
-  std::vector<std::vector<double>> cpu(R, std::vector<double>(static_cast<std::size_t>(reps), 0));
-  std::vector<std::int64_t> bytes(R, 0);
-  baton::run_local(R, [&](baton::local_communicator& local) {
-    std::int64_t sent = 0;
-    counting_comm comm{&local, &sent};
-    const baton::sequence_sharding s(layout, p.s, R);
-    const std::int64_t sl = s.local_len();
+  shards(const problem& p, const baton::sequence_sharding& s, int me) : sl(s.local_len()) {
     const std::vector<std::int64_t> qs{p.b, p.s, p.h, p.d}, kvs{p.b, p.s, p.hkv, p.d};
+    q = baton::shard_sequence<T>(s, me, p.q, qs, 1);
+    k = baton::shard_sequence<T>(s, me, p.k, kvs, 1);
+    v = baton::shard_sequence<T>(s, me, p.v, kvs, 1);
+    dout = baton::shard_sequence<T>(s, me, p.dout, qs, 1);
+    out.resize(q.size());
+    dq.resize(q.size());
+    dk.resize(k.size());
+    dv.resize(k.size());
+    lse.resize(static_cast<std::size_t>(p.b * p.h * sl));
+  }
+
+  template <class Attention, class Mask>
+  void run(const problem& p, Attention& attn, const Mask& mask) {
+    attn.forward(baton::make_tensor_view(q.data(), {p.b, sl, p.h, p.d}), baton::make_tensor_view(k.data(), {p.b, sl, p.hkv, p.d}),
+                 baton::make_tensor_view(v.data(), {p.b, sl, p.hkv, p.d}), mask,
+                 baton::make_tensor_view(out.data(), {p.b, sl, p.h, p.d}), baton::make_tensor_view(lse.data(), {p.b, p.h, sl}));
+    attn.backward(baton::make_tensor_view(q.data(), {p.b, sl, p.h, p.d}), baton::make_tensor_view(k.data(), {p.b, sl, p.hkv, p.d}),
+                  baton::make_tensor_view(v.data(), {p.b, sl, p.hkv, p.d}),
+                  baton::make_tensor_view(static_cast<const T*>(out.data()), {p.b, sl, p.h, p.d}),
+                  baton::make_tensor_view(static_cast<const L*>(lse.data()), {p.b, p.h, sl}),
+                  baton::make_tensor_view(dout.data(), {p.b, sl, p.h, p.d}), mask,
+                  baton::make_tensor_view(dq.data(), {p.b, sl, p.h, p.d}), baton::make_tensor_view(dk.data(), {p.b, sl, p.hkv, p.d}),
+                  baton::make_tensor_view(dv.data(), {p.b, sl, p.hkv, p.d}));
+  }
+};
+
+// One timed run: wall time on rank 0 from a barrier to a barrier, CPU time summed over ranks.
+struct sample {
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+
+// The figures of one mask (full or causal): per pair, the baseline and both 2-rank layers.
+struct mask_figures {
+  bench::series single_s, ring_s, uly_s, ring_eff, uly_eff, ring_work, uly_work;
+  std::array<std::int64_t, 2> ring_bytes{}, uly_bytes{};  // per rank, of its last run
+};
+
+// Runs `pairs` pairs on 2 local ranks: per pair and mask, the one-rank baseline (rank 0; rank 1
+// waits asleep at the barrier), then ring, then Ulysses — or the reverse order on odd pairs.
+void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& causal) {
+  const baton::no_mask no_mask;
+  const baton::causal_mask causal_mask;
+  std::array<std::array<double, 2>, 2> cpu{};  // [layer][rank] of the last run
+  std::array<std::int64_t, 2> sent{};
+  baton::run_local(2, [&](baton::local_communicator& local) {
+    local.set_timeout(std::chrono::hours(1));  // the full size's baseline keeps rank 1 waiting for seconds
     const int me = local.rank();
-    const auto q = baton::shard_sequence<T>(s, me, p.q, qs, 1), k = baton::shard_sequence<T>(s, me, p.k, kvs, 1),
-               v = baton::shard_sequence<T>(s, me, p.v, kvs, 1), dout = baton::shard_sequence<T>(s, me, p.dout, qs, 1);
-    std::vector<T> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size());
-    std::vector<L> lse(static_cast<std::size_t>(p.b * p.h * sl));
-    const auto run = [&](auto& attn) {
-      attn.forward(baton::make_tensor_view(q.data(), {p.b, sl, p.h, p.d}),
-                   baton::make_tensor_view(k.data(), {p.b, sl, p.hkv, p.d}),
-                   baton::make_tensor_view(v.data(), {p.b, sl, p.hkv, p.d}), mask,
-                   baton::make_tensor_view(out.data(), {p.b, sl, p.h, p.d}),
-                   baton::make_tensor_view(lse.data(), {p.b, p.h, sl}));
-      attn.backward(baton::make_tensor_view(q.data(), {p.b, sl, p.h, p.d}),
-                    baton::make_tensor_view(k.data(), {p.b, sl, p.hkv, p.d}),
-                    baton::make_tensor_view(v.data(), {p.b, sl, p.hkv, p.d}),
-                    baton::make_tensor_view(static_cast<const T*>(out.data()), {p.b, sl, p.h, p.d}),
-                    baton::make_tensor_view(static_cast<const L*>(lse.data()), {p.b, p.h, sl}),
-                    baton::make_tensor_view(dout.data(), {p.b, sl, p.h, p.d}), mask,
-                    baton::make_tensor_view(dq.data(), {p.b, sl, p.h, p.d}),
-                    baton::make_tensor_view(dk.data(), {p.b, sl, p.hkv, p.d}),
-                    baton::make_tensor_view(dv.data(), {p.b, sl, p.hkv, p.d}));
+    std::int64_t& my_bytes = sent[static_cast<std::size_t>(me)];
+    counting_comm comm{&local, &my_bytes};
+    const baton::sequence_sharding contiguous(baton::shard_layout::contiguous, p.s, 2), zigzag(baton::shard_layout::zigzag, p.s, 2);
+    shards by_block(p, contiguous, me), by_zigzag(p, zigzag, me);
+    baton::ring_attention ring_full(comm, backend_t{}, contiguous), ring_causal(comm, backend_t{}, zigzag);
+    baton::ulysses_attention uly_full(comm, backend_t{}, contiguous), uly_causal(comm, backend_t{}, zigzag);
+    std::optional<single_rank> single;
+    if (me == 0) single.emplace(p);
+    // Times `work` on every rank: wall time on rank 0, CPU time of each rank's thread.
+    const auto timed = [&](std::size_t layer, auto&& work) {
+      local.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = thread_cpu_seconds();
+      work();
+      cpu[layer][static_cast<std::size_t>(me)] = thread_cpu_seconds() - c0;
+      local.barrier();  // the step ends when the slowest rank ends
+      return bench::seconds_since(t0);
     };
-    // One attention object per rank for all repetitions, as a model layer keeps it between
-    // steps (its backend keeps its packing buffers, Ulysses its head-sharded buffers).
-    const auto repeat = [&](auto& attn) {
-      for (int r = 0; r < reps; ++r) {
-        sent = 0;
-        local.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        const double c0 = thread_cpu_seconds();
-        run(attn);
-        cpu[static_cast<std::size_t>(me)][static_cast<std::size_t>(r)] = thread_cpu_seconds() - c0;
-        local.barrier();  // the step ends when the slowest rank ends
-        if (me == 0) times[static_cast<std::size_t>(r)] = seconds_since(t0);
+    const auto one_mask = [&](int pair, bool warmup, const auto& mask, shards& sh, auto& ring, auto& uly, mask_figures& f) {
+      sample base, r, u;
+      const auto run_single = [&] {
+        base.seconds = timed(0, [&] {
+          if (me == 0) single->run(mask);
+        });
+        base.cpu_seconds = cpu[0][0];
+      };
+      const auto run_ring = [&] {
+        my_bytes = 0;
+        r.seconds = timed(1, [&] { sh.run(p, ring, mask); });
+        r.cpu_seconds = cpu[1][0] + cpu[1][1];
+        f.ring_bytes[static_cast<std::size_t>(me)] = my_bytes;
+      };
+      const auto run_uly = [&] {
+        my_bytes = 0;
+        u.seconds = timed(1, [&] { sh.run(p, uly, mask); });
+        u.cpu_seconds = cpu[1][0] + cpu[1][1];
+        f.uly_bytes[static_cast<std::size_t>(me)] = my_bytes;
+      };
+      if (pair % 2 == 0) {
+        run_single();
+        run_ring();
+        run_uly();
+      } else {
+        run_uly();
+        run_ring();
+        run_single();
       }
+      if (warmup || me != 0) return;
+      f.single_s.add(base.seconds);
+      f.ring_s.add(r.seconds);
+      f.uly_s.add(u.seconds);
+      f.ring_eff.add(base.seconds / (2 * r.seconds));
+      f.uly_eff.add(base.seconds / (2 * u.seconds));
+      f.ring_work.add(base.cpu_seconds / r.cpu_seconds);
+      f.uly_work.add(base.cpu_seconds / u.cpu_seconds);
     };
-    if (mode == cp_mode::ring) {
-      baton::ring_attention attn(comm, backend_t{}, s);
-      repeat(attn);
-    } else {
-      baton::ulysses_attention attn(comm, backend_t{}, s);
-      repeat(attn);
+    // One untimed round first: packing buffers, Ulysses' head-sharded buffers, first touches.
+    for (int pair = -1; pair < pairs; ++pair) {
+      one_mask(pair, pair < 0, no_mask, by_block, ring_full, uly_full, full);
+      one_mask(pair, pair < 0, causal_mask, by_zigzag, ring_causal, uly_causal, causal);
     }
-    bytes[static_cast<std::size_t>(me)] = sent;
   });
-  timing t;
-  t.seconds = *std::min_element(times.begin(), times.end());
-  for (int r = 0; r < reps; ++r) t.cpu_seconds = std::min(t.cpu_seconds, cpu[0][static_cast<std::size_t>(r)] + cpu[1][static_cast<std::size_t>(r)]);
-  t.bytes_per_rank = std::max(bytes[0], bytes[1]);
-  return t;
-}
-
-double load_average() {
-  double load[1] = {0};
-  return getloadavg(load, 1) == 1 ? load[0] : -1;
-}
-
-void figure(const char* name, double value, const char* unit = "") {
-  std::printf("%s: %.4g%s\n", name, value, unit);
 }
 
 }  // namespace
@@ -207,8 +256,8 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
 #endif
   problem p;
-  int reps = 1;
   bool quick = false;
+  const int pairs = bench::pairs_from_args(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0LL; };
@@ -216,22 +265,21 @@ int main(int argc, char** argv) {
     else if (a == "--seq") p.s = next();
     else if (a == "--heads") p.h = p.hkv = next();
     else if (a == "--dim") p.d = next();
-    else if (a == "--reps") reps = static_cast<int>(next());
   }
 #if !BATON_HAS_KOKKOS()
   if (p.s > 1024) p.s = 1024;  // the reference backend is O(S^2 D) in double, one thread
 #endif
-  if (quick) {
-    p.s = std::min<std::int64_t>(p.s, 1024);
-    reps = std::max(reps, 2);
-  }
+  if (quick) p.s = std::min<std::int64_t>(p.s, 1024);
+  bench::print_build();
+  bench::print_load("before");
   p.q = random_values(static_cast<std::size_t>(p.b * p.s * p.h * p.d), 1);
   p.k = random_values(static_cast<std::size_t>(p.b * p.s * p.hkv * p.d), 2);
   p.v = random_values(static_cast<std::size_t>(p.b * p.s * p.hkv * p.d), 3);
   p.dout = random_values(static_cast<std::size_t>(p.b * p.s * p.h * p.d), 4);
-  std::printf("# bench_cp: backend %s, float, B=%lld S=%lld H=%lld D=%lld, forward+backward, best of %d, 2 local ranks\n",
+  std::printf("# bench_cp: backend %s, float, B=%lld S=%lld H=%lld D=%lld, forward+backward, %d interleaved pairs, "
+              "2 local ranks\n",
               backend_name, static_cast<long long>(p.b), static_cast<long long>(p.s), static_cast<long long>(p.h),
-              static_cast<long long>(p.d), reps);
+              static_cast<long long>(p.d), pairs);
 
   // Closed forms, bytes each rank sends in one forward + backward with R = P = 2.
   const double R = 2, sl = static_cast<double>(p.s) / R, e = sizeof(T);
@@ -246,37 +294,32 @@ int main(int argc, char** argv) {
       off * rows * e * ((hd + 2 * kvd) + hd + hl)                       // forward: q,k,v in; out, lse back
       + off * rows * e * ((hd + 2 * kvd + hd + hd) + hl + (hd + 2 * kvd));  // backward: q,k,v,out,dout,lse in; dq,dk,dv back
 
-  const baton::no_mask full;
-  const baton::causal_mask causal;
-  const timing single_full = time_single(p, full, reps);
-  const timing single_causal = time_single(p, causal, reps);
-  const timing ring_full = time_cp(cp_mode::ring, p, full, baton::shard_layout::contiguous, reps);
-  const timing ring_causal = time_cp(cp_mode::ring, p, causal, baton::shard_layout::zigzag, reps);
-  const timing uly_full = time_cp(cp_mode::ulysses, p, full, baton::shard_layout::contiguous, reps);
-  const timing uly_causal = time_cp(cp_mode::ulysses, p, causal, baton::shard_layout::zigzag, reps);
+  mask_figures full, causal;
+  run_pairs(p, pairs, full, causal);
 
-  figure("single_full_seconds", single_full.seconds, " s");
-  figure("single_causal_seconds", single_causal.seconds, " s");
-  figure("ring2_full_seconds", ring_full.seconds, " s");
-  figure("ring2_causal_seconds", ring_causal.seconds, " s");
-  figure("ulysses2_full_seconds", uly_full.seconds, " s");
-  figure("ulysses2_causal_seconds", uly_causal.seconds, " s");
-  figure("ring2_efficiency_full", single_full.seconds / (2 * ring_full.seconds));
-  figure("ring2_efficiency_causal", single_causal.seconds / (2 * ring_causal.seconds));
-  figure("ulysses2_efficiency_full", single_full.seconds / (2 * uly_full.seconds));
-  figure("ulysses2_efficiency_causal", single_causal.seconds / (2 * uly_causal.seconds));
+  bench::print("single_full_seconds", full.single_s);
+  bench::print("single_causal_seconds", causal.single_s);
+  bench::print("ring2_full_seconds", full.ring_s);
+  bench::print("ring2_causal_seconds", causal.ring_s);
+  bench::print("ulysses2_full_seconds", full.uly_s);
+  bench::print("ulysses2_causal_seconds", causal.uly_s);
+  bench::print("ring2_efficiency_full", full.ring_eff, "%.3f");
+  bench::print("ring2_efficiency_causal", causal.ring_eff, "%.3f");
+  bench::print("ulysses2_efficiency_full", full.uly_eff, "%.3f");
+  bench::print("ulysses2_efficiency_causal", causal.uly_eff, "%.3f");
   // The same ratios from CPU time (the sum over both ranks): what the layer costs in work,
   // independent of whether the machine really had 2 idle cores during the run.
-  figure("ring2_work_efficiency_full", single_full.cpu_seconds / ring_full.cpu_seconds);
-  figure("ring2_work_efficiency_causal", single_causal.cpu_seconds / ring_causal.cpu_seconds);
-  figure("ulysses2_work_efficiency_full", single_full.cpu_seconds / uly_full.cpu_seconds);
-  figure("ulysses2_work_efficiency_causal", single_causal.cpu_seconds / uly_causal.cpu_seconds);
-  figure("load_average_1min", load_average());
-  figure("ring_bytes_per_rank", static_cast<double>(ring_full.bytes_per_rank), " B");
-  figure("ring_bytes_vs_theory", static_cast<double>(ring_full.bytes_per_rank) / ring_theory);
-  figure("ring_bytes_vs_theory_causal", static_cast<double>(ring_causal.bytes_per_rank) / ring_theory);
-  figure("ulysses_bytes_per_rank", static_cast<double>(uly_full.bytes_per_rank), " B");
-  figure("ulysses_bytes_vs_theory", static_cast<double>(uly_full.bytes_per_rank) / ulysses_theory);
-  figure("ulysses_bytes_vs_theory_causal", static_cast<double>(uly_causal.bytes_per_rank) / ulysses_theory);
+  bench::print("ring2_work_efficiency_full", full.ring_work, "%.3f");
+  bench::print("ring2_work_efficiency_causal", causal.ring_work, "%.3f");
+  bench::print("ulysses2_work_efficiency_full", full.uly_work, "%.3f");
+  bench::print("ulysses2_work_efficiency_causal", causal.uly_work, "%.3f");
+  const auto most = [](const std::array<std::int64_t, 2>& b) { return static_cast<double>(std::max(b[0], b[1])); };
+  bench::print_value("ring_bytes_per_rank", most(full.ring_bytes), "%.0f");
+  bench::print_value("ring_bytes_vs_theory", most(full.ring_bytes) / ring_theory);
+  bench::print_value("ring_bytes_vs_theory_causal", most(causal.ring_bytes) / ring_theory);
+  bench::print_value("ulysses_bytes_per_rank", most(full.uly_bytes), "%.0f");
+  bench::print_value("ulysses_bytes_vs_theory", most(full.uly_bytes) / ulysses_theory);
+  bench::print_value("ulysses_bytes_vs_theory_causal", most(causal.uly_bytes) / ulysses_theory);
+  bench::print_load("after");
   return 0;
 }

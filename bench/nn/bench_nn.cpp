@@ -29,14 +29,17 @@
 // those calls (norms, RoPE, SwiGLU, residuals, copies, and the page faults of its fresh
 // activations: block_page_faults counts them). Every figure prints as
 //   name: median (min .., max .., n ..)
-// over the repetitions. Times are the calling thread's CPU time (user + system: the page
-// faults of the block's fresh activations count), so a descheduled process does not count
-// other programs' time; the machine is shared, and a figure can still move.
+// over the repetitions, with the load average before and after (bench_common.hpp). Times are
+// the calling thread's CPU time (user + system: the page faults of the block's fresh
+// activations count), so a descheduled process does not count other programs' time; the
+// machine is shared, and a figure can still move.
 //
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
 // CPU's roof. The program then re-executes itself with OPENBLAS_CORETYPE set to the kernel
 // the CPU can run (baton::nn::use_native_blas_kernel) and prints which kernel ran.
+#include "bench_common.hpp"
+
 #include <baton/attention/kokkos.hpp>
 #include <baton/nn.hpp>
 #include <baton/nn/blas.hpp>
@@ -232,28 +235,10 @@ class attention_set {
   strategy_t strategy_;
 };
 
-// ---- statistics ------------------------------------------------------------------------
+// ---- statistics: bench::series and bench::print (bench_common.hpp) ----------------------
 
-struct series {
-  std::vector<double> values;
-  void add(double v) { values.push_back(v); }
-  double median() const {
-    std::vector<double> s = values;
-    std::sort(s.begin(), s.end());
-    const std::size_t n = s.size();
-    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-  }
-  double min() const { return *std::min_element(values.begin(), values.end()); }
-  double max() const { return *std::max_element(values.begin(), values.end()); }
-};
-
-void print(const char* name, const series& s, const char* format) {
-  char m[32], lo[32], hi[32];
-  std::snprintf(m, sizeof m, format, s.median());
-  std::snprintf(lo, sizeof lo, format, s.min());
-  std::snprintf(hi, sizeof hi, format, s.max());
-  std::printf("%s: %s (min %s, max %s, n %zu)\n", name, m, lo, hi, s.values.size());
-}
+using bench::print;
+using bench::series;
 
 bool all_finite(const tensor& t) {
   for (std::int64_t i = 0; i < t.size(); ++i)
@@ -282,6 +267,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   openblas_set_num_threads(1);
+  bench::print_build();
+  bench::print_load("before");
 
   nn::transformer_config config;
   config.d_model = 512;
@@ -427,5 +414,6 @@ int main(int argc, char** argv) {
   print("attention_gflops", attn_gflops, "%.1f");
   print("gemms_gflops", gemms_gflops, "%.1f");
   print("block_page_faults", block_faults, "%.0f");
+  bench::print_load("after");
   return 0;
 }

@@ -1,22 +1,43 @@
-// bench_pipeline — figures of the pipeline executor, one `NAME: value` line each.
+// bench_pipeline — figures of the pipeline executor, one `NAME: value` line each; figures
+// taken over repetitions print as `name: median (min .., max .., n ..)`.
 //
-//   executor_overhead_us_per_action   4 ranks of the local world, stages that do nothing:
-//                                     CPU time of a rank's thread per action it runs
-//   executor_wall_us_per_action       the same setting: wall time of a step / actions of the
-//                                     busiest rank (adds thread wake-up latency)
+//   executor_overhead_us_per_action   4 ranks of the local world, stages that do nothing,
+//                                     1F1B, p = 4, m = 8: CPU time of a rank's thread per
+//                                     action it runs (the executor plus its communicator calls)
+//   p2p_round_trip_cpu_us             the roof it is compared with, measured in the same run:
+//                                     2 ranks of the local world bounce an 8-byte message
+//                                     (isend + irecv each way); CPU time of a rank's thread
+//                                     per round trip
+//   executor_overhead_vs_p2p_round_trip
+//                                     the ratio of the two, per repetition: what one action of
+//                                     the executor costs in local round trips (CPU to CPU, so
+//                                     neither side counts time spent descheduled)
+//   executor_wall_us_per_action       wall time of a step / actions of the busiest rank
+//   p2p_round_trip_wall_us            wall time of one round trip (thread wake-ups included)
+//   executor_wall_vs_p2p_round_trip   their ratio, per repetition
 //   makespan_vs_simulated_1f1b        p = 4, m = 8, stages that sleep T_F = 20 ms, T_B = 40 ms:
 //   makespan_vs_simulated_zbv         measured step time / the simulator's makespan for the
 //                                     same program and costs (T_F = T_I = T_W = 20 ms for ZBV)
-// Sleeping stages make the makespans independent of how many cores the machine has.
+//
+// The executor and the round trip alternate (--pairs, 7 by default, at least 5), so a load
+// change on the shared machine moves both sides of a ratio; the load average is printed
+// before and after. Sleeping stages make the makespans independent of how many cores the
+// machine has. `--overhead-only` skips the makespans (for profiling: perf record).
 #include <baton/comm.hpp>
 #include <baton/payload.hpp>
 #include <baton/pipeline.hpp>
 #include <baton/schedule.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -109,6 +130,74 @@ timing run(const baton::schedule_shape& shape, std::chrono::microseconds f, std:
   return t;
 }
 
+struct round_trip {
+  double wall_seconds = 0;  // per round trip, on rank 0
+  double cpu_seconds = 0;   // per round trip, mean over the two ranks' threads
+};
+
+// The roof: one small message there and back between two ranks of the local world, through
+// the same communicator calls the executor makes (isend, irecv, wait).
+round_trip time_round_trip(int warmup, int trips) {
+  std::array<double, 2> wall{}, cpu{};
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    std::array<std::int64_t, 1> message{comm.rank()};
+    const int peer = 1 - comm.rank();
+    const auto bounce = [&] {
+      if (comm.rank() == 0) {
+        auto out = baton::isend(comm, std::span<const std::int64_t>(message), peer, 0);
+        auto in = baton::irecv(comm, std::span<std::int64_t>(message), peer, 0);
+        out.wait();
+        in.wait();
+      } else {
+        auto in = baton::irecv(comm, std::span<std::int64_t>(message), peer, 0);
+        in.wait();
+        auto out = baton::isend(comm, std::span<const std::int64_t>(message), peer, 0);
+        out.wait();
+      }
+    };
+    for (int k = 0; k < warmup; ++k) bounce();
+    comm.barrier();
+    const auto start = clock_type::now();
+    const double cpu_start = thread_cpu_seconds();
+    for (int k = 0; k < trips; ++k) bounce();
+    const auto r = static_cast<std::size_t>(comm.rank());
+    cpu[r] = thread_cpu_seconds() - cpu_start;
+    wall[r] = std::chrono::duration<double>(clock_type::now() - start).count();
+  });
+  return {wall[0] / trips, (cpu[0] + cpu[1]) / 2 / trips};
+}
+
+struct series {
+  std::vector<double> values;
+  void add(double v) { values.push_back(v); }
+  [[nodiscard]] double median() const {
+    std::vector<double> s = values;
+    std::sort(s.begin(), s.end());
+    const std::size_t n = s.size();
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  }
+  [[nodiscard]] double min() const { return *std::min_element(values.begin(), values.end()); }
+  [[nodiscard]] double max() const { return *std::max_element(values.begin(), values.end()); }
+};
+
+void print(const char* name, const series& s, const char* format) {
+  char m[32], lo[32], hi[32];
+  std::snprintf(m, sizeof m, format, s.median());
+  std::snprintf(lo, sizeof lo, format, s.min());
+  std::snprintf(hi, sizeof hi, format, s.max());
+  std::printf("%s: %s (min %s, max %s, n %zu)\n", name, m, lo, hi, s.values.size());
+}
+
+// The 1-, 5- and 15-minute load averages, as /proc/loadavg has them.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  double a = -1, b = -1, c = -1;
+  in >> a >> b >> c;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f %.2f %.2f", a, b, c);
+  return text;
+}
+
 template <class Policy>
 double makespan_ratio(const char* name, std::chrono::milliseconds f, std::chrono::milliseconds i,
                       std::chrono::milliseconds w) {
@@ -128,20 +217,51 @@ double makespan_ratio(const char* name, std::chrono::milliseconds f, std::chrono
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   using namespace std::chrono_literals;
-  {
-    const auto shape = baton::shape_for<baton::one_f_one_b>(4, 8);
-    const timing t = run<baton::one_f_one_b>(shape, 0us, 0us, 0us, 20, 200);
+  int pairs = 7;
+  int steps = 200;
+  bool overhead_only = false;
+  for (int a = 1; a < argc; ++a) {
+    if (std::strcmp(argv[a], "--overhead-only") == 0) overhead_only = true;
+    else if (std::strcmp(argv[a], "--pairs") == 0 && a + 1 < argc) pairs = std::max(5, std::atoi(argv[++a]));
+    else if (std::strcmp(argv[a], "--steps") == 0 && a + 1 < argc) steps = std::max(1, std::atoi(argv[++a]));
+  }
+  std::printf("loadavg_before: %s\n", load_average().c_str());
+  series overhead, wall, trip_cpu, trip_wall, ratio_cpu, ratio_wall;
+  const auto shape = baton::shape_for<baton::one_f_one_b>(4, 8);
+  for (int k = 0; k < pairs; ++k) {
+    // Alternate which side goes first, so that neither always follows the other's wake-ups.
+    timing t;
+    round_trip rt;
+    if (k % 2 == 0) {
+      t = run<baton::one_f_one_b>(shape, 0us, 0us, 0us, 20, steps);
+      rt = time_round_trip(200, 4000);
+    } else {
+      rt = time_round_trip(200, 4000);
+      t = run<baton::one_f_one_b>(shape, 0us, 0us, 0us, 20, steps);
+    }
     // The executor's cost per action: CPU time of a rank's thread (executor plus communicator
     // calls, not time spent blocked waiting for a peer) divided by the actions it ran.
-    std::printf("executor_overhead_us_per_action: %.2f\n",
-                t.cpu_seconds_per_step * 1e6 / static_cast<double>(t.mean_actions));
+    const double per_action = t.cpu_seconds_per_step / static_cast<double>(t.mean_actions);
     // Wall time of a step over the busiest rank's actions: adds the local world's thread
     // wake-up latency along the schedule's critical path (machine- and load-dependent).
-    std::printf("executor_wall_us_per_action: %.2f\n",
-                t.seconds_per_step * 1e6 / static_cast<double>(t.busiest_actions));
+    const double wall_per_action = t.seconds_per_step / static_cast<double>(t.busiest_actions);
+    overhead.add(per_action * 1e6);
+    wall.add(wall_per_action * 1e6);
+    trip_cpu.add(rt.cpu_seconds * 1e6);
+    trip_wall.add(rt.wall_seconds * 1e6);
+    ratio_cpu.add(per_action / rt.cpu_seconds);
+    ratio_wall.add(wall_per_action / rt.wall_seconds);
   }
+  print("executor_overhead_us_per_action", overhead, "%.2f");
+  print("p2p_round_trip_cpu_us", trip_cpu, "%.2f");
+  print("executor_overhead_vs_p2p_round_trip", ratio_cpu, "%.3f");
+  print("executor_wall_us_per_action", wall, "%.2f");
+  print("p2p_round_trip_wall_us", trip_wall, "%.2f");
+  print("executor_wall_vs_p2p_round_trip", ratio_wall, "%.3f");
+  std::printf("loadavg_after: %s\n", load_average().c_str());
+  if (overhead_only) return 0;
   const double r1 = makespan_ratio<baton::one_f_one_b>("1f1b", 20ms, 20ms, 20ms);
   std::printf("makespan_vs_simulated_1f1b: %.3f\n", r1);
   const double rz = makespan_ratio<baton::zbv>("zbv", 20ms, 20ms, 20ms);

@@ -22,10 +22,15 @@
 //   step_ms, tokens_per_s, measured_bubble (1 - mean busy share of the pipeline call),
 //   simulated_bubble (the simulator's bubble ratio for the measured costs).
 // Every figure prints as `name: median (min .., max .., n ..)` over the steps of all
-// repetitions; the two meshes alternate repetition by repetition.
+// repetitions (--pairs, 5 by default, at least 5); the two meshes alternate repetition by
+// repetition, and each ratio is taken per step against the simulator fed with that step's own
+// action times; the load average prints before and after (bench_common.hpp).
+#include "bench_common.hpp"
+
 #include <baton/attention/kokkos.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/nn/blas.hpp>
+#include <baton/schedule.hpp>
 #include <baton/train.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -43,15 +48,10 @@ namespace {
 namespace train = baton::train;
 
 struct figures {
-  std::map<std::string, std::vector<double>> values;
-  void add(const std::string& name, double v) { values[name].push_back(v); }
+  std::map<std::string, bench::series> values;
+  void add(const std::string& name, double v) { values[name].add(v); }
   void print(const std::string& prefix) const {
-    for (const auto& [name, v] : values) {
-      std::vector<double> s = v;
-      std::sort(s.begin(), s.end());
-      std::printf("%s%s: %.4g (min %.4g, max %.4g, n %zu)\n", prefix.c_str(), name.c_str(), s[s.size() / 2], s.front(),
-                  s.back(), s.size());
-    }
+    for (const auto& [name, v] : values) bench::print(prefix + name, v);
   }
 };
 
@@ -112,7 +112,9 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
   baton::nn::set_blas_threads(1);
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const int repetitions = 5, steps = quick ? 2 : 4, warmup = 1;
+  const int repetitions = bench::pairs_from_args(argc, argv, 5), steps = quick ? 2 : 4, warmup = 1;
+  bench::print_build();
+  bench::print_load("before");
 
   train::lm_config config;
   config.model = {.d_model = 128, .heads = 4, .kv_heads = 2, .vocab = train::byte_corpus::vocab};
@@ -137,5 +139,6 @@ int main(int argc, char** argv) {
     for (std::size_t c = 0; c < cases.size(); ++c)
       run_case(cases[c], config, corpus, warmup, steps, rep * (steps + warmup), results[c]);
   for (std::size_t c = 0; c < cases.size(); ++c) results[c].print(cases[c].name + "_");
+  bench::print_load("after");
   return 0;
 }

@@ -1,4 +1,5 @@
-// baton/baton.hpp — the umbrella header: every layer whose dependencies are present.
+// baton/baton.hpp — the umbrella header: every layer, each with the backends whose targets
+// are linked (the layer umbrellas include them).
 // Prefer the layer headers (baton/payload.hpp, ...) in your own code to keep builds lean.
 #pragma once
 
@@ -12,6 +13,3 @@
 #include <baton/cp.hpp>
 #include <baton/nn.hpp>
 #include <baton/train.hpp>
-#if BATON_HAS_KOKKOS()
-#include <baton/payload/kokkos.hpp>
-#endif

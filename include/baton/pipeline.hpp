@@ -6,6 +6,7 @@
 //   microbatch_hooks<In, Out>            hooks that live as long as one microbatch
 //   loss_result<G>                       what a loss returns per microbatch
 //   pipeline_executor, make_pipeline     run a schedule over a communicator
+//   pipeline_options, step_report        what an executor is given and what a call reports
 //   clip_grad_norm                       gradient-norm clipping over sharded parameters
 //   action_time, measured_cost_model     measured action costs, as a cost model for the simulator
 //
@@ -16,5 +17,6 @@
 #include <baton/pipeline/clip.hpp>
 #include <baton/pipeline/error.hpp>
 #include <baton/pipeline/executor.hpp>
+#include <baton/pipeline/options.hpp>
 #include <baton/pipeline/stage.hpp>
 #include <baton/pipeline/timing.hpp>

@@ -135,7 +135,7 @@ TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[
 
 TEST_CASE("kokkos_attention runs in rounds of heads that cover every head once, across batch entries",
           "[attention][kokkos]") {
-  namespace da = baton::detail::attn;
+  namespace da = baton::detail::attention;
   // Rounds are contiguous runs of the flattened (batch, kv head) index, never empty, and
   // cover every kv head exactly once, whatever the thread count.
   for (const std::int64_t threads : {1, 2, 7, 64})
@@ -157,9 +157,9 @@ TEST_CASE("kokkos_attention runs in rounds of heads that cover every head once, 
   unsigned seed = 300;
   for (const shape& s : {shape{2, 45, 150, 6, 3, 32}, shape{3, 20, 140, 2, 1, 24}, shape{3, 70, 130, 4, 1, 16}}) {
     const baton::attention_params params;
-    const da::problem prob{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.dim, 1.0,
-                           baton::positions(0, s.seq_q), baton::positions(0, s.seq_k)};
-    const da::flash_layout<float> layout(prob, threads);
+    const da::checked_call call{s.batch, s.seq_q, s.seq_k, s.heads_q, s.heads_kv, s.dim, 1.0,
+                                baton::positions(0, s.seq_q), baton::positions(0, s.seq_k)};
+    const da::flash_layout<float> layout(call, threads);
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
       const da::head_round round = layout.round(r);
       straddled = straddled || round.begin / s.heads_kv != (round.end - 1) / s.heads_kv;

@@ -1,29 +1,43 @@
-// The examples of docs/communicators.md, compiled and run. Each block between
-// "// [name]" and "// [name end]" is quoted in the documentation.
+// The examples of docs/communicators.md that run on the local world, compiled and run. Each
+// block between "// [doc:NAME]" and "// [/doc:NAME]" is shown verbatim in the document, and
+// what it prints between "// [doc-output:NAME]" markers (ctest -L docs checks both).
 #include "catch.hpp"
+#include "doc_output.hpp"
 #include "docs_ring.hpp"
 
 #include <baton/comm.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <iostream>
 #include <numeric>
 #include <span>
 #include <string>
 #include <vector>
 
-
 TEST_CASE("docs: quick start", "[comm][docs]") {
-  // [quick-start]
+  baton_test::capture_cout capture;
+  // [doc:quick_start]
   // Four ranks as threads of this process; each holds its own gradient.
   const auto sums = baton::run_local(4, [](baton::local_communicator& comm) {
     std::vector<float> grad(8, float(comm.rank() + 1));  // rank r holds r+1 everywhere
     comm.all_reduce(std::span(grad), baton::reduce_op::sum);
     return grad[0];  // 1 + 2 + 3 + 4, bitwise the same on every rank
   });
-  // sums == {10, 10, 10, 10}: run_local returns each rank's result, by rank.
-  // [quick-start end]
+  // run_local returns each rank's result, by rank.
+  for (std::size_t rank = 0; rank < sums.size(); ++rank) std::cout << "rank " << rank << ": " << sums[rank] << "\n";
+  // [/doc:quick_start]
+  const std::string printed = capture.finish();
+  // [doc-output:quick_start]
+  const std::string expected = baton_test::doc_output(R"(
+rank 0: 10
+rank 1: 10
+rank 2: 10
+rank 3: 10
+)");
+  // [/doc-output:quick_start]
   REQUIRE(sums == std::vector<float>{10, 10, 10, 10});
+  CHECK(printed == expected);
 }
 
 TEST_CASE("docs: generic code over a ring", "[comm][docs]") {
@@ -36,7 +50,7 @@ TEST_CASE("docs: generic code over a ring", "[comm][docs]") {
 
 TEST_CASE("docs: point to point between pipeline stages", "[comm][docs]") {
   const auto received = baton::run_local(2, [](baton::local_communicator& comm) {
-    // [p2p]
+    // [doc:p2p]
     // Stage 0 sends two microbatches' activations to stage 1; tags tell them apart, so
     // stage 1 may receive them in any order.
     std::vector<double> act0(4, 1.0), act1(4, 2.0), in0(4), in1(4);
@@ -51,7 +65,7 @@ TEST_CASE("docs: point to point between pipeline stages", "[comm][docs]") {
       r1.wait();
       r0.wait();
     }
-    // [p2p end]
+    // [/doc:p2p]
     return in0[0] + in1[0];
   });
   REQUIRE(received[1] == 3.0);
@@ -63,7 +77,7 @@ TEST_CASE("docs: device mesh", "[comm][docs]") {
     std::int64_t ring_sum;
   };
   const auto all = baton::run_local(4, [](baton::local_communicator& world) {
-    // [mesh]
+    // [doc:mesh]
     // Four ranks as 2 pipeline stages x a context-parallel ring of 2.
     baton::device_mesh mesh(world, {.pp = 2, .cp_ring = 2});
     const int stage = mesh.coord(baton::mesh_dim::pp);       // which stage this rank runs
@@ -71,7 +85,7 @@ TEST_CASE("docs: device mesh", "[comm][docs]") {
     auto& pipe = mesh.along(baton::mesh_dim::pp);            // my peers in the other stages
     std::int64_t x = world.rank();
     ring.all_reduce(std::span(&x, 1), baton::reduce_op::sum);  // within my ring only
-    // [mesh end]
+    // [/doc:mesh]
     return seen{stage, ring.rank(), ring.size(), pipe.size(), x};
   });
   // Ranks 0, 1 are stage 0 (ring 0+1), ranks 2, 3 are stage 1 (ring 2+3).
@@ -84,7 +98,7 @@ TEST_CASE("docs: device mesh", "[comm][docs]") {
 }
 
 TEST_CASE("docs: errors instead of hangs", "[comm][docs]") {
-  // [errors]
+  // [doc:errors]
   // Both ranks wait to receive first: a schedule bug. Instead of hanging, each wait ends
   // after the timeout with a comm_error naming rank, peer and tag, and run_local rethrows
   // the first one.
@@ -97,6 +111,6 @@ TEST_CASE("docs: errors instead of hangs", "[comm][docs]") {
   } catch (const baton::comm_error& e) {
     message = e.what();  // "rank 0: irecv from peer 1 (tag 7, 4 bytes) timed out after 0.1 s: ..."
   }
-  // [errors end]
+  // [/doc:errors]
   REQUIRE_THAT(message, Catch::Contains("irecv from peer") && Catch::Contains("(tag 7, 4 bytes) timed out after 0.1 s"));
 }

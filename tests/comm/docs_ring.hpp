@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-// [generic-ring]
+// [doc:generic_ring]
 // Written once against the capabilities it needs; runs on threads or MPI processes (and is
 // meant for NCCL GPUs, where nothing has run yet).
 // Every rank ends with every rank's block, passed around the ring with shift().
@@ -29,4 +29,4 @@ std::vector<float> ring_all_gather(C& comm, std::span<const float> mine) {
   }
   return all;
 }
-// [generic-ring end]
+// [/doc:generic_ring]

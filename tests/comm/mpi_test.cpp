@@ -8,7 +8,12 @@
 #include <baton/comm/mpi.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <numeric>
+#include <span>
+#include <string>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -68,6 +73,45 @@ TEST_CASE("mpi: unchecked collectives still work", "[comm][mpi]") {
   REQUIRE_NOTHROW(c.barrier());
 }
 
+TEST_CASE("mpi: the agreement of large communicators (one all-reduce of the fingerprints)", "[comm][mpi]") {
+  // Above exchange_agreement_max_ranks ranks the agreement is an MPI all-reduce and every
+  // all_reduce takes the reduce-scatter path; 1 forces that here.
+  baton::mpi_communicator c(MPI_COMM_WORLD, {.timeout = 20s, .exchange_agreement_max_ranks = 1});
+  REQUIRE_NOTHROW(comm_suite::all_reduce_all_types(c));
+  REQUIRE_NOTHROW(comm_suite::all_gather_blocks(c));
+  REQUIRE_NOTHROW(comm_suite::all_to_all_v_blocks(c));
+  REQUIRE_NOTHROW(comm_suite::broadcast_from_last(c));
+  REQUIRE_NOTHROW(comm_suite::split_groups(c));
+  REQUIRE_NOTHROW(comm_suite::run_faults(c));
+}
+
+TEST_CASE("mpi: an all_reduce that is small on one rank and large on another is a clean mismatch", "[comm][mpi]") {
+  // The small path sends its data with the agreement header, the large one the header alone:
+  // the messages differ in size, and every rank reports the same difference.
+  auto c = world();
+  std::vector<float> data(c.rank() == 0 ? 10 : 100000, 1.f);
+  std::string what;
+  try {
+    c.all_reduce(std::span(data), baton::reduce_op::sum);
+  } catch (const baton::comm_error& e) {
+    what = e.what();
+  }
+  CHECK_THAT(what, Catch::Contains("all_reduce called with different element count") &&
+                       Catch::Contains("from 10 to 100000"));
+  std::vector<std::int64_t> big(100000, 1);
+  std::string kinds;
+  try {
+    if (c.rank() == 0) c.barrier();
+    else c.all_reduce(std::span(big), baton::reduce_op::sum);
+  } catch (const baton::comm_error& e) {
+    kinds = e.what();
+  }
+  CHECK_THAT(kinds, Catch::Contains("collective mismatch"));
+  std::int64_t one = 1;  // still usable
+  c.all_reduce(std::span(&one, 1), baton::reduce_op::sum);
+  CHECK(one == c.size());
+}
+
 TEST_CASE("mpi: a collective some rank skips times out and the communicator refuses more", "[comm][mpi]") {
   auto c = world();
   baton::mpi_communicator victim(MPI_COMM_WORLD, {.timeout = 200ms});
@@ -87,14 +131,33 @@ TEST_CASE("mpi: a collective some rank skips times out and the communicator refu
 }
 
 TEST_CASE("mpi: the documentation's generic ring example", "[comm][mpi][docs]") {
-  // [mpi-ring]
+  // [doc:mpi_ring]
   baton::mpi_communicator world;  // a private duplicate of MPI_COMM_WORLD
   const std::vector<float> mine{float(world.rank())};
   const std::vector<float> all = ring_all_gather(world, mine);  // the same code as on threads
-  // [mpi-ring end]
+  // [/doc:mpi_ring]
   std::vector<float> expected(static_cast<std::size_t>(world.size()));
   std::iota(expected.begin(), expected.end(), 0.f);
   REQUIRE(all == expected);
+}
+
+TEST_CASE("mpi: the documentation's guard that ends the job on an error", "[comm][mpi][docs]") {
+  baton::mpi_communicator world;
+  std::int64_t ranks_counted = 0;
+  const auto train = [&](baton::mpi_communicator& comm) {
+    std::int64_t one = 1;
+    comm.all_reduce(std::span(&one, 1), baton::reduce_op::sum);
+    ranks_counted = one;
+  };
+  // [doc:mpi_abort]
+  try {
+    baton::run_mpi(world, train);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);  // mpirun then kills every process, a stalled one included
+  }
+  // [/doc:mpi_abort]
+  CHECK(ranks_counted == world.size());  // train ran on every rank; nothing threw
 }
 
 TEST_CASE("mpi: run_mpi - a rank that throws aborts every other rank's waits at once, on splits too", "[comm][mpi]") {

@@ -1,17 +1,25 @@
-// The examples of docs/nn.md, compiled and run (the blocks between the doc markers appear
-// verbatim in the document; baton_nn_docs_in_sync checks it).
+// The examples of docs/nn.md and of the nn headers' comments, compiled and run. Each block
+// between "// [doc:NAME]" and "// [/doc:NAME]" is shown verbatim in a document (ctest -L docs
+// checks it).
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
+#include <baton/comm/mesh.hpp>
+#include <baton/config.hpp>
 #include <baton/cp.hpp>
 #include <baton/nn.hpp>
+#if BATON_HAS_KOKKOS()
+#include <baton/attention/kokkos.hpp>
+#endif
 
 #include "catch.hpp"
 
 #include "nn_test_util.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -113,3 +121,76 @@ TEST_CASE("nn docs: the same block with ring attention over two ranks", "[nn][do
     CHECK(grad_error <= 1e-5);
   }
 }
+
+namespace {
+
+// A sub-module for the example of baton/nn/parameter.hpp's comment.
+struct gate {
+  nn::parameter<float> scale{baton::host_tensor<float>::filled({2}, 1.0f), false};
+  template <class Visit>
+  void visit_parameters(Visit&& visit) {
+    visit("scale", scale);
+  }
+};
+
+// The module of that comment: a parameter and a sub-module.
+struct gated_module {
+  nn::parameter<float> weight_{baton::host_tensor<float>({2, 2}), true};
+  gate attention_;
+
+  // [doc:visit_parameters]
+  template <class Visit> void visit_parameters(Visit&& visit) {
+    visit("weight", weight_);   // a parameter
+    visit("attn", attention_);  // a sub-module: its names become "attn.<name>"
+  }
+  // [/doc:visit_parameters]
+};
+
+}  // namespace
+
+TEST_CASE("nn docs: the examples of baton/nn/parameter.hpp's comments", "[nn][docs]") {
+  gated_module m;
+  const auto params = nn::parameters_of<float>(m, "block");
+  REQUIRE(params.size() == 2);
+  CHECK(params[0].name == "block.weight");
+  CHECK(params[0].parameter == &m.weight_);
+  CHECK(params[1].name == "block.attn.scale");
+  CHECK(params[1].parameter == &m.attention_.scale);
+
+  // [doc:initializer]
+  baton::nn::initializer init(42);
+  auto block_init = init / "layers" / 5;          // path "layers.5"
+  auto w = block_init.normal<float>("attn.wq.weight", {512, 512}, 0.04);
+  // [/doc:initializer]
+  CHECK(block_init.path() == "layers.5");
+  // The values depend on the seed and the full name only: the same draw from the root.
+  const auto same = baton::nn::initializer(42).normal<float>("layers.5.attn.wq.weight", {512, 512}, 0.04);
+  CHECK(std::equal(w.values().begin(), w.values().end(), same.values().begin(), same.values().end()));
+  // 262144 draws of N(0, 0.04^2): the sample standard deviation is within 1 % of 0.04.
+  double sum = 0, squares = 0;
+  for (float x : w.values()) {
+    sum += x;
+    squares += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(w.size());
+  CHECK(std::abs(std::sqrt(squares / n - (sum / n) * (sum / n)) - 0.04) < 0.0004);
+}
+
+#if BATON_HAS_KOKKOS()
+TEST_CASE("nn docs: the example of cp_attention's comment", "[nn][docs]") {
+  const std::int64_t seq_len = 16;
+  const auto seen = baton::run_local(2, [&](baton::local_communicator& world) {
+    baton::device_mesh mesh(world, {.cp_ring = 2});
+    // [doc:cp_attention_from_mesh]
+    auto attention = baton::nn::cp_attention<baton::local_communicator, baton::kokkos_attention>::from_mesh(
+        mesh, baton::nn::cp_mode::ring, baton::kokkos_attention{}, baton::shard_layout::zigzag, seq_len);
+    // [/doc:cp_attention_from_mesh]
+    const baton::sequence_sharding* sharding = attention.sharding();
+    return std::pair{attention.mode() == baton::nn::cp_mode::ring && sharding != nullptr &&
+                         sharding->degree() == 2 && sharding->layout() == baton::shard_layout::zigzag,
+                     attention.shard_index()};
+  });
+  CHECK(seen[0] == std::pair{true, 0});
+  CHECK(seen[1] == std::pair{true, 1});
+}
+#endif

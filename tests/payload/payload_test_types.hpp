@@ -6,7 +6,6 @@
 #include <baton/payload.hpp>
 
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <vector>
 
@@ -43,10 +42,9 @@ struct baton::payload_traits<baton_test::block_mask_like> {
   static baton_test::block_mask_like split(const baton_test::block_mask_like& m, std::int64_t chunk,
                                            std::int64_t chunks) {
     const auto rows = static_cast<std::int64_t>(m.kv_blocks_per_row.size());
-    const auto sizes = baton::microbatch_sizes(rows, chunks);  // the same cut as the tensors
-    const auto begin = std::accumulate(sizes.begin(), sizes.begin() + chunk, std::int64_t{0});
-    const auto first = m.kv_blocks_per_row.begin() + begin;
-    return {{first, first + sizes[static_cast<std::size_t>(chunk)]}, m.block_size, chunk};
+    const auto part = baton::microbatch_bounds(rows, chunks)[static_cast<std::size_t>(chunk)];  // the tensors' cut
+    const auto first = m.kv_blocks_per_row.begin() + part.begin;
+    return {{first, first + part.count}, m.block_size, chunk};
   }
   static baton_test::block_mask_like merge(std::span<const baton_test::block_mask_like> parts) {
     baton_test::block_mask_like out{{}, parts[0].block_size, -1};

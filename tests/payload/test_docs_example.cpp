@@ -1,5 +1,6 @@
-// The examples of docs/payloads.md, compiled and run. Keep the two in step: each block between
-// "// [doc:NAME]" and "// [/doc:NAME]" appears in the document verbatim.
+// The examples of docs/payloads.md and of the comment of baton/payload/constant.hpp, compiled
+// and run. Each block between "// [doc:NAME]" and "// [/doc:NAME]" is shown verbatim in a
+// document (ctest -L docs checks it).
 #include "catch.hpp"
 
 #include <baton/payload.hpp>
@@ -7,8 +8,63 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+// The declarations the page sketches, compiled in a namespace of their own and checked
+// against the library's.
+namespace sketch {
+// [doc:payload_role]
+enum class payload_role { activation, constant, opaque };
+template <class T> struct payload_traits;  // specialise it for each leaf type
+// [/doc:payload_role]
+
+using baton::row_range;
+
+template <class P>
+struct microbatch_functions {
+  // [doc:microbatch_signatures]
+  std::vector<P> split_microbatches(const P& p, std::int64_t chunks, int dim = 0);
+  P merge_microbatches(std::span<const P> parts, int dim = 0);   // also const std::vector<P>&
+  std::vector<std::int64_t> microbatch_sizes(std::int64_t extent, std::int64_t chunks);
+  std::vector<row_range> microbatch_bounds(std::int64_t extent, std::int64_t chunks);  // {begin, count}
+  // [/doc:microbatch_signatures]
+};
+}  // namespace sketch
+
+static_assert(static_cast<int>(sketch::payload_role::activation) == static_cast<int>(baton::payload_role::activation));
+static_assert(static_cast<int>(sketch::payload_role::constant) == static_cast<int>(baton::payload_role::constant));
+static_assert(static_cast<int>(sketch::payload_role::opaque) == static_cast<int>(baton::payload_role::opaque));
+
+namespace {
+using sketched_tensor = baton::host_tensor<float>;
+using sketched = sketch::microbatch_functions<sketched_tensor>;
+template <class... A>
+using split_of_sketch = decltype(std::declval<sketched&>().split_microbatches(std::declval<A>()...));
+template <class... A>
+using split_of_baton = decltype(baton::split_microbatches(std::declval<A>()...));
+template <class... A>
+using merge_of_sketch = decltype(std::declval<sketched&>().merge_microbatches(std::declval<A>()...));
+template <class... A>
+using merge_of_baton = decltype(baton::merge_microbatches(std::declval<A>()...));
+// The same results for the same arguments, with and without the defaulted dim.
+static_assert(std::is_same_v<split_of_sketch<const sketched_tensor&, std::int64_t>,
+                             split_of_baton<const sketched_tensor&, std::int64_t>>);
+static_assert(std::is_same_v<split_of_sketch<const sketched_tensor&, std::int64_t, int>,
+                             split_of_baton<const sketched_tensor&, std::int64_t, int>>);
+static_assert(std::is_same_v<merge_of_sketch<std::span<const sketched_tensor>>,
+                             merge_of_baton<std::span<const sketched_tensor>>>);
+static_assert(std::is_same_v<merge_of_sketch<std::span<const sketched_tensor>, int>,
+                             merge_of_baton<std::span<const sketched_tensor>, int>>);
+static_assert(std::is_same_v<merge_of_baton<const std::vector<sketched_tensor>&>, sketched_tensor>);
+static_assert(std::is_same_v<decltype(std::declval<sketched&>().microbatch_sizes(std::int64_t{}, std::int64_t{})),
+                             decltype(baton::microbatch_sizes(std::int64_t{}, std::int64_t{}))>);
+static_assert(std::is_same_v<decltype(std::declval<sketched&>().microbatch_bounds(std::int64_t{}, std::int64_t{})),
+                             decltype(baton::microbatch_bounds(std::int64_t{}, std::int64_t{}))>);
+}  // namespace
 
 // [doc:matrix]
 // A user's own tensor type: a dense row-major matrix of floats.
@@ -167,4 +223,42 @@ TEST_CASE("docs/payloads.md: records, roles, grad_t and microbatches", "[payload
   // baton::require_sendable<block_input>() would not compile: "opaque values cannot cross a
   // stage boundary; pass them as a side input".
   // [/doc:boundary]
+}
+
+TEST_CASE("docs/payloads.md: visiting tensors", "[payload][docs]") {
+  using block_input = baton::record<baton::field<"hidden", mylib::matrix>,
+                                    baton::field<"positions", baton::constant<baton::host_tensor<std::int64_t>>>,
+                                    baton::field<"mask", mylib::doc_mask>>;
+  block_input x{mylib::matrix{2, 2, {0, 1, 2, 3}}, baton::constant{baton::host_tensor<std::int64_t>({2}, {0, 1})},
+                mylib::doc_mask{{1, 2}}};
+  block_input y = x;
+  baton::grad_t<block_input> dx = baton::grad_like(x);
+  std::vector<std::string> visited;
+  const auto visit_all = [](auto& p, auto& a, auto& b, auto& g, auto f) {
+    // [doc:visiting]
+    for_each_tensor(p, f);        // activations and constants, in field order; opaque fields skipped
+    for_each_activation(p, f);    // exactly the tensors grad_t<P> holds
+    for_each_tensor(a, b, f);     // two payloads together, fields paired by name
+    for_each_activation(a, g, f); // a's activations with the same-named fields of g (e.g. grad_t)
+    // [/doc:visiting]
+  };
+  // The visitor takes the field's info first, then one tensor (or two for the paired forms).
+  visit_all(x, x, y, dx, [&](auto info, const auto&...) { visited.emplace_back(info.name); });
+  CHECK(visited == std::vector<std::string>{"hidden", "positions", "hidden", "hidden", "positions", "hidden"});
+}
+
+TEST_CASE("baton/payload/constant.hpp: a constant field", "[payload][docs]") {
+  using H = baton::host_tensor<float>;
+  using P = baton::host_tensor<std::int64_t>;
+  const H h({2, 3});
+  const P p({2}, {7, 8});
+  // [doc:constant_field]
+  baton::record<baton::field<"hidden", H>, baton::field<"positions", baton::constant<P>>> r{h, baton::constant{p}};
+  // [/doc:constant_field]
+  static_assert(std::is_same_v<baton::grad_t<decltype(r)>, baton::record<baton::field<"hidden", H>>>);
+  CHECK(baton::get<"positions">(r)->values()[1] == 8);
+  // Split like the tensor beside it: the second microbatch holds the second position.
+  const auto parts = baton::split_microbatches(r, 2);
+  REQUIRE(baton::get<"positions">(parts[1])->size() == 1);
+  CHECK(baton::get<"positions">(parts[1])->values()[0] == 8);
 }

@@ -7,6 +7,9 @@
 #include <baton/payload.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <numeric>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -29,6 +32,14 @@ TEST_CASE("microbatch_sizes matches torch.tensor_split", "[payload][microbatch]"
   CHECK_THROWS_WITH(microbatch_sizes(3, 0), Catch::Contains("must be positive"));
 }
 
+TEST_CASE("microbatch_bounds lays torch.tensor_split's sizes end to end", "[payload][microbatch]") {
+  // torch.tensor_split(torch.arange(10), 4): [0,1,2] [3,4,5] [6,7] [8,9], written out by hand.
+  CHECK(microbatch_bounds(10, 4) == std::vector<row_range>{{0, 3}, {3, 3}, {6, 2}, {8, 2}});
+  CHECK(microbatch_bounds(3, 3) == std::vector<row_range>{{0, 1}, {1, 1}, {2, 1}});
+  CHECK(microbatch_bounds(5, 1) == std::vector<row_range>{{0, 5}});
+  CHECK_THROWS_WITH(microbatch_bounds(2, 3), Catch::Contains("use at most 2 microbatches"));
+}
+
 TEMPLATE_TEST_CASE("split then merge is the identity for every dim of ranks 1 to 4", "[payload][microbatch]", float,
                    double, std::int32_t, std::int64_t) {
   const auto shape = GENERATE(std::vector<std::int64_t>{9}, std::vector<std::int64_t>{7, 3},
@@ -41,7 +52,7 @@ TEMPLATE_TEST_CASE("split then merge is the identity for every dim of ranks 1 to
       const auto parts = split_microbatches(t, chunks, dim);
       REQUIRE(static_cast<std::int64_t>(parts.size()) == chunks);
       const auto sizes = microbatch_sizes(extent, chunks);
-      std::int64_t begin = 0;
+      std::int64_t begin = 0;  // laid end to end here, independently of microbatch_bounds
       for (std::size_t c = 0; c < parts.size(); ++c) {
         CHECK(same_values(parts[c], naive_slice(t, dim, begin, sizes[c])));
         begin += sizes[c];
@@ -145,4 +156,54 @@ TEST_CASE("records without tensors still split and merge", "[payload][microbatch
   using only_positions = record<field<"positions", constant<host_tensor<std::int64_t>>>>;
   const only_positions p{constant{iota_tensor<std::int64_t>({3})}};
   STATIC_REQUIRE(std::is_same_v<decltype(grad_like(p)), record<>>);
+}
+
+// A user's own "data pointer + shape" tensor, given payload_traits through
+// row_major_payload_traits: the four members are all it writes.
+// [doc:row_major_tensor]
+namespace mylib {
+struct flat_tensor {  // row-major, contiguous, host memory
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+  explicit flat_tensor(std::span<const std::int64_t> s)
+      : shape(s.begin(), s.end()),
+        values(static_cast<std::size_t>(std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>{}))) {}
+};
+}  // namespace mylib
+
+template <>
+struct baton::payload_traits<mylib::flat_tensor> : baton::row_major_payload_traits<mylib::flat_tensor> {
+  using value_type = float;
+  static const std::vector<std::int64_t>& shape(const mylib::flat_tensor& t) { return t.shape; }
+  static const float* data(const mylib::flat_tensor& t) { return t.values.data(); }
+  static float* data(mylib::flat_tensor& t) { return t.values.data(); }
+  static mylib::flat_tensor allocate(std::span<const std::int64_t> s) { return mylib::flat_tensor(s); }
+};
+
+static_assert(baton::activation_tensor<mylib::flat_tensor>);
+// [/doc:row_major_tensor]
+
+TEST_CASE("row_major_payload_traits: a user's data-pointer-and-shape tensor splits, merges and sends",
+          "[payload][microbatch]") {
+  using mylib::flat_tensor;
+  STATIC_REQUIRE(baton::activation_tensor<flat_tensor>);
+  STATIC_REQUIRE(baton::pointer_concatenable<flat_tensor>);
+  const std::vector<std::int64_t> shape{2, 5, 3};
+  flat_tensor t(shape);
+  for (std::size_t i = 0; i < t.values.size(); ++i) t.values[i] = static_cast<float>(i);
+  CHECK(baton::payload_traits<flat_tensor>::bytes(t).size() == 30 * sizeof(float));
+
+  // Rows 3 and 4 of dim 1, i.e. element (b, r, c) = b*15 + r*3 + c for r in {3, 4}, by hand.
+  const auto parts = split_microbatches(t, 2, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1].shape == std::vector<std::int64_t>{2, 2, 3});
+  CHECK(parts[1].values == std::vector<float>{9, 10, 11, 12, 13, 14, 24, 25, 26, 27, 28, 29});
+  CHECK(merge_microbatches(parts, 1).values == t.values);
+
+  CHECK_THROWS_WITH(baton::payload_traits<flat_tensor>::slice(t, 1, 4, 2),
+                    Catch::Contains("rows [4, 6) along dim 1 are outside shape [2, 5, 3]"));
+  const std::vector<flat_tensor> mismatched{flat_tensor(std::vector<std::int64_t>{2, 3}),
+                                            flat_tensor(std::vector<std::int64_t>{3, 3})};
+  CHECK_THROWS_WITH(baton::payload_traits<flat_tensor>::concat(mismatched, 1),
+                    Catch::Contains("part 1 has shape [3, 3] but part 0 has [2, 3]"));
 }

@@ -68,7 +68,7 @@ TEST_CASE("a slice range whose end overflows is reported without overflowing", "
 
 TEST_CASE("the largest shapes that fit are still accepted", "[payload][reliability]") {
   // Only the count is checked here (no allocation), at the edge of what fits.
-  namespace pi = detail::payload_impl;
+  namespace pi = detail::payload;
   const std::vector<std::int64_t> fits{two_to(30), two_to(30), 7};
   CHECK(pi::checked_element_count(fits, "test", 1) == 7 * two_to(60));
   CHECK_THROWS_AS(pi::checked_element_count(fits, "test", 2), payload_error);

@@ -116,6 +116,29 @@ TEST_CASE("too few microbatches for a schedule is reported before anything runs"
   for (const auto& m : messages) CHECK_THAT(m, Contains("dual_pipe_v") && Contains("microbatches"));
 }
 
+TEST_CASE("a forward-only schedule evaluates like a training schedule and refuses step()", "[pipeline][faults]") {
+  const auto x = random_tensor<double>({8, 4}, 1);
+  const auto t = random_tensor<double>({8, 4}, 2);
+  const auto make = [](int s) { return S(4, static_cast<std::uint64_t>(s)); };
+  std::vector<double> losses(2, -1.0);
+  const auto messages = errors_of(2, [&](baton::local_communicator& comm) {
+    auto trained = baton::make_pipeline<baton::gpipe, baton::uniform_stages<S>>(comm, baton::schedule_shape{2, 1, 4},
+                                                                               make, mse_loss<double>{});
+    auto forward = baton::make_pipeline<baton::forward_only, baton::uniform_stages<S>>(
+        comm, baton::schedule_shape{2, 1, 4}, make, mse_loss<double>{});
+    const auto expected = trained.eval(x, t).loss;
+    const auto got = forward.eval(x, t).loss;
+    if (comm.rank() == 1) {  // the last stage's rank holds the loss
+      losses[0] = expected.value_or(-2.0);
+      losses[1] = got.value_or(-3.0);
+    }
+    forward.step(x, t);
+  });
+  CHECK(losses[1] == losses[0]);  // the same stages, forwards and loss: the same bits
+  CHECK(losses[0] >= 0.0);
+  for (const auto& m : messages) CHECK_THAT(m, Contains("forward-only") && Contains("call eval()"));
+}
+
 TEST_CASE("a batch with fewer rows than microbatches fails on every rank", "[pipeline][faults]") {
   const auto messages = errors_of(2, [&](baton::local_communicator& comm) {
     auto exec = baton::make_pipeline<baton::one_f_one_b, baton::uniform_stages<S>>(

@@ -7,7 +7,10 @@
 
 #include <baton/comm/mpi.hpp>
 
+#include <chrono>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 using namespace pipeline_test;
 
@@ -51,7 +54,46 @@ void check_policy(baton::mpi_communicator& comm, std::int64_t width = 4, std::in
   }
 }
 
+// The loss of the docs example: the test's mse_loss, keeping each microbatch's value.
+struct recorded_mse_loss {
+  std::vector<double>* values;
+  baton::loss_result<tensor<double>> operator()(const tensor<double>& y, const tensor<double>& target) const {
+    auto r = mse_loss<double>{}(y, target);
+    values->push_back(r.value);
+    return r;
+  }
+};
+
 }  // namespace
+
+TEST_CASE("docs/communicators.md: a pipeline under run_mpi", "[pipeline][mpi][docs]") {
+  using block = mlp_stage<double>;
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const auto shape = baton::shape_for<baton::one_f_one_b>(size, 4);
+  const auto make = [](int s) { return block(4, 100 + static_cast<std::uint64_t>(s)); };
+  std::vector<double> losses;  // filled on the rank of the last stage
+  const recorded_mse_loss loss{&losses};
+  const auto x = random_tensor<double>({8, 4}, 1);
+  const auto t = random_tensor<double>({8, 4}, 2, 0.5);
+  // [doc:run_mpi_pipeline]
+  baton::mpi_communicator world(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(10)});
+  baton::run_mpi(world, [&](baton::mpi_communicator& comm) {
+    auto exec = baton::make_pipeline<baton::one_f_one_b, baton::uniform_stages<block>>(comm, shape, make, loss);
+    exec.step(x, t);
+  });  // returns when every rank's fn has returned; throws on every rank when one failed
+  // [/doc:run_mpi_pipeline]
+  if (world.rank() != size - 1) {
+    CHECK(losses.empty());
+    return;
+  }
+  // 4 microbatches of 2 rows: their mean is the loss of the same stages run one after another.
+  REQUIRE(losses.size() == 4);
+  std::vector<block> oracle;
+  for (int s = 0; s < shape.num_stages(); ++s) oracle.push_back(make(s));
+  const double expected = sequential_loss(oracle, x, baton::no_side{}, t, mse_loss<double>{});
+  CHECK(rel_err((losses[0] + losses[1] + losses[2] + losses[3]) / 4, expected) <= 1e-12);
+}
 
 TEMPLATE_TEST_CASE("pipeline parity on MPI", "[pipeline][mpi]", double, float) {
   using T = TestType;

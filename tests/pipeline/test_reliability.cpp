@@ -171,7 +171,7 @@ struct baton::payload_traits<dtype_tensor> {
   static std::span<std::byte> mutable_bytes(dtype_tensor& t) { return t.storage; }
   static dtype_tensor allocate(std::span<const std::int64_t> s) {
     std::vector<std::int64_t> extents(s.begin(), s.end());
-    const auto count = detail::payload_impl::checked_element_count(extents, "dtype_tensor", sizeof(float));
+    const auto count = detail::payload::checked_element_count(extents, "dtype_tensor", sizeof(float));
     return {extents, std::vector<std::byte>(static_cast<std::size_t>(count) * sizeof(float))};
   }
   static dtype_tensor allocate_like(const dtype_tensor& t) { return allocate(t.shape); }
@@ -187,9 +187,9 @@ TEST_CASE("a gradient whose element type differs from its activation's is named"
   STATIC_REQUIRE(baton::activation_tensor<dtype_tensor>);
   const auto activation = baton::payload_traits<dtype_tensor>::allocate(std::vector<std::int64_t>{2, 3});
   auto same = baton::payload_traits<dtype_tensor>::allocate_like(activation);
-  CHECK(baton::detail::pl::gradient_mismatch(activation, same, "the stage's backward", "input").empty());
+  CHECK(baton::detail::pipeline::gradient_mismatch(activation, same, "the stage's backward", "input").empty());
   dtype_tensor doubles{{2, 3}, std::vector<std::byte>(6 * sizeof(double))};
-  CHECK_THAT(baton::detail::pl::gradient_mismatch(activation, doubles, "the stage's backward", "input"),
+  CHECK_THAT(baton::detail::pipeline::gradient_mismatch(activation, doubles, "the stage's backward", "input"),
              Contains("the input gradient of shape [2, 3] whose storage holds 48 bytes where 24 are needed at 4 "
                       "bytes per element: its element type (dtype) differs"));
 }
@@ -223,11 +223,11 @@ TEST_CASE("without the agreement exchange, a rank holding the first and last sta
 }
 
 namespace {
-using incoming_tensor = baton::detail::pl::incoming<int, tensor<double>>;
+using incoming_tensor = baton::detail::pipeline::incoming<int, tensor<double>>;
 
 // A receive whose header announces one tensor of `shape` (8-byte elements), data inline or not.
 incoming_tensor received_header(const std::vector<std::int64_t>& shape, bool data_inline, std::int64_t rank_word = -1) {
-  namespace pl = baton::detail::pl;
+  namespace pl = baton::detail::pipeline;
   incoming_tensor in(1, 7, pl::message_id{3, 0, 2, 0});
   auto& w = in.header.words;
   w[0] = pl::wire_magic;
@@ -247,7 +247,7 @@ incoming_tensor received_header(const std::vector<std::int64_t>& shape, bool dat
 
 TEST_CASE("a message header whose shapes overflow or exceed its data area is refused before allocating",
           "[pipeline][reliability]") {
-  namespace pl = baton::detail::pl;
+  namespace pl = baton::detail::pipeline;
   CHECK_NOTHROW(pl::check_header(received_header({2, 4}, true)));
   CHECK_NOTHROW(pl::check_header(received_header({1000, 1000}, false)));
   CHECK_THROWS_WITH(pl::check_header(received_header({std::int64_t{1} << 40, std::int64_t{1} << 40}, false)),

@@ -14,20 +14,20 @@ using namespace pipeline_test;
 namespace {
 
 using S = mlp_stage<double>;
-constexpr std::int64_t width = 4;
+constexpr std::int64_t layer_width = 4;
 
 // The loss of `stages` on (x, t), written out here rather than through the stages' forward or
 // the oracle: y = tanh(x W + b) per row and stage, then 0.5 * sum (y - t)^2 / rows.
 double mlp_loss_by_hand(const std::vector<S>& stages, const tensor<double>& x, const tensor<double>& t) {
-  const std::int64_t rows = x.size() / width;
+  const std::int64_t rows = x.size() / layer_width;
   std::vector<double> h(x.data(), x.data() + x.size());
   for (const S& s : stages) {
     std::vector<double> y(h.size());
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t j = 0; j < width; ++j) {
+      for (std::int64_t j = 0; j < layer_width; ++j) {
         double z = s.b.data()[j];
-        for (std::int64_t i = 0; i < width; ++i) z += h[static_cast<std::size_t>(r * width + i)] * s.w.data()[i * width + j];
-        y[static_cast<std::size_t>(r * width + j)] = std::tanh(z);
+        for (std::int64_t i = 0; i < layer_width; ++i) z += h[static_cast<std::size_t>(r * layer_width + i)] * s.w.data()[i * layer_width + j];
+        y[static_cast<std::size_t>(r * layer_width + j)] = std::tanh(z);
       }
     h = std::move(y);
   }
@@ -43,9 +43,9 @@ double mlp_loss_by_hand(const std::vector<S>& stages, const tensor<double>& x, c
 
 TEST_CASE("seed 004: eval() before the first step equals the sequential forward loss", "[pipeline][seed004]") {
   const auto shape = baton::shape_for<baton::interleaved_1f1b>(2, 4, 2);
-  const auto x = random_tensor<double>({8, width}, 61);
-  const auto t = random_tensor<double>({8, width}, 62, 0.5);
-  auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), width);
+  const auto x = random_tensor<double>({8, layer_width}, 61);
+  const auto t = random_tensor<double>({8, layer_width}, 62, 0.5);
+  auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), layer_width);
   const double eval_oracle = sequential_loss(oracle, x, baton::no_side{}, t, mse_loss<double>{});
   const double step_oracle = sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
 
@@ -53,7 +53,7 @@ TEST_CASE("seed 004: eval() before the first step equals the sequential forward 
   std::mutex m;
   baton::run_local(2, [&](baton::local_communicator& comm) {
     auto exec = baton::make_pipeline<baton::interleaved_1f1b, baton::uniform_stages<S>>(
-        comm, shape, [](int s) { return S(width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{},
+        comm, shape, [](int s) { return S(layer_width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{},
         baton::pipeline_options{.loss_on_every_rank = true});
     const auto first = exec.eval(x, t);
     const auto trained = exec.step(x, t);
@@ -82,33 +82,35 @@ TEST_CASE("seed 004: eval() before the first step equals the sequential forward 
 
 namespace {
 
+// [doc:record_payload]
 using hidden = baton::record<baton::field<"a", tensor<double>>, baton::field<"b", tensor<double>>,
                              baton::field<"pos", baton::constant<tensor<double>>>>;
+// [/doc:record_payload]
 using hidden_grad = baton::grad_t<hidden>;
 static_assert(std::is_same_v<hidden_grad, baton::record<baton::field<"a", tensor<double>>, baton::field<"b", tensor<double>>>>);
 
-// y[r, j] = tanh(sum_i x[r, i] w[i, j]) for row-major [rows, width] tensors, and its pieces.
+// y[r, j] = tanh(sum_i x[r, i] w[i, j]) for row-major [rows, layer_width] tensors, and its pieces.
 tensor<double> matmul(const tensor<double>& x, const tensor<double>& w) {
   const std::int64_t rows = x.shape()[0];
-  tensor<double> y({rows, width});
+  tensor<double> y({rows, layer_width});
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < width; ++j)
-      for (std::int64_t i = 0; i < width; ++i) y[r * width + j] += x[r * width + i] * w[i * width + j];
+    for (std::int64_t j = 0; j < layer_width; ++j)
+      for (std::int64_t i = 0; i < layer_width; ++i) y[r * layer_width + j] += x[r * layer_width + i] * w[i * layer_width + j];
   return y;
 }
 tensor<double> matmul_t(const tensor<double>& dz, const tensor<double>& w) {  // dz w^T
   const std::int64_t rows = dz.shape()[0];
-  tensor<double> dx({rows, width});
+  tensor<double> dx({rows, layer_width});
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t i = 0; i < width; ++i)
-      for (std::int64_t j = 0; j < width; ++j) dx[r * width + i] += dz[r * width + j] * w[i * width + j];
+    for (std::int64_t i = 0; i < layer_width; ++i)
+      for (std::int64_t j = 0; j < layer_width; ++j) dx[r * layer_width + i] += dz[r * layer_width + j] * w[i * layer_width + j];
   return dx;
 }
 void add_outer(tensor<double>& dw, const tensor<double>& x, const tensor<double>& dz) {  // dw += x^T dz
   const std::int64_t rows = x.shape()[0];
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t i = 0; i < width; ++i)
-      for (std::int64_t j = 0; j < width; ++j) dw[i * width + j] += x[r * width + i] * dz[r * width + j];
+    for (std::int64_t i = 0; i < layer_width; ++i)
+      for (std::int64_t j = 0; j < layer_width; ++j) dw[i * layer_width + j] += x[r * layer_width + i] * dz[r * layer_width + j];
 }
 tensor<double> tanh_of(tensor<double> z) {
   for (std::int64_t i = 0; i < z.size(); ++i) z[i] = std::tanh(z[i]);
@@ -128,8 +130,8 @@ struct entry_stage {
   struct saved {
     tensor<double> x, a, b;
   };
-  tensor<double> wa = random_tensor<double>({width, width}, 71, 0.6), wb = random_tensor<double>({width, width}, 72, 0.6);
-  tensor<double> dwa{{width, width}}, dwb{{width, width}};
+  tensor<double> wa = random_tensor<double>({layer_width, layer_width}, 71, 0.6), wb = random_tensor<double>({layer_width, layer_width}, 72, 0.6);
+  tensor<double> dwa{{layer_width, layer_width}}, dwb{{layer_width, layer_width}};
 
   output forward(const input& x, const side&, saved& st) {
     st.x = x;
@@ -137,7 +139,7 @@ struct entry_stage {
     st.b = tanh_of(matmul(x, wb));
     const std::int64_t rows = x.shape()[0];
     tensor<double> pos({rows, 1});
-    for (std::int64_t r = 0; r < rows; ++r) pos[r] = x[r * width];
+    for (std::int64_t r = 0; r < rows; ++r) pos[r] = x[r * layer_width];
     return hidden(st.a, st.b, baton::constant(std::move(pos)));
   }
   tensor<double> backward(saved& st, const hidden_grad& g) {
@@ -161,16 +163,16 @@ struct mix_stage {
     hidden in;
     tensor<double> out;
   };
-  tensor<double> w1, w2, dw1{{width, width}}, dw2{{width, width}};
+  tensor<double> w1, w2, dw1{{layer_width, layer_width}}, dw2{{layer_width, layer_width}};
   explicit mix_stage(std::uint64_t seed)
-      : w1(random_tensor<double>({width, width}, seed, 0.6)), w2(random_tensor<double>({width, width}, seed + 1, 0.6)) {}
+      : w1(random_tensor<double>({layer_width, layer_width}, seed, 0.6)), w2(random_tensor<double>({layer_width, layer_width}, seed + 1, 0.6)) {}
 
   output forward(const input& h, const side&, saved& st) {
     st.in = h;
     auto z = matmul(baton::get<"a">(h), w1);
     const auto zb = matmul(baton::get<"b">(h), w2);
     const auto& pos = *baton::get<"pos">(h);
-    for (std::int64_t i = 0; i < z.size(); ++i) z[i] += zb[i] + 0.1 * pos[i / width];
+    for (std::int64_t i = 0; i < z.size(); ++i) z[i] += zb[i] + 0.1 * pos[i / layer_width];
     st.out = tanh_of(std::move(z));
     return hidden(st.out, baton::get<"b">(h), baton::get<"pos">(h));
   }
@@ -200,6 +202,7 @@ struct exit_stage {
   hidden_grad backward(saved&, const tensor<double>& dy) { return hidden_grad(dy, dy); }
 };
 
+// [doc:record_pipeline]
 using record_pipeline = baton::stage_list<entry_stage, mix_stage, mix_stage, exit_stage>;
 
 auto make_record_stage = [](auto i) {
@@ -207,12 +210,13 @@ auto make_record_stage = [](auto i) {
   else if constexpr (i == 3) return exit_stage{};
   else return mix_stage(80 + 10 * i);
 };
+// [/doc:record_pipeline]
 
 template <class Policy>
 void check_records(int ranks, int m) {
   const auto shape = baton::shape_for<Policy>(ranks, m, 4 / ranks);
-  const auto x = random_tensor<double>({2 * m, width}, 91);
-  const auto t = random_tensor<double>({2 * m, width}, 92, 0.5);
+  const auto x = random_tensor<double>({2 * m, layer_width}, 91);
+  const auto t = random_tensor<double>({2 * m, layer_width}, 92, 0.5);
   // Sequential oracle.
   entry_stage e = make_record_stage(std::integral_constant<std::size_t, 0>{});
   mix_stage m1 = make_record_stage(std::integral_constant<std::size_t, 1>{});
@@ -228,8 +232,10 @@ void check_records(int ranks, int m) {
   std::vector<double> errors;
   std::mutex mu;
   baton::run_local(ranks, [&](baton::local_communicator& comm) {
+    // [doc:record_pipeline]
     auto exec = baton::make_pipeline<Policy, record_pipeline>(comm, shape, make_record_stage, mse_loss<double>{},
                                                               baton::pipeline_options{.loss_on_every_rank = true});
+    // [/doc:record_pipeline]
     const auto r = exec.step(x, t);
     std::lock_guard lock(mu);
     errors.push_back(rel_err(*r.loss, l.value));
@@ -260,9 +266,9 @@ TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the wh
           "[pipeline][seed004]") {
   const double p = GENERATE(2.0, std::numeric_limits<double>::infinity());
   const auto shape = baton::shape_for<baton::zbv>(2, 4);
-  const auto x = random_tensor<double>({8, width}, 51);
-  const auto t = random_tensor<double>({8, width}, 52, 0.5);
-  auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), width);
+  const auto x = random_tensor<double>({8, layer_width}, 51);
+  const auto t = random_tensor<double>({8, layer_width}, 52, 0.5);
+  auto oracle = oracle_stages<double, baton::no_side>(shape.num_stages(), layer_width);
   sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
   // The expected norm and clipped gradients, written out here rather than by clip_grad_norm
   // (torch.nn.utils.clip_grad_norm_): the p-norm over every stage's dw and db, then every
@@ -286,7 +292,7 @@ TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the wh
   std::mutex m;
   baton::run_local(2, [&](baton::local_communicator& comm) {
     auto exec = baton::make_pipeline<baton::zbv, baton::uniform_stages<S>>(
-        comm, shape, [](int s) { return S(width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{});
+        comm, shape, [](int s) { return S(layer_width, 100 + static_cast<std::uint64_t>(s)); }, mse_loss<double>{});
     exec.step(x, t);
     std::vector<std::span<double>> grads;
     exec.for_each_local_stage([&](int, S& st) { append_grad_spans(grads, st); });
@@ -304,11 +310,11 @@ TEST_CASE("seed 004: clip_grad_norm across pipeline ranks equals clipping the wh
 
 TEST_CASE("seed 004: the loss reported on every rank equals the sequential loss", "[pipeline][seed004]") {
   auto check = [](const baton::program& prog) {
-    const auto x = random_tensor<double>({16, width}, 31);
-    const auto t = random_tensor<double>({16, width}, 32, 0.5);
-    auto oracle = oracle_stages<double, baton::no_side>(prog.shape.num_stages(), width);
+    const auto x = random_tensor<double>({16, layer_width}, 31);
+    const auto t = random_tensor<double>({16, layer_width}, 32, 0.5);
+    auto oracle = oracle_stages<double, baton::no_side>(prog.shape.num_stages(), layer_width);
     const double oracle_loss = sequential_step(oracle, x, baton::no_side{}, t, mse_loss<double>{});
-    const auto got = run_pipeline<double>(prog, width, x, baton::no_side{}, t,
+    const auto got = run_pipeline<double>(prog, layer_width, x, baton::no_side{}, t,
                                           baton::pipeline_options{.loss_on_every_rank = true});
     for (const auto& l : got.loss_by_rank) {
       REQUIRE(l.has_value());

@@ -69,12 +69,9 @@ template <>
 struct baton::payload_traits<pipeline_test::token_mask> {
   static constexpr payload_role role = payload_role::opaque;
   static pipeline_test::token_mask split(const pipeline_test::token_mask& m, std::int64_t chunk, std::int64_t chunks) {
-    const auto sizes = baton::microbatch_sizes(m.batch, chunks);
-    std::int64_t begin = 0;
-    for (std::int64_t c = 0; c < chunk; ++c) begin += sizes[static_cast<std::size_t>(c)];
-    const auto rows = sizes[static_cast<std::size_t>(chunk)];
-    pipeline_test::token_mask out{rows, m.seq, {}};
-    out.bits.assign(m.bits.begin() + begin * m.seq, m.bits.begin() + (begin + rows) * m.seq);
+    const auto part = baton::microbatch_bounds(m.batch, chunks)[static_cast<std::size_t>(chunk)];
+    pipeline_test::token_mask out{part.count, m.seq, {}};
+    out.bits.assign(m.bits.begin() + part.begin * m.seq, m.bits.begin() + (part.begin + part.count) * m.seq);
     return out;
   }
   static pipeline_test::token_mask merge(std::span<const pipeline_test::token_mask> parts) {

@@ -9,10 +9,16 @@ using baton::action;
 using baton::action_kind;
 
 TEST_CASE("every action kind prints and parses back", "[schedule][action]") {
-  for (const auto& info : baton::detail::sched::kind_table) {
-    for (const action a : {action{0, info.kind, 0}, action{7, info.kind, 123}, action{1048575, info.kind, 1048575}}) {
+  for (const auto& info : baton::detail::schedule::kind_table) {
+    // UNSHARD, RESHARD and REDUCE_GRAD act on a whole stage: no microbatch in the text, 0 in the IR.
+    const bool stage_level = info.token == "UNSHARD" || info.token == "RESHARD" || info.token == "REDUCE_GRAD";
+    CHECK(baton::is_stage_level(info.kind) == stage_level);
+    const int microbatches[] = {0, stage_level ? 0 : 123, stage_level ? 0 : 1048575};
+    for (const action a : {action{0, info.kind, microbatches[0]}, action{7, info.kind, microbatches[1]},
+                           action{1048575, info.kind, microbatches[2]}}) {
       const std::string text = baton::to_string(a);
-      REQUIRE(text == std::to_string(a.stage) + std::string(info.token) + std::to_string(a.microbatch));
+      REQUIRE(text == std::to_string(a.stage) + std::string(info.token) +
+                          (stage_level ? std::string() : std::to_string(a.microbatch)));
       const auto parsed = baton::try_parse_action(text);
       REQUIRE(parsed.has_value());
       CHECK(*parsed == a);
@@ -30,11 +36,17 @@ TEST_CASE("the text form is torch.distributed.pipelining's", "[schedule][action]
   CHECK(baton::parse_action("4W5") == action{4, action_kind::backward_weight, 5});
   STATIC_REQUIRE(baton::try_parse_action("10SEND_B20") == action{10, action_kind::send_backward, 20});
   STATIC_REQUIRE(baton::to_string(action{10, action_kind::recv_forward, 2}) == "10RECV_F2");
+  // torch's runtime actions (its _ComputationType UNSHARD, RESHARD, REDUCE_GRAD): no microbatch.
+  CHECK(baton::parse_action("3UNSHARD") == action{3, action_kind::unshard, 0});
+  CHECK(baton::parse_action("0RESHARD") == action{0, action_kind::reshard, 0});
+  STATIC_REQUIRE(baton::try_parse_action("12REDUCE_GRAD") == action{12, action_kind::reduce_grad, 0});
+  STATIC_REQUIRE(baton::to_string(action{2, action_kind::reduce_grad, 0}) == "2REDUCE_GRAD");
 }
 
 TEST_CASE("malformed action tokens are rejected with what is expected", "[schedule][action]") {
   for (const char* bad : {"", "F0", "0F", "0X1", "-1F0", "0F-1", "0f0", "0F0x", "0 F0", "0SEND0", "0SEND_X1",
-                          "0FF0", "1048576F0", "0F1048576", "99999999999999999999F0", "0F0,1F1"}) {
+                          "0FF0", "1048576F0", "0F1048576", "99999999999999999999F0", "0F0,1F1", "UNSHARD", "0UNSHARD3",
+                          "0REDUCE_GRAD0", "0RESHARDx", "(0F3;3B1)OVERLAP_F_B"}) {
     INFO(bad);
     CHECK_FALSE(baton::try_parse_action(bad).has_value());
     try {
@@ -43,7 +55,10 @@ TEST_CASE("malformed action tokens are rejected with what is expected", "[schedu
     } catch (const baton::schedule_error& e) {
       const std::string what = e.what();
       CHECK(what.find("bad action token") != std::string::npos);
-      CHECK(what.find("e.g. 2F0") != std::string::npos);
+      CHECK(what.find(std::string_view(bad).find("UNSHARD3") != std::string_view::npos ||
+                              std::string_view(bad).find("GRAD0") != std::string_view::npos
+                          ? "acts on a whole stage and takes no microbatch: write 0"
+                          : "e.g. 2F0") != std::string::npos);
     }
   }
 }

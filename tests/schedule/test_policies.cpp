@@ -198,10 +198,14 @@ TEST_CASE("known orders", "[schedule][policy]") {
   }
   SECTION("DualPipeV, p = 2, m = 4: paired F/B in the middle, I/W in the tail") {
     const auto p = baton::dual_pipe_v::generate({2, 2, 4, baton::placement::v});
-    // torch's ScheduleDualPipeV rank 1 (stages 1 and 2), overlapped pairs written F then B.
-    CHECK(p.ranks[1] == row({{1, F, 0}, {2, F, 0}, {1, F, 1}, {2, F, 1}, {1, F, 2}, {2, B, 0}, {2, F, 2}, {1, B, 0},
-                             {1, F, 3}, {2, B, 1}, {2, F, 3}, {1, B, 1}, {2, B, 2}, {1, B, 2}, {2, I, 3}, {1, I, 3},
-                             {2, W, 3}, {1, W, 3}}));
+    // torch's ScheduleDualPipeV rank 1 (stages 1 and 2), as its generator wrote it in
+    // tests/schedule/data/torch/dualpipev_p2_m4_compute.csv: 1F0,2F0,1F1,2F1,1F2,2B0,
+    // (2F2;1B0)OVERLAP_F_B,(1F3;2B1)OVERLAP_F_B,(2F3;1B1)OVERLAP_F_B,2B2,1B2,2I3,1I3,2W3,1W3;
+    // an overlapped pair is its forward, marked overlaps_next, then its backward.
+    constexpr bool pair = true;
+    CHECK(p.ranks[1] == row({{1, F, 0}, {2, F, 0}, {1, F, 1}, {2, F, 1}, {1, F, 2}, {2, B, 0}, {2, F, 2, pair},
+                             {1, B, 0}, {1, F, 3, pair}, {2, B, 1}, {2, F, 3, pair}, {1, B, 1}, {2, B, 2}, {1, B, 2},
+                             {2, I, 3}, {1, I, 3}, {2, W, 3}, {1, W, 3}}));
   }
 }
 

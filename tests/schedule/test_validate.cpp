@@ -3,6 +3,7 @@
 #include <baton/schedule.hpp>
 
 #include "catch.hpp"
+#include "rejection.hpp"
 #include "oracle.hpp"
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <string>
 
 namespace {
+
+using schedule_test::rejection;
 
 using baton::action;
 using baton::action_kind;
@@ -27,16 +30,6 @@ baton::schedule_error rejection(const std::string& csv, std::optional<baton::sch
   return baton::schedule_error("unreachable");
 }
 
-// Validates a program and returns the error.
-baton::schedule_error rejection(const baton::program& prog) {
-  try {
-    baton::validate(prog);
-  } catch (const baton::schedule_error& e) {
-    return e;
-  }
-  FAIL("accepted");
-  return baton::schedule_error("unreachable");
-}
 
 void check_place(const baton::schedule_error& e, int rank, int step, const std::string& action_text) {
   const std::string what = e.what();
@@ -75,30 +68,41 @@ TEST_CASE("lowering adds exactly the messages between ranks", "[schedule][lower]
           }
           tags.insert(baton::message_tag(shape, a));
           // A receive sits right before the compute that consumes it, a send right after the
-          // compute that produces it.
-          if (a.kind == action_kind::recv_forward) {
-            REQUIRE(i + 1 < row.size());
-            CHECK(row[i + 1] == action{a.stage, action_kind::forward, a.microbatch});
-          } else if (a.kind == action_kind::recv_backward) {
-            REQUIRE(i + 1 < row.size());
-            CHECK(row[i + 1].stage == a.stage);
-            CHECK(baton::is_input_backward(row[i + 1].kind));
-          } else if (a.kind == action_kind::send_forward) {
-            CHECK(row[i - 1] == action{a.stage, action_kind::forward, a.microbatch});
+          // compute that produces it; an overlapped pair (DualPipeV) is one step, with the
+          // receives of both its actions before it and their sends after it.
+          const bool receive = a.kind == action_kind::recv_forward || a.kind == action_kind::recv_backward;
+          // The compute the message belongs to: the next one after a receive, the last one before a send.
+          std::size_t j = i;
+          if (receive) {
+            do ++j;
+            while (j < row.size() && !baton::is_compute(row[j].kind));
           } else {
-            CHECK(row[i - 1].stage == a.stage);
-            CHECK(baton::is_input_backward(row[i - 1].kind));
+            while (j > 0 && !baton::is_compute(row[--j].kind)) {
+            }
           }
+          REQUIRE((j < row.size() && baton::is_compute(row[j].kind)));
+          std::vector<action> step{row[j]};
+          if (receive && row[j].overlaps_next) step.push_back(row[j + 1]);
+          if (!receive && j > 0 && row[j - 1].overlaps_next) step.push_back(row[j - 1]);
+          const bool forward_message = a.kind == action_kind::recv_forward || a.kind == action_kind::send_forward;
+          const auto consumer_or_producer = [&](const action& c) {
+            return c.stage == a.stage && c.microbatch == a.microbatch &&
+                   (forward_message ? c.kind == action_kind::forward : baton::is_input_backward(c.kind));
+          };
+          CHECK(std::any_of(step.begin(), step.end(), consumer_or_producer));
+          // Only messages of that step lie in between.
+          for (std::size_t k = std::min(i, j) + 1; k < std::max(i, j); ++k) CHECK(baton::is_communication(row[k].kind));
         }
         CHECK(compute_only == compute.ranks[r]);  // the compute order is untouched
       }
       const int per_direction = cross_boundaries * shape.microbatches;
+      const int backward_messages = baton::is_forward_only(compute) ? 0 : per_direction;
       CHECK(counts[action_kind::send_forward] == per_direction);
       CHECK(counts[action_kind::recv_forward] == per_direction);
-      CHECK(counts[action_kind::send_backward] == per_direction);
-      CHECK(counts[action_kind::recv_backward] == per_direction);
+      CHECK(counts[action_kind::send_backward] == backward_messages);
+      CHECK(counts[action_kind::recv_backward] == backward_messages);
       // Both ends of a message share its tag; different messages have different tags.
-      CHECK(tags.size() == static_cast<std::size_t>(2 * per_direction));
+      CHECK(tags.size() == static_cast<std::size_t>(per_direction + backward_messages));
     }
   }
 }

@@ -1,6 +1,6 @@
 // PP x DP x CP training of a transformer LM against the same model trained on one rank, and
-// the example of docs/training.md (between the doc markers; baton_train_docs_in_sync checks
-// that the document shows it verbatim).
+// the examples of docs/training.md and of baton/train/lm_trainer.hpp's comment (between the
+// doc markers; ctest -L docs checks that the documents show them verbatim).
 //
 // Each case trains 3 AdamW steps on a mesh of local ranks (threads) and on one rank
 // (baton::train::lm_reference: one forward and backward of the whole global batch), and
@@ -17,6 +17,7 @@
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/config.hpp>
+#include <baton/schedule.hpp>
 #include <baton/train.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/attention/kokkos.hpp>
@@ -317,3 +318,25 @@ TEST_CASE("train docs: a pp 2 x cp 2 mesh trains like one rank", "[train][docs]"
   for (const auto& rank_losses : losses)
     for (std::size_t step = 0; step < 3; ++step) CHECK(std::abs(rank_losses[step] - expected[step]) <= 1e-10 * expected[step]);
 }
+
+#if BATON_HAS_KOKKOS()
+TEST_CASE("train docs: the example of lm_trainer's comment", "[train][docs]") {
+  const train::byte_corpus corpus(test_text());
+  train::lm_config config = small_config<float>(4);
+  const int steps = 2;
+  const auto losses = baton::run_local(4, [&](baton::local_communicator& world) {
+    // [doc:lm_trainer_comment]
+    baton::train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(
+        world, config, {.mesh = {.pp = 2, .cp_ring = 2}, .cp = baton::nn::cp_mode::ring},
+        baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4)));
+    for (int step = 0; step < steps; ++step) trainer.step(corpus.train_batch(step, config.batch, config.seq, false));
+    // [/doc:lm_trainer_comment]
+    return trainer.eval(corpus.train_batch(steps, config.batch, config.seq, false)).loss;
+  });
+  // The same model and steps on one rank.
+  train::lm_reference<float, baton::kokkos_attention> one_rank(config);
+  for (int step = 0; step < steps; ++step) (void)one_rank.step(corpus.train_batch(step, config.batch, config.seq, false));
+  const double expected = one_rank.eval(corpus.train_batch(steps, config.batch, config.seq, false)).loss;
+  for (double loss : losses) CHECK(std::abs(loss - expected) <= tolerance<float>() * std::abs(expected));
+}
+#endif

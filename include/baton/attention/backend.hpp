@@ -72,10 +72,10 @@ concept attention_backend =
       b.backward(in, in, in, in, saved_lse, in, mask, out_view, out_view, out_view, params);
     };
 
-namespace detail::attn {
+namespace detail::attention {
 
-/// The problem a call describes, after every check passed.
-struct problem {
+/// What a call computes (its sizes, scale and positions), once every check passed.
+struct checked_call {
   std::int64_t batch = 0, seq_q = 0, seq_k = 0, heads_q = 0, heads_kv = 0, dim = 0;
   double scale = 1;
   positions q_pos, k_pos;
@@ -101,61 +101,61 @@ void expect_unit_last_stride(const tensor_view<T, N>& t, const char* name, const
                           " needs the head dim contiguous (stride 1): pass a copy laid out [..., dim]");
 }
 
-/// Checks q, k, v (and out/lse when given) and returns the problem they describe.
+/// Checks q, k, v and the parameters, and returns the call they describe.
 template <class TQ, class TK, class TV>
-problem check_inputs(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v,
+checked_call check_inputs(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v,
                      const attention_params& params) {
-  problem p;
-  p.batch = q.extents[0];
-  p.seq_q = q.extents[1];
-  p.heads_q = q.extents[2];
-  p.dim = q.extents[3];
+  checked_call call;
+  call.batch = q.extents[0];
+  call.seq_q = q.extents[1];
+  call.heads_q = q.extents[2];
+  call.dim = q.extents[3];
   for (auto e : q.extents)
     if (e < 0) throw attention_error("baton attention: tensor 'q' has a negative extent " + shape_text(q.extents));
   if (q.data == nullptr && q.size() > 0)
     throw attention_error("baton attention: tensor 'q' has shape " + shape_text(q.extents) + " but a null data pointer");
-  if (p.dim == 0 && q.size() == 0 && p.batch * p.seq_q * p.heads_q > 0)
+  if (call.dim == 0 && q.size() == 0 && call.batch * call.seq_q * call.heads_q > 0)
     throw attention_error("baton attention: tensor 'q' has head dim 0; expected [batch, seq_q, heads_q, dim] with dim >= 1");
-  p.seq_k = k.extents[1];
-  p.heads_kv = k.extents[2];
-  if (p.seq_k < 0)
+  call.seq_k = k.extents[1];
+  call.heads_kv = k.extents[2];
+  if (call.seq_k < 0)
     throw attention_error("baton attention: tensor 'k' has a negative extent " + shape_text(k.extents));
-  if (p.heads_kv <= 0 && p.heads_q > 0)
+  if (call.heads_kv <= 0 && call.heads_q > 0)
     throw attention_error("baton attention: tensor 'k' has shape " + shape_text(k.extents) +
                           "; expected [batch, seq_k, heads_kv, dim] with heads_kv >= 1");
-  if (p.heads_kv > 0 && p.heads_q % p.heads_kv != 0)
-    throw attention_error("baton attention: q has " + std::to_string(p.heads_q) + " heads and k/v have " +
-                          std::to_string(p.heads_kv) +
+  if (call.heads_kv > 0 && call.heads_q % call.heads_kv != 0)
+    throw attention_error("baton attention: q has " + std::to_string(call.heads_q) + " heads and k/v have " +
+                          std::to_string(call.heads_kv) +
                           "; the query heads must be a multiple of the key/value heads (GQA/MQA), "
-                          "e.g. k/v shape [" + std::to_string(p.batch) + ", " + std::to_string(p.seq_k) +
-                          ", heads_kv dividing " + std::to_string(p.heads_q) + ", " + std::to_string(p.dim) + "]");
-  const std::array<std::int64_t, 4> kv_shape{p.batch, p.seq_k, p.heads_kv, p.dim};
+                          "e.g. k/v shape [" + std::to_string(call.batch) + ", " + std::to_string(call.seq_k) +
+                          ", heads_kv dividing " + std::to_string(call.heads_q) + ", " + std::to_string(call.dim) + "]");
+  const std::array<std::int64_t, 4> kv_shape{call.batch, call.seq_k, call.heads_kv, call.dim};
   expect_shape(k, "k", kv_shape, "(k is [batch, seq_k, heads_kv, dim] with batch and dim of q)");
   expect_shape(v, "v", kv_shape, "(v must have the shape of k)");
   const double scale = params.softmax_scale;
   if (!(scale >= 0) || std::isinf(scale))
     throw attention_error("baton attention: softmax_scale is " + std::to_string(scale) +
                           "; it must be positive and finite (0 selects 1/sqrt(head dim))");
-  p.scale = scale == 0 ? (p.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(p.dim)) : 1.0) : scale;
-  p.q_pos = params.q_pos.resolved(p.seq_q, "attention_params::q_pos");
-  p.k_pos = params.k_pos.resolved(p.seq_k, "attention_params::k_pos");
-  return p;
+  call.scale = scale == 0 ? (call.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(call.dim)) : 1.0) : scale;
+  call.q_pos = params.q_pos.resolved(call.seq_q, "attention_params::q_pos");
+  call.k_pos = params.k_pos.resolved(call.seq_k, "attention_params::k_pos");
+  return call;
 }
 
 template <class TO, class TL>
-void check_forward_outputs(const problem& p, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse) {
-  const std::array<std::int64_t, 4> q_shape{p.batch, p.seq_q, p.heads_q, p.dim};
+void check_forward_outputs(const checked_call& call, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse) {
+  const std::array<std::int64_t, 4> q_shape{call.batch, call.seq_q, call.heads_q, call.dim};
   expect_shape(out, "out", q_shape, "(out has the shape of q: [batch, seq_q, heads_q, dim])");
-  expect_shape(lse, "lse", std::array<std::int64_t, 3>{p.batch, p.heads_q, p.seq_q}, "(lse is [batch, heads_q, seq_q])");
+  expect_shape(lse, "lse", std::array<std::int64_t, 3>{call.batch, call.heads_q, call.seq_q}, "(lse is [batch, heads_q, seq_q])");
 }
 
 template <class TO, class TL, class TD, class TG, class TKV>
-void check_backward_tensors(const problem& p, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse,
+void check_backward_tensors(const checked_call& call, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse,
                             const tensor_view<TD, 4>& dout, const tensor_view<TG, 4>& dq,
                             const tensor_view<TKV, 4>& dk, const tensor_view<TKV, 4>& dv) {
-  check_forward_outputs(p, out, lse);
-  const std::array<std::int64_t, 4> q_shape{p.batch, p.seq_q, p.heads_q, p.dim};
-  const std::array<std::int64_t, 4> kv_shape{p.batch, p.seq_k, p.heads_kv, p.dim};
+  check_forward_outputs(call, out, lse);
+  const std::array<std::int64_t, 4> q_shape{call.batch, call.seq_q, call.heads_q, call.dim};
+  const std::array<std::int64_t, 4> kv_shape{call.batch, call.seq_k, call.heads_kv, call.dim};
   expect_shape(dout, "dout", q_shape, "(dout has the shape of out: [batch, seq_q, heads_q, dim])");
   expect_shape(dq, "dq", q_shape, "(dq has the shape of q: [batch, seq_q, heads_q, dim])");
   expect_shape(dk, "dk", kv_shape, "(dk has the shape of k: [batch, seq_k, heads_kv, dim])");
@@ -210,5 +210,5 @@ constexpr void static_check_backward_types() {
                 "baton attention: dq, dk, dv must be mutable tensor_view<T, 4> with T the element type of q");
 }
 
-}  // namespace detail::attn
+}  // namespace detail::attention
 }  // namespace baton

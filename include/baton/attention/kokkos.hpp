@@ -1,7 +1,8 @@
 // baton/attention/kokkos.hpp — tiled flash attention through Kokkos on host execution spaces,
 // and tensor_view from Kokkos::View.
 //
-// The tiles are in detail/flash_cpu.hpp; this header launches them. Every launch is a flat
+// The kernels are in detail/ (cpu_gemm.hpp, flash_tiles.hpp, flash_forward.hpp,
+// flash_backward.hpp); this header launches them. Every launch is a flat
 // Kokkos::RangePolicy parallel_for whose functor does all of an item's work (its reductions
 // included) with its own scratch: Kokkos 3.4's Serial backend keeps one global scratch
 // buffer for reductions and team policies, so those are not safe when several threads (the
@@ -23,7 +24,8 @@
 #include <type_traits>
 
 #include <baton/attention/backend.hpp>
-#include <baton/attention/detail/flash_cpu.hpp>
+#include <baton/attention/detail/flash_backward.hpp>
+#include <baton/attention/detail/flash_forward.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/tensor_view.hpp>
 
@@ -32,8 +34,8 @@ namespace baton {
 /// A tensor_view of a Kokkos::View's data (any layout: strides come from the view). The
 /// view must be host-accessible and stay alive while the tensor_view is used.
 ///
-/// Example (compiled in tests/attention/test_attention_docs.cpp):
-/// ```
+/// Example:
+/// ```cpp
 ///   Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> q("q", 2, 128, 8, 64);
 ///   baton::tensor_view<float, 4> qv = baton::make_tensor_view(q);
 /// ```
@@ -86,41 +88,39 @@ class kokkos_attention {
     requires(!attention_mask<Mask>)
   void forward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, const Mask&, tensor_view<TO, 4>,
                tensor_view<TL, 3>, const attention_params& = {}) const {
-    detail::attn::static_check_mask<Mask>();
+    detail::attention::static_check_mask<Mask>();
   }
 
   template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
   void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
                tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
-    namespace da = detail::attn;
+    namespace da = detail::attention;
     da::static_check_forward_types<TQ, TK, TV, TO, TL>();
     using T = std::remove_const_t<TQ>;
-    const da::problem prob = da::check_inputs(q, k, v, params);
-    da::check_forward_outputs(prob, out, lse);
+    const da::checked_call call = da::check_inputs(q, k, v, params);
+    da::check_forward_outputs(call, out, lse);
     check_strides(q, "q");
     check_strides(k, "k");
     check_strides(v, "v");
     check_strides(out, "out");
-    da::validate_mask(mask, prob.q_pos, prob.k_pos);
-    if (prob.batch * prob.heads_q * prob.seq_q == 0) return;
+    da::validate_mask(mask, call.q_pos, call.k_pos);
+    if (call.batch * call.heads_q * call.seq_q == 0) return;
 
-    const da::flash_layout<T> layout(prob, threads());
+    const da::flash_layout<T> layout(call, threads());
     da::workspace_carver measure;
     (void)da::carve_forward_packing(layout, measure);
     const auto memory = workspace_->acquire(measure.bytes());
     da::workspace_carver carver(memory.data());
     const da::forward_packed<T> packed = da::carve_forward_packing(layout, carver);
-    const auto& L = layout;
-    const auto& P = packed;
-    for (std::int64_t r = 0; r < L.rounds(); ++r) {
-      const da::head_round round = L.round(r);
-      launch("baton::attention::pack_kv", L.kv_items(round), [&](std::int64_t item) {
-        da::pack_kv_block(L, round, item, k, v, P.kt, P.v, static_cast<T*>(nullptr), static_cast<T*>(nullptr), P.key_bad,
-                          P.block_bad);
+    for (std::int64_t r = 0; r < layout.rounds(); ++r) {
+      const da::head_round round = layout.round(r);
+      launch("baton::attention::pack_kv", layout.kv_items(round), [&](std::int64_t item) {
+        da::pack_kv_block(layout, round, item, k, v, packed.kt, packed.v, static_cast<T*>(nullptr),
+                          static_cast<T*>(nullptr), packed.key_bad, packed.block_bad);
       });
-      launch_chunked<T>("baton::attention::forward", L.q_items(round), L.dim_padded,
+      launch_chunked<T>("baton::attention::forward", layout.q_items(round), layout.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::forward_tile(L, round, item, mask, q, P, out, lse, work);
+                          da::forward_tile(layout, round, item, mask, q, packed, out, lse, work);
                         });
     }
   }
@@ -131,7 +131,7 @@ class kokkos_attention {
   void backward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, tensor_view<TO, 4>, tensor_view<TL, 3>,
                 tensor_view<TD, 4>, const Mask&, tensor_view<TG1, 4>, tensor_view<TG2, 4>, tensor_view<TG3, 4>,
                 const attention_params& = {}) const {
-    detail::attn::static_check_mask<Mask>();
+    detail::attention::static_check_mask<Mask>();
   }
 
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
@@ -139,11 +139,11 @@ class kokkos_attention {
   void backward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                 tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
                 tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
-    namespace da = detail::attn;
+    namespace da = detail::attention;
     da::static_check_backward_types<TQ, TK, TV, TO, TL, TD, TG1, TG2, TG3>();
     using T = std::remove_const_t<TQ>;
-    const da::problem prob = da::check_inputs(q, k, v, params);
-    da::check_backward_tensors(prob, out, lse, dout, dq, dk, dv);
+    const da::checked_call call = da::check_inputs(q, k, v, params);
+    da::check_backward_tensors(call, out, lse, dout, dq, dk, dv);
     check_strides(q, "q");
     check_strides(k, "k");
     check_strides(v, "v");
@@ -152,31 +152,30 @@ class kokkos_attention {
     check_strides(dq, "dq");
     check_strides(dk, "dk");
     check_strides(dv, "dv");
-    da::validate_mask(mask, prob.q_pos, prob.k_pos);
+    da::validate_mask(mask, call.q_pos, call.k_pos);
 
-    const da::flash_layout<T> layout(prob, threads());
+    const da::flash_layout<T> layout(call, threads());
     da::workspace_carver measure;
     (void)da::carve_backward_packing(layout, measure);
     const auto memory = workspace_->acquire(measure.bytes());
     da::workspace_carver carver(memory.data());
     const da::backward_packed<T> packed = da::carve_backward_packing(layout, carver);
-    const auto& L = layout;
-    const auto& P = packed;
     const bool accumulate = params.accumulate;
-    for (std::int64_t r = 0; r < L.rounds(); ++r) {
-      const da::head_round round = L.round(r);
-      launch("baton::attention::pack_q", L.q_items(round),
-             [&](std::int64_t item) { da::pack_q_block(L, round, item, q, out, lse, dout, P); });
-      launch("baton::attention::pack_kv", L.kv_items(round), [&](std::int64_t item) {
-        da::pack_kv_block(L, round, item, k, v, P.kt, static_cast<T*>(nullptr), P.vt, P.k, P.key_bad, P.block_bad);
+    for (std::int64_t r = 0; r < layout.rounds(); ++r) {
+      const da::head_round round = layout.round(r);
+      launch("baton::attention::pack_q", layout.q_items(round),
+             [&](std::int64_t item) { da::pack_q_block(layout, round, item, q, out, lse, dout, packed); });
+      launch("baton::attention::pack_kv", layout.kv_items(round), [&](std::int64_t item) {
+        da::pack_kv_block(layout, round, item, k, v, packed.kt, static_cast<T*>(nullptr), packed.vt, packed.k,
+                          packed.key_bad, packed.block_bad);
       });
-      launch_chunked<T>("baton::attention::backward_kv", L.kv_items(round), L.dim_padded,
+      launch_chunked<T>("baton::attention::backward_kv", layout.kv_items(round), layout.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::backward_kv_tile(L, round, item, mask, P, dk, dv, accumulate, work);
+                          da::backward_kv_tile(layout, round, item, mask, packed, dk, dv, accumulate, work);
                         });
-      launch_chunked<T>("baton::attention::backward_q", L.q_items(round), L.dim_padded,
+      launch_chunked<T>("baton::attention::backward_q", layout.q_items(round), layout.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::backward_q_tile(L, round, item, mask, P, dq, accumulate, work);
+                          da::backward_q_tile(layout, round, item, mask, packed, dq, accumulate, work);
                         });
     }
   }
@@ -201,21 +200,21 @@ class kokkos_attention {
     if (items <= 0) return;
     const std::int64_t chunks = std::min(items, threads() * 4);
     launch(label, chunks, [&](std::int64_t chunk) {
-      detail::attn::item_scratch<T> work(dim_padded);
+      detail::attention::item_scratch<T> work(dim_padded);
       for (std::int64_t item = chunk * items / chunks; item < (chunk + 1) * items / chunks; ++item) body(item, work);
     });
   }
 
   template <class T>
   static void check_strides(const tensor_view<T, 4>& t, const char* name) {
-    detail::attn::expect_unit_last_stride(t, name, "baton::kokkos_attention");
+    detail::attention::expect_unit_last_stride(t, name, "baton::kokkos_attention");
   }
 
   execution_space space_{};
   // Packed operands (O(seq) bytes per round of heads) are reused across calls instead of
   // reallocated: a fresh allocation costs page faults comparable to a short causal forward.
   // The pool is thread-safe and hands concurrent calls distinct buffers.
-  std::shared_ptr<detail::attn::workspace_pool> workspace_ = std::make_shared<detail::attn::workspace_pool>();
+  std::shared_ptr<detail::attention::workspace_pool> workspace_ = std::make_shared<detail::attention::workspace_pool>();
 };
 
 }  // namespace baton

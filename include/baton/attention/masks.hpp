@@ -63,7 +63,7 @@ concept mask_with_key_intervals = attention_mask<M> && requires(const M& m, std:
   { m.allowed_keys(q, k, k) } -> std::same_as<key_interval>;
 };
 
-namespace detail::attn {
+namespace detail::attention {
 /// [lo, hi) clipped to [k_begin, k_end), with begin <= end.
 [[nodiscard]] constexpr key_interval clip_keys(std::int64_t lo, std::int64_t hi, std::int64_t k_begin,
                                                std::int64_t k_end) noexcept {
@@ -88,7 +88,7 @@ block_kind classify_by_testing(const M& mask, const position_block& qb, const po
     }
   return !any ? block_kind::empty : all ? block_kind::full : block_kind::partial;
 }
-}  // namespace detail::attn
+}  // namespace detail::attention
 
 /// Every query attends to every key.
 struct no_mask {
@@ -113,7 +113,7 @@ struct causal_mask {
   }
   /// Keys up to q: a prefix of any run of keys.
   [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
-    return detail::attn::clip_keys(k_begin, q < k_end ? q + 1 : k_end, k_begin, k_end);
+    return detail::attention::clip_keys(k_begin, q < k_end ? q + 1 : k_end, k_begin, k_end);
   }
 };
 
@@ -135,7 +135,7 @@ struct sliding_window_mask {
     // Written so that no sum overflows for extents up to INT64_MAX ("unbounded").
     const std::int64_t lo = q - k_begin <= left ? k_begin : q - left;
     const std::int64_t hi = k_end - q <= right ? k_end : q + right + 1;
-    return detail::attn::clip_keys(lo, hi, k_begin, k_end);
+    return detail::attention::clip_keys(lo, hi, k_begin, k_end);
   }
   void validate(const positions&, const positions&) const {
     if (left < 0 || right < 0)
@@ -215,7 +215,7 @@ struct prefix_lm_mask {
   /// k < prefix_length or k <= q is k < max(prefix_length, q + 1): a prefix of any run.
   [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
     const std::int64_t limit = q < k_end ? std::max(prefix_length, q + 1) : k_end;
-    return detail::attn::clip_keys(k_begin, limit, k_begin, k_end);
+    return detail::attention::clip_keys(k_begin, limit, k_begin, k_end);
   }
 };
 
@@ -241,11 +241,11 @@ struct mask_intersection {
   {
     const key_interval a = first.allowed_keys(q, k_begin, k_end);
     const key_interval b = second.allowed_keys(q, k_begin, k_end);
-    return detail::attn::clip_keys(std::max(a.begin, b.begin), std::min(a.end, b.end), k_begin, k_end);
+    return detail::attention::clip_keys(std::max(a.begin, b.begin), std::min(a.end, b.end), k_begin, k_end);
   }
   void validate(const positions& q, const positions& k) const {
-    detail::attn::validate_mask(first, q, k);
-    detail::attn::validate_mask(second, q, k);
+    detail::attention::validate_mask(first, q, k);
+    detail::attention::validate_mask(second, q, k);
   }
 };
 
@@ -262,8 +262,8 @@ template <attention_mask A, attention_mask B>
 /// asked about a padding position (a document_mask needs ids for the real tokens only).
 /// Pair it with pad_sequence (baton/cp/sharding.hpp) when a sharding refuses the length:
 ///
-/// Example (compiled in tests/cp/test_cp_docs.cpp):
-/// ```
+/// Example:
+/// ```cpp
 ///   const std::int64_t padded = baton::sequence_sharding::padded_length(baton::shard_layout::zigzag, 33, 2, 2);
 ///   baton::sequence_sharding sharding(baton::shard_layout::zigzag, padded, 2, 2);  // 36 tokens
 ///   baton::padding_mask mask(baton::causal_mask{}, /*length=*/33);               // hides 33..35
@@ -287,7 +287,7 @@ class padding_mask {
   }
   void validate(const positions& q, const positions& k) const {
     std::vector<std::int64_t> q_real, k_real;
-    detail::attn::validate_mask(inner_, real_positions(q, q_real), real_positions(k, k_real));
+    detail::attention::validate_mask(inner_, real_positions(q, q_real), real_positions(k, k_real));
   }
 
   [[nodiscard]] const Mask& inner() const noexcept { return inner_; }
@@ -318,8 +318,8 @@ class padding_mask {
 /// `basic_block_mask<F>` keeps the predicate's type (inlined in the kernel); `block_mask`
 /// erases it into a std::function, one type for every predicate.
 ///
-/// Example (compiled in tests/attention/test_attention_docs.cpp):
-/// ```
+/// Example:
+/// ```cpp
 ///   // every query sees the first 4 "sink" tokens and a causal window of 256
 ///   baton::block_mask mask([](std::int64_t q, std::int64_t k) {
 ///     return k <= q && (k < 4 || q - k < 256);
@@ -350,7 +350,7 @@ class basic_block_mask {
       const position_block q_cell(q_all, qb * block_, std::min(block_, q_length - qb * block_));
       for (std::int64_t kb = 0; kb < k_blocks_; ++kb) {
         const position_block k_cell(k_all, kb * block_, std::min(block_, k_length - kb * block_));
-        (*kinds)[static_cast<std::size_t>(qb * k_blocks_ + kb)] = detail::attn::classify_by_testing(*this, q_cell, k_cell);
+        (*kinds)[static_cast<std::size_t>(qb * k_blocks_ + kb)] = detail::attention::classify_by_testing(*this, q_cell, k_cell);
       }
     }
     kinds_ = std::move(kinds);

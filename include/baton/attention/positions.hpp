@@ -20,8 +20,8 @@ namespace baton {
 /// the positions are used). Default-constructed positions mean "0, 1, ..., n-1 where n is the
 /// length of the tensor" — plain single-device attention.
 ///
-/// Example (compiled in tests/attention/test_attention_docs.cpp):
-/// ```
+/// Example:
+/// ```cpp
 ///   baton::positions all;                          // 0..n-1, n from the tensor
 ///   baton::positions chunk(4096, 1024);            // positions 4096..5119
 ///   std::vector<std::int64_t> zigzag = {0, 1, 6, 7};  // chunks 0 and 3 of a zigzag shard

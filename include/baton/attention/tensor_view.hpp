@@ -14,8 +14,8 @@ namespace baton {
 /// A rank-N view of elements of type T (const T for read-only). Non-owning: whoever made the
 /// memory keeps it alive while the view is used.
 ///
-/// Example (compiled in tests/attention/test_attention_docs.cpp):
-/// ```
+/// Example:
+/// ```cpp
 ///   std::vector<float> q(2 * 128 * 8 * 64);
 ///   auto view = baton::make_tensor_view(q.data(), {2, 128, 8, 64});  // [batch, seq, heads, dim]
 ///   view(1, 5, 3, 0) = 1.0f;

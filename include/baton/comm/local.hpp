@@ -50,12 +50,12 @@ struct local_options {
 
 class local_communicator;
 
-namespace detail::comm_local {
+namespace detail::comm::local {
 /// Lets run_local create the world's communicators (the constructor is not public).
 struct access {
   static local_communicator make(std::shared_ptr<group> g, int rank, std::chrono::nanoseconds timeout);
 };
-}  // namespace detail::comm_local
+}  // namespace detail::comm::local
 
 /// A pending isend, irecv or shift of the local world. Move-only. Destroying it before it
 /// completes cancels the parts not yet matched (a withdrawn send is never delivered).
@@ -81,7 +81,7 @@ class local_request {
   /// Completes (or throws) once; later calls return at once.
   void wait() {
     if (empty()) return;
-    detail::comm_local::world& w = *group_->the_world;
+    detail::comm::local::world& w = *group_->the_world;
     std::unique_lock lock(w.mutex);
     const auto deadline = detail::comm::deadline_after(timeout_);
     for (auto& op : ops_) {
@@ -110,7 +110,7 @@ class local_request {
     for (auto& op : ops_) {
       if (!op || op->state == op_state::done || op->state == op_state::failed) continue;
       if (op->state == op_state::posted) {
-        std::string why = group_->hopeless(*op, detail::comm_local::clock::time_point::max(), timeout_);
+        std::string why = group_->hopeless(*op, detail::comm::local::clock::time_point::max(), timeout_);
         if (!why.empty()) {
           release(lock);
           throw comm_error(why);
@@ -124,7 +124,7 @@ class local_request {
 
  private:
   friend class local_communicator;
-  using op_state = detail::comm_local::op_state;
+  using op_state = detail::comm::local::op_state;
 
   bool empty() const noexcept { return !ops_[0] && !ops_[1]; }
 
@@ -151,8 +151,8 @@ class local_request {
     release(lock);
   }
 
-  std::shared_ptr<detail::comm_local::group> group_;
-  std::array<std::unique_ptr<detail::comm_local::p2p_op>, 2> ops_{};
+  std::shared_ptr<detail::comm::local::group> group_;
+  std::array<std::unique_ptr<detail::comm::local::p2p_op>, 2> ops_{};
   std::chrono::nanoseconds timeout_{};
 };
 
@@ -184,7 +184,7 @@ class local_communicator {
   [[nodiscard]] local_request isend(std::span<const std::byte> data, int dest, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "isend", dest, tag, data.size());
     local_request r = make_request();
-    r.ops_[0] = make_op(detail::comm_local::op_kind::send, dest, tag, data.data(), nullptr, data.size());
+    r.ops_[0] = make_op(detail::comm::local::op_kind::send, dest, tag, data.data(), nullptr, data.size());
     group_->post(*r.ops_[0]);
     return r;
   }
@@ -194,7 +194,7 @@ class local_communicator {
   [[nodiscard]] local_request irecv(std::span<std::byte> data, int source, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "irecv", source, tag, data.size());
     local_request r = make_request();
-    r.ops_[0] = make_op(detail::comm_local::op_kind::recv, source, tag, nullptr, data.data(), data.size());
+    r.ops_[0] = make_op(detail::comm::local::op_kind::recv, source, tag, nullptr, data.data(), data.size());
     group_->post(*r.ops_[0]);
     return r;
   }
@@ -205,8 +205,8 @@ class local_communicator {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "shift: isend", peers.dest, tag,
                                      send.size());
     local_request r = make_request();
-    r.ops_[0] = make_op(detail::comm_local::op_kind::send, peers.dest, tag, send.data(), nullptr, send.size());
-    r.ops_[1] = make_op(detail::comm_local::op_kind::recv, peers.source, tag, nullptr, recv.data(), recv.size());
+    r.ops_[0] = make_op(detail::comm::local::op_kind::send, peers.dest, tag, send.data(), nullptr, send.size());
+    r.ops_[1] = make_op(detail::comm::local::op_kind::recv, peers.source, tag, nullptr, recv.data(), recv.size());
     group_->post(*r.ops_[0]);
     group_->post(*r.ops_[1]);
     return r;
@@ -429,22 +429,22 @@ class local_communicator {
       std::vector<int> world_ranks;
       for (int r : members) world_ranks.push_back(group_->world_ranks[static_cast<std::size_t>(r)]);
       e[static_cast<std::size_t>(rank_)].created =
-          std::make_shared<detail::comm_local::group>(group_->the_world, std::move(world_ranks));
+          std::make_shared<detail::comm::local::group>(group_->the_world, std::move(world_ranks));
     }
     sync();  // the leaders have published the new groups
-    auto created = std::static_pointer_cast<detail::comm_local::group>(e[static_cast<std::size_t>(leader)].created);
+    auto created = std::static_pointer_cast<detail::comm::local::group>(e[static_cast<std::size_t>(leader)].created);
     const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
     sync();  // everyone has read the leaders' entries
     return local_communicator(std::move(created), new_rank, timeout_);
   }
 
  private:
-  friend struct detail::comm_local::access;
+  friend struct detail::comm::local::access;
 
-  using coll_kind = detail::comm_local::coll_kind;
-  using coll_entry = detail::comm_local::coll_entry;
+  using coll_kind = detail::comm::local::coll_kind;
+  using coll_entry = detail::comm::local::coll_entry;
 
-  local_communicator(std::shared_ptr<detail::comm_local::group> group, int rank, std::chrono::nanoseconds timeout)
+  local_communicator(std::shared_ptr<detail::comm::local::group> group, int rank, std::chrono::nanoseconds timeout)
       : group_(std::move(group)), rank_(rank), timeout_(timeout) {}
 
   std::string rank_text() const { return group_->rank_text(rank_); }
@@ -456,10 +456,10 @@ class local_communicator {
     return r;
   }
 
-  std::unique_ptr<detail::comm_local::p2p_op> make_op(detail::comm_local::op_kind kind, int peer, int tag,
+  std::unique_ptr<detail::comm::local::p2p_op> make_op(detail::comm::local::op_kind kind, int peer, int tag,
                                                       const std::byte* send, std::byte* recv,
                                                       std::size_t bytes) const {
-    auto op = std::make_unique<detail::comm_local::p2p_op>();
+    auto op = std::make_unique<detail::comm::local::p2p_op>();
     op->kind = kind;
     op->owner = rank_;
     op->peer = peer;
@@ -559,17 +559,17 @@ class local_communicator {
     }
   }
 
-  std::shared_ptr<detail::comm_local::group> group_;
+  std::shared_ptr<detail::comm::local::group> group_;
   int rank_ = 0;
   std::chrono::nanoseconds timeout_{};
   coll_kind current_ = coll_kind::barrier;  // the collective in progress, for messages
 };
 
-namespace detail::comm_local {
+namespace detail::comm::local {
 inline local_communicator access::make(std::shared_ptr<group> g, int rank, std::chrono::nanoseconds timeout) {
   return local_communicator(std::move(g), rank, timeout);
 }
-}  // namespace detail::comm_local
+}  // namespace detail::comm::local
 
 /// Runs `fn(local_communicator&)` on `n` threads, one per rank (rank 0 on the calling
 /// thread), and returns when all have finished. If `fn` returns a value, run_local returns
@@ -594,10 +594,10 @@ auto run_local(int n, F&& fn, local_options options = {}) {
   if (options.timeout < std::chrono::nanoseconds::zero()) {
     throw comm_error("baton::run_local: local_options::timeout is negative; pass a duration >= 0");
   }
-  auto world = std::make_shared<detail::comm_local::world>(n);
+  auto world = std::make_shared<detail::comm::local::world>(n);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
-  auto group = std::make_shared<detail::comm_local::group>(world, std::move(ranks));
+  auto group = std::make_shared<detail::comm::local::group>(world, std::move(ranks));
 
   constexpr bool returns_value = !std::is_void_v<result>;
   using slot = std::conditional_t<returns_value, std::optional<std::conditional_t<returns_value, result, int>>, char>;
@@ -606,7 +606,7 @@ auto run_local(int n, F&& fn, local_options options = {}) {
 
   auto run_rank = [&](int r) {
     try {
-      local_communicator comm = detail::comm_local::access::make(group, r, options.timeout);
+      local_communicator comm = detail::comm::local::access::make(group, r, options.timeout);
       if constexpr (returns_value) {
         results[static_cast<std::size_t>(r)].emplace(std::invoke(shared_fn, comm));
       } else {

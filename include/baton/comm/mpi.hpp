@@ -15,9 +15,14 @@
 // rank at once (an out-of-band notice every wait polls): they fail within milliseconds with
 // "aborted because rank N failed: <what>", as in the local world. A wait that times out asks
 // the other ranks what they wait for and names the rank that made no progress.
-// Floating-point all_reduce is a reduce-scatter (an all-to-all, then the owner of each chunk
-// combines the pieces in rank order, as the local world does) followed by an all-gather: every
-// rank holds bitwise the same result, and the same bits as a run on threads.
+// Before each collective every rank checks that all ranks called the same collective with
+// the same sizes, type, op and root (see detail/mpi_agreement.hpp): an exchange of 32-byte
+// headers, so a mismatch is the same comm_error on every rank instead of a hang or undefined
+// behaviour. all_reduce folds every rank's contribution in rank order, as the local world
+// does: every rank holds bitwise the same result, and the same bits as a run on threads. A
+// small all_reduce sends its data with its header (one exchange in all); a large one is a
+// reduce-scatter in segments (each folded while the next arrives) and an all-gather, the
+// traffic of MPI_Allreduce's ring.
 #pragma once
 
 #include <baton/config.hpp>
@@ -28,6 +33,7 @@
 
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/detail/checks.hpp>
+#include <baton/comm/detail/mpi_agreement.hpp>
 #include <baton/comm/detail/mpi_notice.hpp>
 #include <baton/comm/detail/reduce.hpp>
 #include <baton/comm/error.hpp>
@@ -59,14 +65,19 @@ struct mpi_options {
   /// The longest any wait (a request's wait(), a collective) may block before it ends with
   /// comm_error. After a collective times out the communicator refuses further collectives.
   std::chrono::nanoseconds timeout = std::chrono::seconds(60);
-  /// Before each collective, one small all-reduce checks that every rank called the same
-  /// collective with the same sizes, root and op, so a mismatch is the same comm_error on
+  /// Before each collective, the ranks check that every rank called the same collective
+  /// with the same sizes, element type, root and op, so a mismatch is the same comm_error on
   /// every rank instead of undefined behaviour. all_to_all_v also checks its counts against
-  /// the senders'. Costs a latency per collective; turn off once a program is known good.
+  /// the senders'. A small all_reduce carries the check in its own messages (free); other
+  /// collectives pay one small exchange (a latency); turn off once a program is known good.
   bool check_collectives = true;
+  /// Up to this many ranks the check is an exchange of 32-byte headers between every pair of
+  /// ranks (one round trip, and none of its own for a small all_reduce); above it, one
+  /// MPI all-reduce of the fingerprints (log n steps) before each collective.
+  int exchange_agreement_max_ranks = 16;
 };
 
-namespace detail::comm_mpi {
+namespace detail::comm::mpi {
 
 inline std::string error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -131,9 +142,16 @@ inline const char* text_of(problem p) {
   return "invalid arguments";
 }
 
-}  // namespace detail::comm_mpi
+}  // namespace detail::comm::mpi
 
 class mpi_communicator;
+
+namespace detail::comm::mpi {
+/// A wait tests its own requests on every poll and the notice board (failures, returned
+/// peers, queries) on every 16th: a notice still arrives within microseconds of a busy wait
+/// (milliseconds of a long one), and a fast transfer does not pay for a second MPI_Test.
+inline constexpr unsigned notice_polls = 16;
+}  // namespace detail::comm::mpi
 
 /// A pending isend, irecv or shift on MPI. Move-only. Destroying it before it completes
 /// cancels a pending receive; a pending send is detached (MPI may still read its buffer).
@@ -159,11 +177,13 @@ class mpi_request {
   void wait() {
     if (active() == 0) return;
     const auto deadline = detail::comm::deadline_after(timeout_);
-    const detail::comm_mpi::waiter me = waiting_for();
+    const detail::comm::mpi::waiter me = waiting_for();
     std::string stop;
+    unsigned polls = 0;
     const bool done = detail::comm::poll_until(
         [&] {
           if (progress()) return true;
+          if (++polls % detail::comm::mpi::notice_polls != 0) return false;
           stop = interruption(me);
           return !stop.empty();
         },
@@ -228,13 +248,13 @@ class mpi_request {
     return parts_[0];
   }
 
-  detail::comm_mpi::waiter waiting_for() {
+  detail::comm::mpi::waiter waiting_for() {
     return {pending().board_peer, [this] { return describe(pending()); }};
   }
 
   /// Why this wait must end now — a failure announced by some rank, or a peer whose run_mpi
   /// function returned while the transfer is still pending — or "" to go on waiting.
-  std::string interruption(const detail::comm_mpi::waiter& me) {
+  std::string interruption(const detail::comm::mpi::waiter& me) {
     if (!board_) return {};
     board_->poll(&me);
     const part& p = pending();
@@ -267,11 +287,11 @@ class mpi_request {
       const int rc = MPI_Test(&p.request, &flag, &status);
       if (rc != MPI_SUCCESS) {
         std::string what = rank_text_ + ": " + describe(p) + ": ";
-        if (detail::comm_mpi::error_class(rc) == MPI_ERR_TRUNCATE) {
+        if (detail::comm::mpi::error_class(rc) == MPI_ERR_TRUNCATE) {
           what += "the message is larger than the receive buffer of " + std::to_string(p.bytes) +
                   " bytes; a message must exactly fill its receive buffer (check the shapes both ranks use)";
         } else {
-          what += "MPI error: " + detail::comm_mpi::error_text(rc);
+          what += "MPI error: " + detail::comm::mpi::error_text(rc);
         }
         p.request = MPI_REQUEST_NULL;  // MPI has completed (and freed) it on error
         abandon();
@@ -296,7 +316,7 @@ class mpi_request {
   /// Cancels pending receives (and waits for the cancellation, which MPI completes at once);
   /// detaches pending sends, which MPI cannot reliably cancel.
   void abandon() noexcept {
-    if (active() == 0 || detail::comm_mpi::finalized()) {
+    if (active() == 0 || detail::comm::mpi::finalized()) {
       for (part& p : parts_) p.request = MPI_REQUEST_NULL;
       return;
     }
@@ -325,7 +345,7 @@ class mpi_request {
   std::array<part, 2> parts_{};
   std::string rank_text_;
   std::chrono::nanoseconds timeout_{};
-  std::shared_ptr<detail::comm_mpi::notice_board> board_;
+  std::shared_ptr<detail::comm::mpi::notice_board> board_;
   std::string board_label_;  // "rank" or "world rank": how diagnoses name board ranks
   std::chrono::steady_clock::time_point returned_seen_{};
 };
@@ -343,7 +363,7 @@ class mpi_communicator {
   explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, mpi_options options = {}) : options_(options) {
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (initialized == 0 || detail::comm_mpi::finalized()) {
+    if (initialized == 0 || detail::comm::mpi::finalized()) {
       throw comm_error("baton::mpi_communicator: MPI is not initialised (or already finalised); call MPI_Init or "
                        "MPI_Init_thread first and destroy every communicator before MPI_Finalize");
     }
@@ -351,11 +371,12 @@ class mpi_communicator {
     MPI_Comm dup = MPI_COMM_NULL;
     check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
     adopt(dup);
-    board_ = std::make_shared<detail::comm_mpi::notice_board>(comm_);
+    board_ = std::make_shared<detail::comm::mpi::notice_board>(comm_);
   }
 
   mpi_communicator(mpi_communicator&& other) noexcept
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+        coll_(std::exchange(other.coll_, MPI_COMM_NULL)),
         rank_(other.rank_),
         size_(other.size_),
         world_rank_(other.world_rank_),
@@ -363,11 +384,16 @@ class mpi_communicator {
         options_(other.options_),
         broken_(std::move(other.broken_)),
         board_(std::move(other.board_)),
-        board_ranks_(std::move(other.board_ranks_)) {}
+        board_ranks_(std::move(other.board_ranks_)),
+        scratch_(std::move(other.scratch_)),
+        requests_(std::move(other.requests_)),
+        completed_at_(std::move(other.completed_at_)),
+        statuses_(std::move(other.statuses_)) {}
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       release();
       comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+      coll_ = std::exchange(other.coll_, MPI_COMM_NULL);
       rank_ = other.rank_;
       size_ = other.size_;
       world_rank_ = other.world_rank_;
@@ -376,6 +402,10 @@ class mpi_communicator {
       broken_ = std::move(other.broken_);
       board_ = std::move(other.board_);
       board_ranks_ = std::move(other.board_ranks_);
+      scratch_ = std::move(other.scratch_);
+      requests_ = std::move(other.requests_);
+      completed_at_ = std::move(other.completed_at_);
+      statuses_ = std::move(other.statuses_);
     }
     return *this;
   }
@@ -446,60 +476,36 @@ class mpi_communicator {
     static_assert(reducible_element<T>,
                   "baton: all_reduce supports float, double, std::int32_t and std::int64_t; convert the data "
                   "to one of them (or all_gather it and reduce it yourself)");
-    using kind = detail::comm_mpi::coll_kind;
+    namespace cm = detail::comm::mpi;
     const std::int64_t type_and_op = static_cast<std::int64_t>(sizeof(T)) * 16 +
                                      (std::is_floating_point_v<T> ? 8 : 0) + static_cast<std::int64_t>(op);
-    agree(kind::all_reduce, static_cast<std::int64_t>(inout.size()), "element count", type_and_op,
-          "element type or reduce_op");
-    const int count = int_count(inout.size(), "all_reduce");
-    const MPI_Datatype type = detail::comm_mpi::datatype_of<T>();
-    MPI_Request request = MPI_REQUEST_NULL;
-    if constexpr (std::is_floating_point_v<T>) {
-      // Rank r owns chunk r: every rank sends it its piece (all-to-all), r combines the n
-      // pieces in rank order — the order and the code of the local world, so the bits are the
-      // same over threads and over MPI — and every rank copies every chunk (all-gather). The
-      // traffic is a reduce-scatter's plus an all-gather's, MPI_Allreduce's own.
-      const auto n = static_cast<std::size_t>(size_);
-      auto layout = std::make_unique<int[]>(4 * n);  // send counts, displacements; receive counts, displacements
-      int* counts = layout.get();
-      int* displs = layout.get() + n;
-      int* piece_counts = layout.get() + 2 * n;
-      int* piece_displs = layout.get() + 3 * n;
-      for (std::size_t r = 0; r < n; ++r) {
-        displs[r] = static_cast<int>(static_cast<std::size_t>(count) * r / n);
-        counts[r] = static_cast<int>(static_cast<std::size_t>(count) * (r + 1) / n) - displs[r];
-      }
-      const auto me = static_cast<std::size_t>(rank_);
-      const auto mine = static_cast<std::size_t>(counts[me]);
-      for (std::size_t r = 0; r < n; ++r) {
-        piece_counts[r] = counts[me];
-        piece_displs[r] = static_cast<int>(r * mine);
-      }
-      auto pieces = std::make_unique<T[]>(n * mine);  // rank r's piece of my chunk at r * mine
-      check(MPI_Ialltoallv(inout.data(), counts, displs, type, pieces.get(), piece_counts, piece_displs, type, comm_,
-                           &request),
-            "MPI_Ialltoallv");
-      finish(request, "all_reduce", layout, pieces);
-      if (mine > 0) {  // an empty chunk (fewer elements than ranks) has nothing to combine
-        T* chunk = inout.data() + displs[me];
-        std::memcpy(chunk, pieces.get(), mine * sizeof(T));
-        for (std::size_t r = 1; r < n; ++r) detail::comm::combine(chunk, pieces.get() + r * mine, mine, op);
-      }
-      check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inout.data(), counts, displs, type, comm_, &request),
-            "MPI_Iallgatherv");
-      finish(request, "all_reduce", layout);
-    } else {
-      check(MPI_Iallreduce(MPI_IN_PLACE, inout.data(), count, type, detail::comm_mpi::op_of(op), comm_, &request),
-            "MPI_Iallreduce");
-      finish(request, "all_reduce");
+    const cm::header mine{static_cast<std::int64_t>(cm::coll_kind::all_reduce), static_cast<std::int64_t>(inout.size()),
+                          type_and_op, 0};
+    const auto n = static_cast<std::size_t>(size_);
+    if (size_ > 1 && exchange_agreement() && (n - 1) * inout.size_bytes() <= small_all_reduce_bytes) {
+      // Small: the data travels with the agreement header to every other rank, and every rank
+      // folds all contributions itself — one exchange in all.
+      refuse_if_aborted([] { return std::string("all_reduce"); });
+      refuse_if_broken("all_reduce");
+      const std::byte* base = exchange(mine, std::as_bytes(inout), "all_reduce");
+      if (base == nullptr) disagreed(mine, "element count", "element type or reduce_op");
+      const std::size_t slot = cm::header_bytes + inout.size_bytes();
+      const auto piece = [&](int r) {
+        return reinterpret_cast<const T*>(base + slot * static_cast<std::size_t>(r) + cm::header_bytes);
+      };
+      cm::fold_in_rank_order(inout.data(), inout.size(), size_, piece, op);
+      return;
     }
+    agree(cm::coll_kind::all_reduce, mine.a, "element count", mine.b, "element type or reduce_op");
+    static_cast<void>(int_count(inout.size(), "all_reduce"));
+    if (size_ > 1) all_reduce_in_chunks(inout, op);
   }
 
   template <class T>
   void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     static_assert(communicable_element<T>, "baton: all_gather moves elements as bytes; T must be trivially copyable");
-    using problem = detail::comm_mpi::problem;
-    agree(detail::comm_mpi::coll_kind::all_gather, static_cast<std::int64_t>(send.size_bytes()), "send size in bytes", 0, "",
+    using problem = detail::comm::mpi::problem;
+    agree(detail::comm::mpi::coll_kind::all_gather, static_cast<std::int64_t>(send.size_bytes()), "send size in bytes", 0, "",
           recv.size_bytes() == send.size_bytes() * static_cast<std::size_t>(size_) ? problem::none : problem::gather_recv_size);
     MPI_Request request = MPI_REQUEST_NULL;
     const int bytes = int_count(send.size_bytes(), "all_gather");
@@ -510,12 +516,12 @@ class mpi_communicator {
   template <class T>
   void all_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     static_assert(communicable_element<T>, "baton: all_to_all moves elements as bytes; T must be trivially copyable");
-    using problem = detail::comm_mpi::problem;
+    using problem = detail::comm::mpi::problem;
     const auto n = static_cast<std::size_t>(size_);
     problem p = problem::none;
     if (send.size() % n != 0) p = problem::to_all_not_divisible;
     else if (recv.size() != send.size()) p = problem::to_all_recv_size;
-    agree(detail::comm_mpi::coll_kind::all_to_all, static_cast<std::int64_t>(send.size_bytes()), "send size in bytes", 0, "", p);
+    agree(detail::comm::mpi::coll_kind::all_to_all, static_cast<std::int64_t>(send.size_bytes()), "send size in bytes", 0, "", p);
     MPI_Request request = MPI_REQUEST_NULL;
     const int block = int_count(send.size_bytes() / n, "all_to_all");
     check(MPI_Ialltoall(send.data(), block, MPI_BYTE, recv.data(), block, MPI_BYTE, comm_, &request), "MPI_Ialltoall");
@@ -526,8 +532,8 @@ class mpi_communicator {
   void all_to_all_v(std::span<const std::type_identity_t<T>> send, std::span<const std::int64_t> send_counts,
                     std::span<T> recv, std::span<const std::int64_t> recv_counts) {
     static_assert(communicable_element<T>, "baton: all_to_all_v moves elements as bytes; T must be trivially copyable");
-    using problem = detail::comm_mpi::problem;
-    using kind = detail::comm_mpi::coll_kind;
+    using problem = detail::comm::mpi::problem;
+    using kind = detail::comm::mpi::coll_kind;
     const auto n = static_cast<std::size_t>(size_);
     const auto me = [this] { return rank_text(); };
     problem p = problem::none;
@@ -566,7 +572,7 @@ class mpi_communicator {
   template <class T>
   void broadcast(std::span<T> data, int root) {
     static_assert(communicable_element<T>, "baton: broadcast moves elements as bytes; T must be trivially copyable");
-    agree(detail::comm_mpi::coll_kind::broadcast, root, "root", static_cast<std::int64_t>(data.size_bytes()),
+    agree(detail::comm::mpi::coll_kind::broadcast, root, "root", static_cast<std::int64_t>(data.size_bytes()),
           "size in bytes");
     // Every rank passed this root (agreed above): all throw alike.
     if (auto bad = detail::comm::root_problem([this] { return rank_text(); }, root, size_); !bad.empty()) {
@@ -579,7 +585,7 @@ class mpi_communicator {
 
   void barrier() {
     if (options_.check_collectives) {
-      agree(detail::comm_mpi::coll_kind::barrier, 0, "", 0, "");  // the agreement is itself a barrier
+      agree(detail::comm::mpi::coll_kind::barrier, 0, "", 0, "");  // the agreement is itself a barrier
       return;
     }
     refuse_if_aborted([] { return std::string("barrier"); });
@@ -592,7 +598,7 @@ class mpi_communicator {
   /// Collective. Colors must be >= 0 on every rank; otherwise every rank throws, naming
   /// the ranks and colors at fault.
   [[nodiscard]] mpi_communicator split(int color, int key) {
-    agree(detail::comm_mpi::coll_kind::split, 0, "", 0, "");
+    agree(detail::comm::mpi::coll_kind::split, 0, "", 0, "");
     auto scratch = std::make_unique<int[]>(static_cast<std::size_t>(size_) + 1);
     scratch[static_cast<std::size_t>(size_)] = color;
     MPI_Request request = MPI_REQUEST_NULL;
@@ -637,13 +643,20 @@ class mpi_communicator {
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
     tag_ub_ = found != 0 ? *static_cast<int*>(value) : 32767;
+    // baton's own messages (agreement headers, all_reduce data) never match the caller's.
+    check(MPI_Comm_dup(comm_, &coll_), "MPI_Comm_dup");
+    check(MPI_Comm_set_errhandler(coll_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
 
   /// Frees the communicator, unless a collective on it timed out: MPI still progresses that
   /// collective and would touch a freed communicator, so a broken one is leaked on purpose.
   void release() noexcept {
-    if (comm_ != MPI_COMM_NULL && broken_.empty() && !detail::comm_mpi::finalized()) MPI_Comm_free(&comm_);
+    if (broken_.empty() && !detail::comm::mpi::finalized()) {
+      if (coll_ != MPI_COMM_NULL) MPI_Comm_free(&coll_);
+      if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    }
     comm_ = MPI_COMM_NULL;
+    coll_ = MPI_COMM_NULL;
   }
 
   void check_options() const {
@@ -657,7 +670,7 @@ class mpi_communicator {
   }
 
   void check(int rc, const char* call) const {
-    if (rc != MPI_SUCCESS) throw comm_error(rank_text() + ": " + call + " failed: " + detail::comm_mpi::error_text(rc));
+    if (rc != MPI_SUCCESS) throw comm_error(rank_text() + ": " + call + " failed: " + detail::comm::mpi::error_text(rc));
   }
 
   int int_count(std::size_t n, const char* what) const {
@@ -689,7 +702,9 @@ class mpi_communicator {
   template <class What>
   void refuse_if_aborted(const What& what) {
     if (!board_) return;
-    board_->poll(nullptr);
+    // Every 16th new operation reads the notices (every wait reads them too): one between is
+    // refused by its wait instead, microseconds later, and a fast one pays no extra MPI_Test.
+    if (++started_ % detail::comm::mpi::notice_polls == 0) board_->poll(nullptr);
     if (!board_->failure().empty()) throw comm_error(rank_text() + ": " + what() + " aborted " + board_->failure());
   }
 
@@ -718,30 +733,36 @@ class mpi_communicator {
     }
   }
 
-  /// Waits for a collective request with the timeout. A collective cannot be cancelled, so
-  /// after a timeout the communicator refuses further collectives, and the internal scratch
-  /// buffers given as `scratch` are leaked on purpose: MPI may still write into them.
+  /// Polls `done()` with the timeout until it returns true. A collective cannot be
+  /// cancelled, so after a timeout the communicator refuses further collectives, and
+  /// `abandon()` leaks what MPI may still write into (and frees what it may still use).
   /// A collective also ends early when a rank announced a failure, or when a member's
   /// run_mpi function returned without calling it; the communicator is then broken likewise.
-  template <class... Scratch>
-  void finish(MPI_Request& request, const char* what, Scratch&... scratch) {
+  /// An exception from `done()` (an MPI error) breaks it too.
+  template <class Done, class Abandon>
+  void await(Done&& done, const char* what, Abandon&& abandon) {
     const auto deadline = detail::comm::deadline_after(options_.timeout);
-    const detail::comm_mpi::waiter me{-1, [what] { return std::string(what) + " (a collective)"; }};
-    int rc = MPI_SUCCESS;
+    const detail::comm::mpi::waiter me{-1, [what] { return std::string(what) + " (a collective)"; }};
     std::string stop;
     std::chrono::steady_clock::time_point returned_seen{};
-    const bool done = detail::comm::poll_until(
-        [&] {
-          int flag = 0;
-          rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-          if (rc != MPI_SUCCESS || flag != 0) return true;
-          stop = interruption(me, what, returned_seen);
-          return !stop.empty();
-        },
-        deadline);
-    if (rc != MPI_SUCCESS) throw comm_error(rank_text() + ": " + what + ": MPI error: " + detail::comm_mpi::error_text(rc));
-    if (done && stop.empty()) return;
-    (static_cast<void>(scratch.release()), ...);  // MPI may still write into them
+    bool completed = false;
+    unsigned polls = 0;
+    try {
+      completed = detail::comm::poll_until(
+          [&] {
+            if (done()) return true;
+            if (++polls % detail::comm::mpi::notice_polls != 0) return false;
+            stop = interruption(me, what, returned_seen);
+            return !stop.empty();
+          },
+          deadline);
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+      abandon();
+      throw;
+    }
+    if (completed && stop.empty()) return;
+    abandon();
     if (!stop.empty()) {
       broken_ = stop;
       throw comm_error(stop);
@@ -756,8 +777,61 @@ class mpi_communicator {
     throw comm_error(broken_ + "; " + cause + ", or raise mpi_options::timeout");
   }
 
+  /// Waits for an MPI collective request (see await); the internal buffers given as
+  /// `scratch` are leaked on a timeout.
+  template <class... Scratch>
+  void finish(MPI_Request& request, const char* what, Scratch&... scratch) {
+    int rc = MPI_SUCCESS;
+    await(
+        [&] {
+          int flag = 0;
+          rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+          return rc != MPI_SUCCESS || flag != 0;
+        },
+        what, [&] { (static_cast<void>(scratch.release()), ...); });
+    if (rc != MPI_SUCCESS) throw comm_error(rank_text() + ": " + what + ": MPI error: " + detail::comm::mpi::error_text(rc));
+  }
+
+  /// Waits until every request of `requests` (a range of requests_) is complete, calling
+  /// `completed(index, rc, status)` for each as it completes (rc: MPI_SUCCESS or the error
+  /// it completed with). See await: on a timeout the scratch buffer is leaked and every
+  /// pending request of requests_ is freed.
+  template <class Completed>
+  void await_requests(std::span<MPI_Request> requests, const char* what, Completed&& completed) {
+    // One MPI_Testsome per poll: one pass of MPI's progress engine, however many requests
+    // (with mpi_yield_when_idle, every idle pass also gives the core away).
+    completed_at_.resize(requests.size());
+    statuses_.resize(requests.size());
+    await(
+        [&] {
+          int count = 0;
+          const int rc = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count, completed_at_.data(),
+                                      statuses_.data());
+          if (count == MPI_UNDEFINED) return true;  // none was active
+          if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+            throw comm_error(rank_text() + ": " + what + ": MPI error: " + detail::comm::mpi::error_text(rc));
+          }
+          for (int k = 0; k < count; ++k) {
+            const MPI_Status& status = statuses_[static_cast<std::size_t>(k)];
+            const auto at = static_cast<std::size_t>(completed_at_[static_cast<std::size_t>(k)]);
+            const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+            // Open MPI leaves a request that completed with an error allocated: free it.
+            if (error != MPI_SUCCESS && requests[at] != MPI_REQUEST_NULL) MPI_Request_free(&requests[at]);
+            completed(at, error, status);
+          }
+          return std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+        },
+        what,
+        [&] {
+          scratch_.leak();
+          for (MPI_Request& r : requests_) {
+            if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+          }
+        });
+  }
+
   /// Why a collective must end now, or "" to go on waiting (see mpi_request::interruption).
-  std::string interruption(const detail::comm_mpi::waiter& me, const char* what,
+  std::string interruption(const detail::comm::mpi::waiter& me, const char* what,
                            std::chrono::steady_clock::time_point& returned_seen) {
     board_->poll(&me);
     if (!board_->failure().empty()) return rank_text() + ": " + what + " aborted " + board_->failure();
@@ -774,23 +848,126 @@ class mpi_communicator {
            "; every rank of a communicator must call the same collectives in the same order";
   }
 
-  /// With check_collectives: one all-reduce (MAX over v and -v) tells every rank whether all
-  /// called `kind` with the same `a` and `b`, and which rank (if any) found `p` in its own
-  /// arguments; every rank then throws the same error or none does.
-  void agree(detail::comm_mpi::coll_kind kind, std::int64_t a, const char* a_name, std::int64_t b, const char* b_name,
-             detail::comm_mpi::problem p = detail::comm_mpi::problem::none) {
+  // ---- the agreement (see detail/mpi_agreement.hpp) ---------------------------------
+
+  /// An all_reduce of at most this many bytes times (ranks - 1) sends its data with the
+  /// agreement header to every rank, instead of a reduce-scatter and an all-gather.
+  static constexpr std::size_t small_all_reduce_bytes = std::size_t{64} << 10;
+  /// A large all_reduce moves each rank's pieces in segments of this size, folding one
+  /// while the next arrives (2 segments per rank of scratch).
+  static constexpr std::size_t all_reduce_segment_bytes = std::size_t{256} << 10;
+
+  /// Whether the agreement is an exchange of headers (see mpi_options).
+  bool exchange_agreement() const noexcept { return size_ <= options_.exchange_agreement_max_ranks; }
+
+  static detail::comm::mpi::header header_of(detail::comm::mpi::coll_kind kind, std::int64_t a, std::int64_t b,
+                                            std::int64_t flag) {
+    return {static_cast<std::int64_t>(kind), a, b, flag};
+  }
+
+  /// Sends `mine` followed by `payload` to every other rank, and receives every other rank's
+  /// message of the same size. Returns where they are — rank r's at r x (32 + payload bytes),
+  /// this rank's own copy in its own slot — when every message had this size and a header of
+  /// the same call; otherwise null, and then on every rank (see detail/mpi_agreement.hpp).
+  const std::byte* exchange(const detail::comm::mpi::header& mine, std::span<const std::byte> payload, const char* what) {
+    namespace cm = detail::comm::mpi;
+    const auto n = static_cast<std::size_t>(size_);
+    const std::size_t slot = cm::header_bytes + payload.size();
+    const int slot_count = int_count(slot, what);
+    std::byte* base = scratch_.get(slot * n);
+    std::byte* own = base + slot * static_cast<std::size_t>(rank_);
+    std::memcpy(own, &mine, cm::header_bytes);
+    if (!payload.empty()) std::memcpy(own + cm::header_bytes, payload.data(), payload.size());
+    requests_.assign(2 * (n - 1), MPI_REQUEST_NULL);
+    std::size_t i = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Irecv(base + slot * static_cast<std::size_t>(r), slot_count, MPI_BYTE, r, cm::tag_header, coll_,
+                      &requests_[i++]),
+            "MPI_Irecv");
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Isend(own, slot_count, MPI_BYTE, r, cm::tag_header, coll_, &requests_[i++]), "MPI_Isend");
+    }
+    bool same = true;
+    await_requests(std::span(requests_), what, [&](std::size_t index, int rc, const MPI_Status& status) {
+      const bool receive = index < n - 1;
+      if (rc != MPI_SUCCESS) {
+        if (receive && cm::error_class(rc) == MPI_ERR_TRUNCATE) {  // a longer message: another call
+          same = false;
+          return;
+        }
+        throw comm_error(rank_text() + ": " + what + ": MPI error: " + cm::error_text(rc));
+      }
+      if (!receive) return;
+      const int from = static_cast<int>(index) < rank_ ? static_cast<int>(index) : static_cast<int>(index) + 1;
+      int received = 0;
+      MPI_Get_count(&status, MPI_BYTE, &received);
+      cm::header theirs;
+      std::memcpy(&theirs, base + slot * static_cast<std::size_t>(from), cm::header_bytes);
+      if (received != slot_count || !theirs.same_call(mine)) same = false;
+    });
+    return same ? base : nullptr;
+  }
+
+  /// The exchange found ranks in different calls: tells every rank which difference, with
+  /// the same text everywhere.
+  [[noreturn]] void disagreed(const detail::comm::mpi::header& mine, const char* a_name, const char* b_name) {
+    agree_by_reduction(mine, a_name, b_name);
+    throw comm_error(rank_text() + ": " + detail::comm::collective_name(static_cast<detail::comm::mpi::coll_kind>(mine.kind)) +
+                     ": the ranks' agreement messages differ in size; every rank must call the same collectives "
+                     "with the same arguments");
+  }
+
+  /// With check_collectives: tells every rank whether all called `kind` with the same `a`
+  /// and `b`, and which rank (if any) found `p` in its own arguments; every rank then throws
+  /// the same error or none does.
+  void agree(detail::comm::mpi::coll_kind kind, std::int64_t a, const char* a_name, std::int64_t b, const char* b_name,
+             detail::comm::mpi::problem p = detail::comm::mpi::problem::none) {
+    namespace cm = detail::comm::mpi;
     const char* what = detail::comm::collective_name(kind);
     refuse_if_aborted([what] { return std::string(what); });
     refuse_if_broken(what);
-    if (!options_.check_collectives) {
-      if (p != detail::comm_mpi::problem::none) {
-        throw comm_error(rank_text() + ": " + what + ": " + detail::comm_mpi::text_of(p));
-      }
+    const std::int64_t flag =
+        p == cm::problem::none ? 0 : (static_cast<std::int64_t>(rank_) + 1) * 64 + static_cast<std::int64_t>(p);
+    if (!options_.check_collectives || size_ == 1) {
+      if (p != cm::problem::none) throw comm_error(rank_text() + ": " + what + ": " + cm::text_of(p));
       return;
     }
-    const auto k = static_cast<std::int64_t>(kind);
-    const std::int64_t flag = p == detail::comm_mpi::problem::none ? 0 : (static_cast<std::int64_t>(rank_) + 1) * 64 + static_cast<std::int64_t>(p);
-    auto scratch = std::make_unique<std::array<std::int64_t, 7>>(std::array<std::int64_t, 7>{k, -k, a, -a, b, -b, flag});
+    const cm::header mine = header_of(kind, a, b, flag);
+    if (!exchange_agreement()) {
+      agree_by_reduction(mine, a_name, b_name);
+      return;
+    }
+    const std::byte* base = exchange(mine, {}, what);
+    if (base == nullptr) disagreed(mine, a_name, b_name);
+    // Every rank called the same collective: the same problem flags reach every rank.
+    std::int64_t worst = 0;
+    for (int r = 0; r < size_; ++r) {
+      cm::header h;
+      std::memcpy(&h, base + cm::header_bytes * static_cast<std::size_t>(r), cm::header_bytes);
+      worst = std::max(worst, h.flag);
+    }
+    throw_if_flagged(what, worst);
+  }
+
+  void throw_if_flagged(const char* what, std::int64_t flag) const {
+    if (flag != 0) {
+      throw comm_error(rank_text() + ": " + what + ": on rank " + std::to_string(flag / 64 - 1) + ", " +
+                       detail::comm::mpi::text_of(static_cast<detail::comm::mpi::problem>(flag % 64)));
+    }
+  }
+
+  /// One all-reduce (MAX over v and -v) of every rank's header: every rank learns the same
+  /// range of each field, and throws the same error (or none does). The agreement of large
+  /// communicators, and what an exchange that found a mismatch falls back on for the text.
+  void agree_by_reduction(const detail::comm::mpi::header& mine, const char* a_name, const char* b_name) {
+    namespace cm = detail::comm::mpi;
+    const auto kind = static_cast<cm::coll_kind>(mine.kind);
+    const char* what = detail::comm::collective_name(kind);
+    auto scratch = std::make_unique<std::array<std::int64_t, 7>>(
+        std::array<std::int64_t, 7>{mine.kind, -mine.kind, mine.a, -mine.a, mine.b, -mine.b, mine.flag});
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, scratch->data(), 7, MPI_INT64_T, MPI_MAX, comm_, &request), "MPI_Iallreduce");
     finish(request, what, scratch);
@@ -808,21 +985,103 @@ class mpi_communicator {
       throw comm_error(rank_text() + ": " + what + " called with different " + b_name +
                        " on different ranks; every rank must pass the same " + b_name);
     }
-    if (v[6] != 0) {
-      throw comm_error(rank_text() + ": " + what + ": on rank " + std::to_string(v[6] / 64 - 1) + ", " +
-                       detail::comm_mpi::text_of(static_cast<detail::comm_mpi::problem>(v[6] % 64)));
+    throw_if_flagged(what, v[6]);
+  }
+
+  // ---- a large all_reduce ------------------------------------------------------------
+
+  /// Reduce-scatter then all-gather, over baton's own messages. Rank r owns chunk r: every
+  /// rank sends r its piece of it in segments, and r folds each segment's pieces in rank order
+  /// (while the next arrives) into `inout`; then every rank sends its reduced chunk to every
+  /// other. The traffic of MPI_Allreduce's ring: 2 (n - 1) / n of the buffer per rank.
+  template <class T>
+  void all_reduce_in_chunks(std::span<T> inout, reduce_op op) {
+    namespace cm = detail::comm::mpi;
+    const int n = size_;
+    const auto un = static_cast<std::size_t>(n);
+    const std::size_t count = inout.size();
+    const MPI_Datatype type = cm::datatype_of<T>();
+    const std::size_t seg = std::max<std::size_t>(1, all_reduce_segment_bytes / sizeof(T));
+    const auto begin = [&](int r) { return cm::chunk_begin(count, n, r); };
+    const auto length = [&](int r) { return begin(r + 1) - begin(r); };
+    const auto segments = [&](int r) { return (length(r) + seg - 1) / seg; };
+    const auto piece_count = [&](int r, std::size_t k) { return static_cast<int>(std::min(seg, length(r) - k * seg)); };
+    T* const chunk = inout.data() + begin(rank_);
+    const std::size_t my_segments = segments(rank_);
+    // Two windows of receive slots, one slot per rank (this rank's stays unused).
+    T* const window = reinterpret_cast<T*>(scratch_.get(2 * un * seg * sizeof(T)));
+    const auto slot = [&](std::size_t k, int r) { return window + ((k % 2) * un + static_cast<std::size_t>(r)) * seg; };
+    std::size_t sends = 0;
+    for (int r = 0; r < n; ++r) sends += r == rank_ ? 0 : segments(r);
+    requests_.assign(2 * un + sends, MPI_REQUEST_NULL);  // receives of window 0, of window 1, then the sends
+    const auto receive = [&](std::size_t k) {
+      if (k >= my_segments) return;
+      for (int r = 0; r < n; ++r) {
+        if (r == rank_) continue;
+        check(MPI_Irecv(slot(k, r), piece_count(rank_, k), type, r, cm::tag_reduce, coll_,
+                        &requests_[(k % 2) * un + static_cast<std::size_t>(r)]),
+              "MPI_Irecv");
+      }
+    };
+    receive(0);
+    receive(1);
+    std::size_t at = 2 * un;
+    for (std::size_t k = 0;; ++k) {  // the sends, segment by segment, round robin over the ranks
+      bool any = false;
+      for (int r = 0; r < n; ++r) {
+        if (r == rank_ || k >= segments(r)) continue;
+        any = true;
+        check(MPI_Isend(inout.data() + begin(r) + k * seg, piece_count(r, k), type, r, cm::tag_reduce, coll_,
+                        &requests_[at++]),
+              "MPI_Isend");
+      }
+      if (!any) break;
     }
+    const auto fail_on_error = [&](std::size_t, int rc, const MPI_Status&) {
+      if (rc != MPI_SUCCESS) throw comm_error(rank_text() + ": all_reduce: MPI error: " + cm::error_text(rc));
+    };
+    for (std::size_t k = 0; k < my_segments; ++k) {
+      await_requests(std::span(requests_).subspan((k % 2) * un, un), "all_reduce", fail_on_error);
+      T* const out = chunk + k * seg;
+      const auto len = static_cast<std::size_t>(piece_count(rank_, k));
+      // The fold may write over this rank's own piece while reading it only as piece 0 or 1;
+      // a later rank's own piece goes to its (otherwise unused) slot first.
+      if (rank_ >= 2) std::memcpy(slot(k, rank_), out, len * sizeof(T));
+      const auto piece = [&](int r) { return r == rank_ && rank_ < 2 ? out : slot(k, r); };
+      cm::fold_in_rank_order(out, len, n, piece, op);
+      receive(k + 2);
+    }
+    await_requests(std::span(requests_).subspan(2 * un), "all_reduce", fail_on_error);
+    // All-gather: the sends above have completed, so the chunks may now be overwritten.
+    requests_.assign(2 * (un - 1), MPI_REQUEST_NULL);
+    std::size_t i = 0;
+    for (int r = 0; r < n; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Irecv(inout.data() + begin(r), static_cast<int>(length(r)), type, r, cm::tag_gather, coll_, &requests_[i++]),
+            "MPI_Irecv");
+    }
+    for (int r = 0; r < n; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Isend(chunk, static_cast<int>(length(rank_)), type, r, cm::tag_gather, coll_, &requests_[i++]), "MPI_Isend");
+    }
+    await_requests(std::span(requests_), "all_reduce", fail_on_error);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm coll_ = MPI_COMM_NULL;  // a duplicate for baton's own point-to-point collective traffic
   int rank_ = 0;
   int size_ = 0;
   int world_rank_ = 0;
   int tag_ub_ = 32767;
   mpi_options options_;
   std::string broken_;
-  std::shared_ptr<detail::comm_mpi::notice_board> board_;  // shared by the family (see announce_failure)
+  std::shared_ptr<detail::comm::mpi::notice_board> board_;  // shared by the family (see announce_failure)
   std::shared_ptr<const std::vector<int>> board_ranks_;    // rank -> board rank; null: the same
+  detail::comm::mpi::scratch_buffer scratch_;               // headers and all_reduce pieces, kept between calls
+  std::vector<MPI_Request> requests_;                      // of the point-to-point collective in progress
+  std::vector<int> completed_at_;                          // MPI_Testsome's indices and statuses
+  unsigned started_ = 0;                                   // operations started (see refuse_if_aborted)
+  std::vector<MPI_Status> statuses_;
 
   template <class F>
   friend auto run_mpi(mpi_communicator& comm, F&& fn);
@@ -830,7 +1089,7 @@ class mpi_communicator {
   /// run_mpi: this rank's function returned; waits (with the timeout) until every rank's has.
   void join_run() {
     board_->announce_return();
-    const detail::comm_mpi::waiter me{-1, [] { return std::string("run_mpi (its function returned)"); }};
+    const detail::comm::mpi::waiter me{-1, [] { return std::string("run_mpi (its function returned)"); }};
     const bool done = detail::comm::poll_until(
         [&] {
           board_->poll(&me);
@@ -869,7 +1128,7 @@ auto run_mpi(mpi_communicator& comm, F&& fn) {
                      "split from it (the split communicators share its failure notices already)");
   }
   struct end_run {
-    detail::comm_mpi::notice_board& board;
+    detail::comm::mpi::notice_board& board;
     ~end_run() { board.end_run(); }
   };
   comm.board_->begin_run();

@@ -59,7 +59,7 @@ struct nccl_options {
   std::chrono::nanoseconds timeout = std::chrono::seconds(60);
 };
 
-namespace detail::comm_nccl {
+namespace detail::comm::nccl {
 
 inline void check_cuda(cudaError_t rc, const std::string& where, const char* call) {
   if (rc != cudaSuccess) {
@@ -119,7 +119,7 @@ class device_scope {
   int previous_ = 0;
 };
 
-}  // namespace detail::comm_nccl
+}  // namespace detail::comm::nccl
 
 class nccl_communicator;
 
@@ -155,7 +155,7 @@ class nccl_request {
   void wait() {
     if (event_ == nullptr) return;
     const auto deadline = detail::comm::deadline_after(timeout_);
-    if (!detail::comm::poll_until([&] { return detail::comm_nccl::event_done(event_, comm_, what_); }, deadline)) {
+    if (!detail::comm::poll_until([&] { return detail::comm::nccl::event_done(event_, comm_, what_); }, deadline)) {
       throw comm_error(what_ + " timed out after " + detail::comm::seconds_text(timeout_) + ": " + peer_text_ +
                        " has not completed the matching transfer (NCCL matches transfers between two ranks in issue "
                        "order; check both ranks issue them alike), or raise nccl_options::timeout; NCCL cannot cancel "
@@ -167,7 +167,7 @@ class nccl_request {
   /// True once the transfer is complete; never blocks.
   bool test() {
     if (event_ == nullptr) return true;
-    if (!detail::comm_nccl::event_done(event_, comm_, what_)) return false;
+    if (!detail::comm::nccl::event_done(event_, comm_, what_)) return false;
     destroy();
     return true;
   }
@@ -175,7 +175,7 @@ class nccl_request {
   /// Makes `stream` wait for the transfer on the GPU, without blocking the host. The
   /// request stays pending (wait() or test() still apply).
   void wait_on(cudaStream_t stream) const {
-    if (event_ != nullptr) detail::comm_nccl::check_cuda(cudaStreamWaitEvent(stream, event_, 0), what_, "cudaStreamWaitEvent");
+    if (event_ != nullptr) detail::comm::nccl::check_cuda(cudaStreamWaitEvent(stream, event_, 0), what_, "cudaStreamWaitEvent");
   }
 
  private:
@@ -216,10 +216,10 @@ class nccl_communicator {
     } message{};
     if (host.rank() == 0) message.status = ncclGetUniqueId(&message.id);
     host.broadcast(std::as_writable_bytes(std::span(&message, 1)), 0);  // ranks > 0 learn rank 0's failure too
-    detail::comm_nccl::check_nccl(message.status, nullptr, where, "ncclGetUniqueId (on rank 0)");
-    detail::comm_nccl::device_scope on(device, where);
+    detail::comm::nccl::check_nccl(message.status, nullptr, where, "ncclGetUniqueId (on rank 0)");
+    detail::comm::nccl::device_scope on(device, where);
     ncclComm_t comm = nullptr;
-    detail::comm_nccl::check_nccl(ncclCommInitRank(&comm, host.size(), message.id, host.rank()), nullptr, where,
+    detail::comm::nccl::check_nccl(ncclCommInitRank(&comm, host.size(), message.id, host.rank()), nullptr, where,
                                   "ncclCommInitRank");
     return nccl_communicator(comm, stream, options, /*owns_comm=*/true);
   }
@@ -228,19 +228,19 @@ class nccl_communicator {
   nccl_communicator(ncclComm_t comm, cudaStream_t stream, nccl_options options = {}, bool owns_comm = false)
       : comm_(comm), owns_comm_(owns_comm), options_(options) {
     if (comm == nullptr) throw comm_error("baton::nccl_communicator: the ncclComm_t is null; create it first (or use bootstrap)");
-    detail::comm_nccl::check_nccl(ncclCommUserRank(comm_, &rank_), comm_, "nccl_communicator", "ncclCommUserRank");
-    detail::comm_nccl::check_nccl(ncclCommCount(comm_, &size_), comm_, "nccl_communicator", "ncclCommCount");
-    detail::comm_nccl::check_nccl(ncclCommCuDevice(comm_, &device_), comm_, "nccl_communicator", "ncclCommCuDevice");
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::check_nccl(ncclCommUserRank(comm_, &rank_), comm_, "nccl_communicator", "ncclCommUserRank");
+    detail::comm::nccl::check_nccl(ncclCommCount(comm_, &size_), comm_, "nccl_communicator", "ncclCommCount");
+    detail::comm::nccl::check_nccl(ncclCommCuDevice(comm_, &device_), comm_, "nccl_communicator", "ncclCommCuDevice");
+    detail::comm::nccl::device_scope on(device_, rank_text());
     if (stream == nullptr) {
-      detail::comm_nccl::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), rank_text(),
+      detail::comm::nccl::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), rank_text(),
                                     "cudaStreamCreateWithFlags");
       owns_stream_ = true;
     } else {
       stream_ = stream;
     }
-    detail::comm_nccl::check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), rank_text(), "cudaEventCreate");
-    detail::comm_nccl::check_cuda(cudaMalloc(&scratch_, sizeof(std::int32_t) * (static_cast<std::size_t>(size_) + 1)),
+    detail::comm::nccl::check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), rank_text(), "cudaEventCreate");
+    detail::comm::nccl::check_cuda(cudaMalloc(&scratch_, sizeof(std::int32_t) * (static_cast<std::size_t>(size_) + 1)),
                                   rank_text(), "cudaMalloc");
   }
 
@@ -279,7 +279,7 @@ class nccl_communicator {
   [[nodiscard]] nccl_request isend(std::span<const std::byte> data, int dest, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "isend", dest, tag, data.size());
     usable("isend");
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     group_start();
     nccl(ncclSend(data.data(), data.size(), ncclUint8, dest, comm_, stream_), "ncclSend");
     group_end();
@@ -289,7 +289,7 @@ class nccl_communicator {
   [[nodiscard]] nccl_request irecv(std::span<std::byte> data, int source, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "irecv", source, tag, data.size());
     usable("irecv");
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     group_start();
     nccl(ncclRecv(data.data(), data.size(), ncclUint8, source, comm_, stream_), "ncclRecv");
     group_end();
@@ -300,7 +300,7 @@ class nccl_communicator {
     const auto peers = detail::comm::ring_peers_of(rank_, size_, k);
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size_, "shift: isend", peers.dest, tag, send.size());
     usable("shift");
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     group_start();
     nccl(ncclSend(send.data(), send.size(), ncclUint8, peers.dest, comm_, stream_), "ncclSend");
     nccl(ncclRecv(recv.data(), recv.size(), ncclUint8, peers.source, comm_, stream_), "ncclRecv");
@@ -318,9 +318,9 @@ class nccl_communicator {
                   "baton: all_reduce supports float, double, std::int32_t and std::int64_t; convert the data "
                   "to one of them (or all_gather it and reduce it yourself)");
     usable("all_reduce");
-    detail::comm_nccl::device_scope on(device_, rank_text());
-    nccl(ncclAllReduce(inout.data(), inout.data(), inout.size(), detail::comm_nccl::datatype_of<T>(),
-                       detail::comm_nccl::op_of(op), comm_, stream_),
+    detail::comm::nccl::device_scope on(device_, rank_text());
+    nccl(ncclAllReduce(inout.data(), inout.data(), inout.size(), detail::comm::nccl::datatype_of<T>(),
+                       detail::comm::nccl::op_of(op), comm_, stream_),
          "ncclAllReduce");
     complete("all_reduce");
   }
@@ -333,7 +333,7 @@ class nccl_communicator {
       throw comm_error(rank_text() + ": all_gather: the receive buffer holds " + std::to_string(recv.size()) +
                        " elements but must hold size() x send = " + std::to_string(send.size() * static_cast<std::size_t>(size_)));
     }
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     nccl(ncclAllGather(send.data(), recv.data(), send.size_bytes(), ncclUint8, comm_, stream_), "ncclAllGather");
     complete("all_gather");
   }
@@ -351,7 +351,7 @@ class nccl_communicator {
     const std::size_t block = send.size_bytes() / n;
     const auto* from = reinterpret_cast<const std::byte*>(send.data());
     auto* to = reinterpret_cast<std::byte*>(recv.data());
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     group_start();
     for (std::size_t peer = 0; peer < n; ++peer) {
       nccl(ncclSend(from + peer * block, block, ncclUint8, static_cast<int>(peer), comm_, stream_), "ncclSend");
@@ -373,7 +373,7 @@ class nccl_communicator {
     if (auto bad = detail::comm::counts_problem(me, "recv_counts", recv_counts, size_, recv.size()); !bad.empty()) {
       throw comm_error(bad);
     }
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     group_start();
     std::size_t send_at = 0, recv_at = 0;
     for (int peer = 0; peer < size_; ++peer) {
@@ -395,14 +395,14 @@ class nccl_communicator {
     if (auto bad = detail::comm::root_problem([this] { return rank_text(); }, root, size_); !bad.empty()) {
       throw comm_error(bad);
     }
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     nccl(ncclBroadcast(data.data(), data.data(), data.size_bytes(), ncclUint8, root, comm_, stream_), "ncclBroadcast");
     complete("broadcast");
   }
 
   void barrier() {
     usable("barrier");
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     nccl(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
     complete("barrier");
   }
@@ -411,7 +411,7 @@ class nccl_communicator {
   /// ranks and colors at fault (the colors are all-gathered first).
   [[nodiscard]] nccl_communicator split(int color, int key) {
     usable("split");
-    detail::comm_nccl::device_scope on(device_, rank_text());
+    detail::comm::nccl::device_scope on(device_, rank_text());
     std::int32_t* slots = static_cast<std::int32_t*>(scratch_) + 1;
     cuda(cudaMemcpyAsync(static_cast<std::int32_t*>(scratch_), &color, sizeof color, cudaMemcpyHostToDevice, stream_),
          "cudaMemcpyAsync");
@@ -433,8 +433,8 @@ class nccl_communicator {
  private:
   std::string rank_text() const { return "rank " + std::to_string(rank_); }
 
-  void nccl(ncclResult_t rc, const char* call) const { detail::comm_nccl::check_nccl(rc, comm_, rank_text(), call); }
-  void cuda(cudaError_t rc, const char* call) const { detail::comm_nccl::check_cuda(rc, rank_text(), call); }
+  void nccl(ncclResult_t rc, const char* call) const { detail::comm::nccl::check_nccl(rc, comm_, rank_text(), call); }
+  void cuda(cudaError_t rc, const char* call) const { detail::comm::nccl::check_cuda(rc, rank_text(), call); }
   void group_start() const { nccl(ncclGroupStart(), "ncclGroupStart"); }
   void group_end() const { nccl(ncclGroupEnd(), "ncclGroupEnd"); }
 
@@ -464,7 +464,7 @@ class nccl_communicator {
     cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
     const std::string where = rank_text() + ": " + what;
     const auto deadline = detail::comm::deadline_after(options_.timeout);
-    if (!detail::comm::poll_until([&] { return detail::comm_nccl::event_done(done_, comm_, where); }, deadline)) {
+    if (!detail::comm::poll_until([&] { return detail::comm::nccl::event_done(done_, comm_, where); }, deadline)) {
       broken_ = where + " timed out after " + detail::comm::seconds_text(options_.timeout);
       throw comm_error(broken_ + "; some rank did not call " + what +
                        " (every rank must call the same collectives in the same order), or raise nccl_options::timeout; "

@@ -74,8 +74,9 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
 /// Head rules are Ulysses' (over U). The gathered buffers of the Ulysses stage are kept for
 /// the next call (release_workspace() frees them): one object per rank, one call at a time.
 ///
-/// Example (compiled in tests/cp/test_cp_docs.cpp):
-/// ```
+/// Example, on every rank of a world of 4 (views as for ring_attention, of shard
+/// attn.shard_index()):
+/// ```cpp
 ///   auto mesh = baton::make_cp_mesh(world, /*ring=*/2, /*ulysses=*/2);
 ///   baton::sequence_sharding sharding(baton::shard_layout::zigzag, seq_len, 2, 2);
 ///   baton::hybrid_attention attn(mesh, baton::reference_attention{}, sharding);

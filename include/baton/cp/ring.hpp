@@ -30,14 +30,13 @@ namespace baton {
 /// every rank calls forward / backward together with shards of the same shape. Bad input on
 /// any rank makes every rank throw cp_error before any data moves.
 ///
-/// Example (compiled in tests/cp/test_cp_docs.cpp):
-/// ```
-///   baton::run_local(2, [&](baton::local_communicator& comm) {
-///     baton::sequence_sharding sharding(baton::shard_layout::zigzag, seq_len, comm.size());
-///     baton::ring_attention ring(comm, baton::reference_attention{}, sharding);
-///     ring.forward(q, k, v, baton::causal_mask{}, out, lse);          // this rank's shard
-///     ring.backward(q, k, v, out, lse, dout, baton::causal_mask{}, dq, dk, dv);
-///   });
+/// Example, on every rank of `comm`, with q, k, v, dout views of this rank's shard and out,
+/// lse, dq, dk, dv of its results:
+/// ```cpp
+///   baton::sequence_sharding sharding(baton::shard_layout::zigzag, seq_len, comm.size());
+///   baton::ring_attention ring(comm, baton::reference_attention{}, sharding);
+///   ring.forward(q, k, v, baton::causal_mask{}, out, lse);
+///   ring.backward(q, k, v, out, lse, dout, baton::causal_mask{}, dq, dk, dv);
 /// ```
 template <ring_communicator Comm, class Backend>
 class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend>, Backend> {

@@ -187,8 +187,8 @@ inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& shardin
 /// way out (the unpack). Those buffers are kept for the next call (release_workspace() frees
 /// them): use one object per rank, one call at a time, as with the communicator.
 ///
-/// Example (compiled in tests/cp/test_cp_docs.cpp):
-/// ```
+/// Example, on every rank of `comm` (`sharding` and the views as for ring_attention):
+/// ```cpp
 ///   baton::ulysses_attention ulysses(comm, baton::reference_attention{}, sharding);
 ///   ulysses.forward(q, k, v, baton::causal_mask{}, out, lse);
 ///   ulysses.backward(q, k, v, out, lse, dout, baton::causal_mask{}, dq, dk, dv);

@@ -41,8 +41,10 @@ constexpr std::string_view to_string(cp_mode m) noexcept {
 /// or transformer_block over cp_attention<Comm, Backend> is one type for every mode; each call
 /// dispatches to the mode it was built with.
 ///
-///   auto attention = cp_attention<local_communicator, kokkos_attention>::from_mesh(
-///       mesh, cp_mode::ring, kokkos_attention{}, shard_layout::zigzag, seq_len);
+/// ```cpp
+///   auto attention = baton::nn::cp_attention<baton::local_communicator, baton::kokkos_attention>::from_mesh(
+///       mesh, baton::nn::cp_mode::ring, baton::kokkos_attention{}, baton::shard_layout::zigzag, seq_len);
+/// ```
 template <class Comm, class Backend>
 class cp_attention {
  public:

@@ -59,7 +59,7 @@ class cross_entropy {
 
   /// Empty when logits [..., vocab] and targets [...] fit together and every target is in the
   /// vocabulary or ignore_index; otherwise the message of the error.
-  std::string problem(const tensor& logits, const targets_type& targets) const {
+  std::string input_problem(const tensor& logits, const targets_type& targets) const {
     if (logits.rank() != targets.rank() + 1 ||
         !std::equal(targets.shape().begin(), targets.shape().end(), logits.shape().begin()))
       return "baton::nn::cross_entropy: logits has shape " + baton::detail::shape_text(logits.shape()) +
@@ -79,7 +79,7 @@ class cross_entropy {
   /// The sum of the per-token losses; when `grad` is given, writes grad_scale times the
   /// gradient of that sum into it (allocated with the logits' shape).
   totals sum(const tensor& logits, const targets_type& targets, tensor* grad, double grad_scale) const {
-    if (std::string p = problem(logits, targets); !p.empty()) throw nn_error(p);
+    if (std::string problem = input_problem(logits, targets); !problem.empty()) throw nn_error(problem);
     const std::int64_t vocab = logits.shape().back();
     if (grad) *grad = tensor::for_overwrite(logits.shape());
     totals t;
@@ -156,7 +156,7 @@ class group_cross_entropy {
   /// Collective over the group. A rank whose logits or targets are wrong makes every rank
   /// throw nn_error (the problem travels with the token count), so none waits for it.
   loss_result<tensor> operator()(const tensor& logits, const targets_type& targets) const {
-    const std::string problem = loss_.problem(logits, targets);
+    const std::string problem = loss_.input_problem(logits, targets);
     std::array<std::int64_t, 2> counts{problem.empty() ? loss_.tokens(targets) : 0, problem.empty() ? 0 : 1};
     group_->all_reduce(std::span<std::int64_t>(counts), reduce_op::sum);
     if (counts[1] > 0)

@@ -4,10 +4,12 @@
 //
 // A module lists its parameters and sub-modules in one member template:
 //
+// ```cpp
 //   template <class Visit> void visit_parameters(Visit&& visit) {
 //     visit("weight", weight_);   // a parameter
 //     visit("attn", attention_);  // a sub-module: its names become "attn.<name>"
 //   }
+// ```
 //
 // and everything that walks weights — optimizers, gradient all-reduce, clipping, checkpoints —
 // goes through for_each_parameter / parameters_of, so a pipeline stage that holds layers 4..7
@@ -195,9 +197,11 @@ std::int64_t parameter_count(const std::vector<named_parameter<Tensor>>& list) {
 /// which order modules are built. A pipeline stage holding "layers.5" draws exactly what a
 /// one-rank model's layer 5 draws.
 ///
+/// ```cpp
 ///   baton::nn::initializer init(42);
 ///   auto block_init = init / "layers" / 5;          // path "layers.5"
 ///   auto w = block_init.normal<float>("attn.wq.weight", {512, 512}, 0.04);
+/// ```
 class initializer {
  public:
   explicit initializer(std::uint64_t seed, std::string path = {}) : seed_(seed), path_(std::move(path)) {}

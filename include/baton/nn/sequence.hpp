@@ -72,11 +72,9 @@ struct baton::payload_traits<baton::nn::sequence_info> {
     baton::nn::sequence_info part;
     part.positions = info.positions;
     if (info.documents) {
-      const auto sizes = microbatch_sizes(info.documents->shape()[0], chunks);
-      std::int64_t begin = 0;
-      for (std::int64_t c = 0; c < chunk; ++c) begin += sizes[static_cast<std::size_t>(c)];
+      const row_range rows = microbatch_bounds(info.documents->shape()[0], chunks)[static_cast<std::size_t>(chunk)];
       part.documents = std::make_shared<const host_tensor<std::int64_t>>(
-          payload_traits<host_tensor<std::int64_t>>::slice(*info.documents, 0, begin, sizes[static_cast<std::size_t>(chunk)]));
+          payload_traits<host_tensor<std::int64_t>>::slice(*info.documents, 0, rows.begin, rows.count));
     }
     return part;
   }

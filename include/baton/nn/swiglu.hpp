@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numbers>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -111,10 +112,10 @@ class swiglu_mlp {
   static void silu_product(const T* gate, const T* up, T* product, std::int64_t n) {
     std::int64_t i = 0;
 #if defined(__GNUC__)
-    namespace va = baton::detail::attn;
+    namespace va = baton::detail::attention;
     using V = va::vec_t<T>;
     constexpr std::int64_t W = va::width_v<T>;
-    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(T(-1.4426950408889634));
+    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(-std::numbers::log2e_v<T>);
     for (; i + W <= n; i += W) {
       const V z = va::load(gate + i);
       const V s = one / (one + va::exp2(z * minus_log2e));
@@ -126,15 +127,15 @@ class swiglu_mlp {
   static void silu_product_grad(const T* gate, const T* up, const T* d_product, T* d_gate, T* d_up, std::int64_t n) {
     std::int64_t i = 0;
 #if defined(__GNUC__)
-    namespace va = baton::detail::attn;
+    namespace va = baton::detail::attention;
     using V = va::vec_t<T>;
     constexpr std::int64_t W = va::width_v<T>;
-    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(T(-1.4426950408889634));
+    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(-std::numbers::log2e_v<T>);
     for (; i + W <= n; i += W) {
-      const V z = va::load(gate + i), u = va::load(up + i), dp = va::load(d_product + i);
+      const V z = va::load(gate + i), u = va::load(up + i), dy = va::load(d_product + i);
       const V s = one / (one + va::exp2(z * minus_log2e));
-      va::store(d_up + i, dp * z * s);
-      va::store(d_gate + i, dp * u * (s + z * s * (one - s)));
+      va::store(d_up + i, dy * z * s);
+      va::store(d_gate + i, dy * u * (s + z * s * (one - s)));
     }
 #endif
     for (; i < n; ++i) {

@@ -15,7 +15,7 @@ namespace baton {
 template <class T>
 struct constant;
 
-namespace detail::payload_impl {
+namespace detail::payload {
 template <class T>
 struct is_constant_wrapper : std::false_type {};
 template <class T>
@@ -41,15 +41,18 @@ constexpr bool check_constant_argument() {
   }
   return true;
 }
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// A tensor that is split into microbatches and sent between stages but has no gradient:
 /// grad_t drops it from records, and asking for grad_t<constant<T>> is a compile error.
 ///
-/// Example: `record<field<"hidden", H>, field<"positions", constant<P>>> r{h, constant{p}};`
+/// Example, with `h` a tensor of type H and `p` one of type P:
+/// ```cpp
+///   baton::record<baton::field<"hidden", H>, baton::field<"positions", baton::constant<P>>> r{h, baton::constant{p}};
+/// ```
 template <class T>
 struct constant {
-  static_assert(detail::payload_impl::check_constant_argument<T>());
+  static_assert(detail::payload::check_constant_argument<T>());
 
   using tensor_type = T;
   T value;
@@ -88,13 +91,13 @@ struct payload_traits<constant<T>> {
     std::vector<const T*> inner_parts;
     inner_parts.reserve(parts.size());
     for (const auto& p : parts) inner_parts.push_back(&p.value);
-    return constant<T>(detail::payload_impl::concat_pointers<T>(inner_parts, dim));
+    return constant<T>(detail::payload::concat_pointers<T>(inner_parts, dim));
   }
   static constant<T> concat_pointers(std::span<const constant<T>* const> parts, int dim) {
     std::vector<const T*> inner_parts;
     inner_parts.reserve(parts.size());
     for (const auto* p : parts) inner_parts.push_back(&p->value);
-    return constant<T>(detail::payload_impl::concat_pointers<T>(inner_parts, dim));
+    return constant<T>(detail::payload::concat_pointers<T>(inner_parts, dim));
   }
 };
 

@@ -12,7 +12,7 @@
 
 namespace baton {
 
-namespace detail::payload_impl {
+namespace detail::payload {
 
 template <class P>
 struct grad_of {
@@ -51,13 +51,13 @@ struct grad_of<record<Fs...>> {
   using type = typename to_record<decltype(std::tuple_cat(std::declval<keep<Fs>>()...))>::type;
 };
 
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// The gradient type of payload P: P itself for an activation tensor; for a record, the record
 /// of its activation fields (same names, same order). grad_t of a constant or opaque value is
 /// a compile error that says it has no gradient.
 template <class P>
-using grad_t = typename detail::payload_impl::grad_of<std::remove_cvref_t<P>>::type;
+using grad_t = typename detail::payload::grad_of<std::remove_cvref_t<P>>::type;
 
 /// Whether grad_t<P> exists: P is an activation tensor or a record (possibly with no
 /// activation fields, whose grad_t is record<>).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <baton/payload/detail/row_major.hpp>
+#include <baton/payload/row_major.hpp>
 #include <baton/payload/traits.hpp>
 
 #include <algorithm>
@@ -95,7 +96,7 @@ class host_tensor {
   /// Extent along dim d (negative d counts from the end); throws when d is out of range.
   std::int64_t extent(int d) const {
     return shape_[static_cast<std::size_t>(
-        detail::payload_impl::normalise_dim(d, shape_.size(), "baton::host_tensor::extent"))];
+        detail::payload::normalise_dim(d, shape_.size(), "baton::host_tensor::extent"))];
   }
   /// Number of elements.
   std::int64_t size() const noexcept { return size_; }
@@ -135,7 +136,7 @@ class host_tensor {
   struct for_overwrite_tag {};
   host_tensor(std::vector<std::int64_t> shape, for_overwrite_tag)
       : shape_(std::move(shape)),
-        size_(detail::payload_impl::checked_element_count(shape_, "baton::host_tensor", sizeof(T))),
+        size_(detail::payload::checked_element_count(shape_, "baton::host_tensor", sizeof(T))),
         values_(std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(size_))) {}
 
   template <class... I>
@@ -168,50 +169,22 @@ class host_tensor {
   std::unique_ptr<T[]> values_;
 };
 
-/// host_tensor is an activation tensor.
+/// host_tensor is an activation tensor; row_major_payload_traits supplies bytes, slice and
+/// concat from the four members below.
 template <class T>
-struct payload_traits<host_tensor<T>> {
-  static constexpr payload_role role = payload_role::activation;
+struct payload_traits<host_tensor<T>> : row_major_payload_traits<host_tensor<T>> {
   using value_type = T;
   using tensor = host_tensor<T>;
 
   static const std::vector<std::int64_t>& shape(const tensor& t) noexcept { return t.shape(); }
-
-  static std::span<const std::byte> bytes(const tensor& t) noexcept { return std::as_bytes(t.values()); }
-  static std::span<std::byte> mutable_bytes(tensor& t) noexcept { return std::as_writable_bytes(t.values()); }
+  static const T* data(const tensor& t) noexcept { return t.data(); }
+  static T* data(tensor& t) noexcept { return t.data(); }
 
   static tensor allocate(std::span<const std::int64_t> shape) {
     return tensor(std::vector<std::int64_t>(shape.begin(), shape.end()));
   }
-  static tensor allocate_like(const tensor& t) { return tensor(t.shape()); }
-
-  static tensor slice(const tensor& t, int dim, std::int64_t begin, std::int64_t count) {
-    namespace pi = detail::payload_impl;
-    auto [d, shape] = pi::checked_slice_shape(t.shape(), dim, begin, count, "baton::host_tensor slice");
-    auto out = tensor::for_overwrite(std::move(shape));
-    pi::row_major_slice(reinterpret_cast<const std::byte*>(t.data()), t.shape(), d, begin, count,
-                        sizeof(T), reinterpret_cast<std::byte*>(out.data()));
-    return out;
-  }
-
-  static tensor concat(std::span<const tensor> parts, int dim) {
-    return concat_pointers(detail::payload_impl::pointers_to(parts), dim);
-  }
-
-  static tensor concat_pointers(std::span<const tensor* const> parts, int dim) {
-    namespace pi = detail::payload_impl;
-    std::vector<std::vector<std::int64_t>> shapes;
-    std::vector<const std::byte*> sources;
-    shapes.reserve(parts.size());
-    sources.reserve(parts.size());
-    for (const tensor* p : parts) {
-      shapes.push_back(p->shape());
-      sources.push_back(reinterpret_cast<const std::byte*>(p->data()));
-    }
-    auto [d, shape] = pi::concat_shape(shapes, dim, "baton::host_tensor concat");
-    auto out = tensor::for_overwrite(std::move(shape));
-    pi::row_major_concat(sources, shapes, d, out.shape(), sizeof(T), reinterpret_cast<std::byte*>(out.data()));
-    return out;
+  static tensor allocate_for_overwrite(std::span<const std::int64_t> shape) {
+    return tensor::for_overwrite(std::vector<std::int64_t>(shape.begin(), shape.end()));
   }
 };
 

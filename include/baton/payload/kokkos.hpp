@@ -32,7 +32,7 @@
 
 namespace baton {
 
-namespace detail::payload_impl {
+namespace detail::payload {
 
 template <class V>
 constexpr bool kokkos_view_adaptable() {
@@ -56,11 +56,11 @@ struct kokkos_view_not_supported_by_baton {
   static constexpr payload_role role = payload_role::opaque;
 };
 
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// A host Kokkos::View of rank 1-4 (LayoutRight, HostSpace, managed) is an activation tensor.
 template <class DataType, class... Properties>
-  requires(detail::payload_impl::kokkos_view_adaptable<Kokkos::View<DataType, Properties...>>())
+  requires(detail::payload::kokkos_view_adaptable<Kokkos::View<DataType, Properties...>>())
 struct payload_traits<Kokkos::View<DataType, Properties...>> {
   using view = Kokkos::View<DataType, Properties...>;
   using value_type = typename view::traits::value_type;
@@ -87,7 +87,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   static view allocate_like(const view& v) { return make(shape(v), true); }
 
   static view slice(const view& v, int dim, std::int64_t begin, std::int64_t count) {
-    namespace pi = detail::payload_impl;
+    namespace pi = detail::payload;
     require_contiguous(v);
     const auto s = shape(v);
     const auto [d, out_shape] = pi::checked_slice_shape(s, dim, begin, count, "baton Kokkos::View slice");
@@ -98,11 +98,11 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   }
 
   static view concat(std::span<const view> parts, int dim) {
-    return concat_pointers(detail::payload_impl::pointers_to(parts), dim);
+    return concat_pointers(detail::payload::pointers_to(parts), dim);
   }
 
   static view concat_pointers(std::span<const view* const> parts, int dim) {
-    namespace pi = detail::payload_impl;
+    namespace pi = detail::payload;
     std::vector<std::vector<std::int64_t>> shapes;
     std::vector<const std::byte*> sources;
     shapes.reserve(parts.size());
@@ -128,7 +128,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   }
 
   static view make(std::span<const std::int64_t> shape, bool zero_fill) {
-    namespace pi = detail::payload_impl;
+    namespace pi = detail::payload;
     if (static_cast<int>(shape.size()) != rank) {
       throw payload_error("baton Kokkos::View allocate: shape " + detail::shape_text(shape) + " has " +
                           std::to_string(shape.size()) + " extents but the view type has rank " +
@@ -147,11 +147,11 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
 
 /// Any other Kokkos::View: a compile error that says which views the adapter takes.
 template <class DataType, class... Properties>
-  requires(!detail::payload_impl::kokkos_view_adaptable<Kokkos::View<DataType, Properties...>>())
+  requires(!detail::payload::kokkos_view_adaptable<Kokkos::View<DataType, Properties...>>())
 struct payload_traits<Kokkos::View<DataType, Properties...>> {
   using baton_primary_payload_traits = void;  // not a payload: the concepts say no
   static constexpr payload_role role =
-      detail::payload_impl::kokkos_view_not_supported_by_baton<Kokkos::View<DataType, Properties...>>::role;
+      detail::payload::kokkos_view_not_supported_by_baton<Kokkos::View<DataType, Properties...>>::role;
 };
 
 }  // namespace baton

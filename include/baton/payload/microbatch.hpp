@@ -45,7 +45,28 @@ inline std::vector<std::int64_t> microbatch_sizes(std::int64_t extent, std::int6
   return sizes;
 }
 
-namespace detail::payload_impl {
+/// One microbatch's rows of a batch: [begin, begin + count).
+struct row_range {
+  std::int64_t begin = 0;
+  std::int64_t count = 0;
+  friend bool operator==(const row_range&, const row_range&) = default;
+};
+
+/// Where each microbatch's rows lie when `extent` rows are cut into `chunks` parts: the
+/// microbatch_sizes, laid end to end from row 0 (split_microbatches cuts exactly these rows).
+/// For a tensor that is not a payload — a side input indexed by batch row, a per-sample
+/// weight — cut by hand alongside the batch. Throws as microbatch_sizes does.
+inline std::vector<row_range> microbatch_bounds(std::int64_t extent, std::int64_t chunks) {
+  std::vector<row_range> bounds;
+  std::int64_t begin = 0;
+  for (const std::int64_t count : microbatch_sizes(extent, chunks)) {
+    bounds.push_back({begin, count});
+    begin += count;
+  }
+  return bounds;
+}
+
+namespace detail::payload {
 
 inline std::string describe(std::string_view function, std::string_view field) {
   std::string s(function);
@@ -82,10 +103,8 @@ std::vector<T> split_leaf(const T& value, std::int64_t chunks, int dim, std::str
                           " microbatches (each needs at least one row); use at most " + std::to_string(extent) +
                           " microbatches");
     }
-    std::int64_t begin = 0;
-    for (auto rows : microbatch_sizes(extent, chunks)) {
-      out.push_back(payload_traits<T>::slice(value, d, begin, rows));
-      begin += rows;
+    for (const row_range rows : microbatch_bounds(extent, chunks)) {
+      out.push_back(payload_traits<T>::slice(value, d, rows.begin, rows.count));
     }
   } else if constexpr (splittable_opaque<T>) {
     for (std::int64_t c = 0; c < chunks; ++c) out.push_back(payload_traits<T>::split(value, c, chunks));
@@ -130,14 +149,14 @@ inline void check_split_arguments(std::int64_t chunks) {
   }
 }
 
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// Cuts payload p into `chunks` microbatches along dim (negative dim counts from the end).
 /// Throws baton::payload_error, naming the field, when chunks <= 0, dim is out of range for a
 /// tensor, or a tensor has fewer than `chunks` rows along dim.
 template <class P>
 std::vector<P> split_microbatches(const P& p, std::int64_t chunks, int dim = 0) {
-  namespace pi = detail::payload_impl;
+  namespace pi = detail::payload;
   pi::require_payload<P>();
   pi::check_split_arguments(chunks);
   if constexpr (is_record_v<P>) {
@@ -163,7 +182,7 @@ std::vector<P> split_microbatches(const P& p, std::int64_t chunks, int dim = 0) 
 /// extent other than dim.
 template <class P>
 P merge_microbatches(std::span<const P> parts, int dim = 0) {
-  namespace pi = detail::payload_impl;
+  namespace pi = detail::payload;
   pi::require_payload<P>();
   if (parts.empty()) {
     throw payload_error("baton::merge_microbatches: no parts to merge");

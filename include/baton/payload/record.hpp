@@ -52,7 +52,7 @@ constexpr field<Name, std::remove_cvref_t<T>> make_field(T&& value) {
   return {std::forward<T>(value)};
 }
 
-namespace detail::payload_impl {
+namespace detail::payload {
 
 template <class F>
 struct is_field : std::false_type {};
@@ -93,7 +93,7 @@ constexpr bool names_unique() {
   return true;
 }
 
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// A structured payload: named fields, each a leaf payload (an activation tensor, a
 /// constant<Tensor> or an opaque value). Fields keep their declaration order, which is the
@@ -103,8 +103,8 @@ constexpr bool names_unique() {
 /// deduces the type (`record r{make_field<"hidden">(h), make_field<"mask">(m)}`).
 template <class... Fields>
 class record {
-  static_assert((detail::payload_impl::check_record_field<Fields>() && ...));
-  static_assert(detail::payload_impl::names_unique<Fields...>(),
+  static_assert((detail::payload::check_record_field<Fields>() && ...));
+  static_assert(detail::payload::names_unique<Fields...>(),
                 "baton::record: two fields have the same name; field names must be unique");
 
  public:
@@ -163,7 +163,7 @@ template <class R, fixed_string Name>
   requires is_record_v<R>
 inline constexpr bool has_field_v = std::remove_cvref_t<R>::index_of(Name.view()) < std::remove_cvref_t<R>::size;
 
-namespace detail::payload_impl {
+namespace detail::payload {
 // What get<"name"> of a missing field returns after its static_assert, so that the one
 // readable error is not followed by a cascade of others.
 struct no_such_field {};
@@ -178,12 +178,12 @@ constexpr std::size_t checked_field_index() {
                 "field names are those in its type, record<field<\"name\", T>, ...>");
   return i < rec::size ? i : 0;
 }
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// The type of the field called Name of record type R.
 template <class R, fixed_string Name>
   requires is_record_v<R>
-using field_type_t = std::tuple_element_t<detail::payload_impl::checked_field_index<R, Name>(),
+using field_type_t = std::tuple_element_t<detail::payload::checked_field_index<R, Name>(),
                                           typename std::remove_cvref_t<R>::tuple_type>;
 
 /// The field called Name: `get<"hidden">(r)`. A name the record lacks is a compile error.
@@ -194,8 +194,8 @@ constexpr decltype(auto) get(R&& r) noexcept {
   if constexpr (i < std::remove_cvref_t<R>::size) {
     return std::get<i>(std::forward<R>(r).values());
   } else {
-    (void)detail::payload_impl::checked_field_index<R, Name>();  // the readable error
-    return (detail::payload_impl::no_such_field_value);
+    (void)detail::payload::checked_field_index<R, Name>();  // the readable error
+    return (detail::payload::no_such_field_value);
   }
 }
 
@@ -203,21 +203,21 @@ constexpr decltype(auto) get(R&& r) noexcept {
 template <class P>
 concept payload = leaf_payload<P> || is_record_v<P>;
 
-namespace detail::payload_impl {
+namespace detail::payload {
 template <class R>
 struct record_all_tensors;
 template <class... Fs>
 struct record_all_tensors<record<Fs...>> : std::bool_constant<(tensor_payload<typename Fs::type> && ...)> {};
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// A payload that may cross a stage boundary: a tensor, or a record whose fields are all
 /// tensors (activation or constant). Opaque values must travel as side inputs instead.
 template <class P>
 concept sendable_payload =
     tensor_payload<P> ||
-    (is_record_v<P> && !std::is_reference_v<P> && detail::payload_impl::record_all_tensors<std::remove_cv_t<P>>::value);
+    (is_record_v<P> && !std::is_reference_v<P> && detail::payload::record_all_tensors<std::remove_cv_t<P>>::value);
 
-namespace detail::payload_impl {
+namespace detail::payload {
 // Instantiated for the offending field, so the diagnostic shows field<"name", T>.
 template <class Field, class T>
 struct opaque_field_at_stage_boundary {
@@ -235,7 +235,7 @@ constexpr void require_sendable_field() {
     (void)opaque_field_at_stage_boundary<F, T>::value;
   }
 }
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// Compile-time gate for a type that crosses a stage boundary (the pipeline calls it on every
 /// stage's input and output). An opaque value, or a record holding one, fails with
@@ -245,14 +245,14 @@ constexpr bool require_sendable() {
   using U = std::remove_cvref_t<P>;
   if constexpr (is_record_v<U>) {
     []<class... Fs>(std::type_identity<record<Fs...>>) {
-      (detail::payload_impl::require_sendable_field<Fs>(), ...);
+      (detail::payload::require_sendable_field<Fs>(), ...);
     }(std::type_identity<U>{});
   } else if constexpr (opaque_payload<U>) {
-    static_assert(detail::payload_impl::dependent_false_v<U>,
+    static_assert(detail::payload::dependent_false_v<U>,
                   "baton: an opaque value is used as a stage input or output: opaque values cannot "
                   "cross a stage boundary; pass them as a side input (the stage's `side` type)");
   } else {
-    detail::payload_impl::require_tensor<U>();
+    detail::payload::require_tensor<U>();
   }
   return true;
 }

@@ -37,7 +37,7 @@ class payload_error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-namespace detail::payload_impl {
+namespace detail::payload {
 template <class T>
 inline constexpr bool dependent_false_v = false;
 
@@ -53,7 +53,7 @@ struct payload_traits_not_specialised_for {
                 "`role = payload_role::opaque;` (and may add split/merge hooks)");
   static constexpr payload_role role = payload_role::opaque;
 };
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// The customization point. Specialise it for each type that travels in a payload.
 ///
@@ -80,22 +80,22 @@ struct payload_traits_not_specialised_for {
 template <class T>
 struct payload_traits {
   using baton_primary_payload_traits = void;  // marks "not specialised" for the concepts below
-  static constexpr payload_role role = detail::payload_impl::payload_traits_not_specialised_for<T>::role;
+  static constexpr payload_role role = detail::payload::payload_traits_not_specialised_for<T>::role;
 };
 
 template <class... Fields>
 class record;
 
-namespace detail::payload_impl {
+namespace detail::payload {
 template <class T>
 struct is_record : std::false_type {};
 template <class... Fs>
 struct is_record<record<Fs...>> : std::true_type {};
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// True for baton::record<...> (after removing cv and references).
 template <class T>
-inline constexpr bool is_record_v = detail::payload_impl::is_record<std::remove_cvref_t<T>>::value;
+inline constexpr bool is_record_v = detail::payload::is_record<std::remove_cvref_t<T>>::value;
 
 /// T has its own payload_traits specialisation (it is a leaf payload of some role).
 template <class T>
@@ -162,7 +162,7 @@ concept mergeable_leaf = leaf_payload<T> && requires(std::span<const T> parts) {
   { payload_traits<T>::merge(parts) } -> std::convertible_to<T>;
 };
 
-namespace detail::payload_impl {
+namespace detail::payload {
 
 // The compile-time gate of every function that needs one tensor. The first failing check
 // fires, so the user sees one message that says what to do.
@@ -252,7 +252,7 @@ inline std::string row_range_text(std::int64_t begin, std::int64_t count) {
   return text;
 }
 
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 // ---- Checked access to one tensor through its traits --------------------------------------
 // Each gate is a static_assert with a readable message (an opaque value, a record or a type
@@ -261,7 +261,7 @@ inline std::string row_range_text(std::int64_t begin, std::int64_t count) {
 /// The extents of a tensor, outermost first.
 template <class T>
 std::vector<std::int64_t> tensor_shape(const T& t) {
-  detail::payload_impl::require_tensor<T>();
+  detail::payload::require_tensor<T>();
   std::vector<std::int64_t> out;
   if constexpr (tensor_payload<T>) {
     const auto& s = payload_traits<T>::shape(t);
@@ -274,7 +274,7 @@ std::vector<std::int64_t> tensor_shape(const T& t) {
 /// The tensor's contiguous storage, for sending.
 template <class T>
 std::span<const std::byte> tensor_bytes(const T& t) {
-  detail::payload_impl::require_tensor<T>();
+  detail::payload::require_tensor<T>();
   if constexpr (tensor_payload<T>) {
     return payload_traits<T>::bytes(t);
   } else {
@@ -285,7 +285,7 @@ std::span<const std::byte> tensor_bytes(const T& t) {
 /// The tensor's contiguous storage, for receiving into.
 template <class T>
 std::span<std::byte> tensor_mutable_bytes(T& t) {
-  detail::payload_impl::require_tensor<T>();
+  detail::payload::require_tensor<T>();
   if constexpr (tensor_payload<T>) {
     return payload_traits<T>::mutable_bytes(t);
   } else {
@@ -296,7 +296,7 @@ std::span<std::byte> tensor_mutable_bytes(T& t) {
 /// A new zero-filled tensor of t's shape and element type.
 template <class T>
 T tensor_allocate_like(const T& t) {
-  detail::payload_impl::require_tensor<T>();
+  detail::payload::require_tensor<T>();
   if constexpr (tensor_payload<T>) {
     return payload_traits<T>::allocate_like(t);
   } else {
@@ -307,7 +307,7 @@ T tensor_allocate_like(const T& t) {
 /// An owning copy of rows [begin, begin + count) of t along dim (negative dim counts from the end).
 template <class T>
 T tensor_slice(const T& t, int dim, std::int64_t begin, std::int64_t count) {
-  namespace pi = detail::payload_impl;
+  namespace pi = detail::payload;
   pi::require_tensor<T>();
   if constexpr (!tensor_payload<T>) {
     std::terminate();  // unreachable: require_tensor already failed to compile

@@ -37,7 +37,7 @@ struct tensor_info {
   static constexpr std::size_t index = Index;
 };
 
-namespace detail::payload_impl {
+namespace detail::payload {
 
 template <class T>
 decltype(auto) unwrap(T& t) noexcept {
@@ -99,33 +99,33 @@ void visit(F& f, A& a, Others&... others) {
   }
 }
 
-}  // namespace detail::payload_impl
+}  // namespace detail::payload
 
 /// Calls f on every tensor of p (activations and constants, in field order); opaque fields are
 /// skipped. p may be a record or a single leaf.
 template <class P, class F>
 void for_each_tensor(P& p, F&& f) {
-  detail::payload_impl::visit<false>(f, p);
+  detail::payload::visit<false>(f, p);
 }
 
 /// Calls f on every activation tensor of p: exactly the tensors grad_t<P> holds.
 template <class P, class F>
 void for_each_activation(P& p, F&& f) {
-  detail::payload_impl::visit<true>(f, p);
+  detail::payload::visit<true>(f, p);
 }
 
 /// Walks two payloads together, pairing tensors by field name: f(info, ta, tb) or f(ta, tb).
 /// b needs a field of the same name for every tensor field of a.
 template <class A, class B, class F>
 void for_each_tensor(A& a, B& b, F&& f) {
-  detail::payload_impl::visit<false>(f, a, b);
+  detail::payload::visit<false>(f, a, b);
 }
 
 /// Walks the activations of a together with the same-named fields of b (b is typically a
 /// grad_t of a's type, or a buffer of a's type): f(info, ta, tb) or f(ta, tb).
 template <class A, class B, class F>
 void for_each_activation(A& a, B& b, F&& f) {
-  detail::payload_impl::visit<true>(f, a, b);
+  detail::payload::visit<true>(f, a, b);
 }
 
 }  // namespace baton

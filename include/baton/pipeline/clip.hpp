@@ -6,7 +6,7 @@
 // that shards parameters (tensor parallel, FSDP); pass each one.
 #pragma once
 
-#include <baton/comm.hpp>
+#include <baton/comm/concepts.hpp>
 
 #include <cmath>
 #include <concepts>
@@ -20,7 +20,7 @@
 
 namespace baton {
 
-namespace detail::pl {
+namespace detail::pipeline {
 
 // One gradient buffer: a contiguous range of floating-point values (std::span<float>,
 // std::vector<double>&, host_tensor values...).
@@ -54,7 +54,7 @@ void for_each_gradient_buffer(Grads&& grads, Visit&& visit) {
   }
 }
 
-}  // namespace detail::pl
+}  // namespace detail::pipeline
 
 /// Clips gradients by their total norm over every rank of `groups`, in place, and returns the
 /// total norm (before clipping) — torch.nn.utils.clip_grad_norm_ for sharded parameters.
@@ -72,7 +72,7 @@ void for_each_gradient_buffer(Grads&& grads, Visit&& visit) {
 /// double whatever the gradient type. A non-finite norm is returned as is and no scaling is
 /// applied, so that the caller can skip the step.
 template <class Grads, class... Groups>
-  requires(detail::pl::gradient_buffer<Grads> || detail::pl::gradient_buffers<Grads>)
+  requires(detail::pipeline::gradient_buffer<Grads> || detail::pipeline::gradient_buffers<Grads>)
 double clip_grad_norm(Grads&& grads, double max_norm, double norm_type, Groups&... groups) {
   static_assert((all_reduce_communicator<Groups> && ...),
                 "baton::clip_grad_norm: every group must be a communicator with all_reduce "
@@ -88,9 +88,9 @@ double clip_grad_norm(Grads&& grads, double max_norm, double norm_type, Groups&.
   }
   const bool inf_norm = std::isinf(norm_type);
   double local = 0;
-  detail::pl::for_each_gradient_buffer(grads, [&](auto buffer) {
+  detail::pipeline::for_each_gradient_buffer(grads, [&](auto buffer) {
     if (norm_type == 2) {
-      local += detail::pl::sum_of_squares(buffer);
+      local += detail::pipeline::sum_of_squares(buffer);
       return;
     }
     for (const auto g : buffer) {
@@ -117,7 +117,7 @@ double clip_grad_norm(Grads&& grads, double max_norm, double norm_type, Groups&.
   if (!std::isfinite(norm)) return norm;
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1) {
-    detail::pl::for_each_gradient_buffer(grads, [&](auto buffer) {
+    detail::pipeline::for_each_gradient_buffer(grads, [&](auto buffer) {
       using value = std::remove_cvref_t<decltype(buffer[0])>;
       for (auto& g : buffer) g = static_cast<value>(static_cast<double>(g) * coefficient);
     });

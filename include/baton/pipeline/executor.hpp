@@ -1,11 +1,15 @@
 // baton/pipeline/executor.hpp — the executor: one per rank, it runs that rank's row of a
 // lowered program over the rank's stages and a point-to-point communicator.
 //
-//   // ZBV needs 2 stages per rank in a V: {comm.size(), 2, 8, placement::v}.
-//   auto exec = baton::make_pipeline<baton::zbv, baton::uniform_stages<block>>(
-//       comm, baton::shape_for<baton::zbv>(comm.size(), /*microbatches=*/8),
-//       [&](auto stage_index) { return block(seed + int(stage_index)); }, loss);
-//   baton::step_report r = exec.step(batch, side, target);   // r.loss on the last stage's rank
+// Example: a 4-rank ZBV pipeline of the stage `scaled_tanh` (docs/pipeline.md), its loss
+// `half_squared_error`, a batch and its target, on each rank of a local world (`comm`).
+// ```cpp
+// // ZBV runs two stages per rank in a V: shape_for<zbv> gives {comm.size(), 2, 8, placement::v}.
+// auto exec = baton::make_pipeline<baton::zbv, baton::uniform_stages<scaled_tanh>>(
+//     comm, baton::shape_for<baton::zbv>(comm.size(), /*microbatches=*/8),
+//     [](int stage) { return scaled_tanh(3, 0.5 + 0.1 * stage); }, half_squared_error{});
+// const baton::step_report report = exec.step(batch, target);  // report.loss on the last stage's rank
+// ```
 //
 // What it guarantees (the seeds it fixes):
 //  - stage inputs, outputs and gradients are payloads; only activation fields get gradients,
@@ -14,16 +18,33 @@
 //    its microbatch_hooks) is fresh, and hooks die with their microbatch (seed 002);
 //  - records cross stages; the loss is scaled per microbatch and can be reported on every
 //    rank; eval() is forward-only and needs no prior step (seed 004).
+//
+// The pieces: pipeline/options.hpp (options and reports), pipeline/stage.hpp (what a stage
+// is), and under pipeline/detail/: stage_set.hpp (the stage types and their checks),
+// microbatch_state.hpp (what is kept per stage and microbatch), transfer.hpp (payloads on the
+// wire, receive pools, sends and receives in flight), agreement.hpp (the fingerprint every
+// call starts with) and gradient_check.hpp. This file holds the run loop and the handler of
+// each action kind.
 #pragma once
 
-#include <baton/comm.hpp>
-#include <baton/payload.hpp>
+#include <baton/comm/concepts.hpp>
+#include <baton/payload/grad.hpp>
+#include <baton/payload/microbatch.hpp>
+#include <baton/payload/traits.hpp>
+#include <baton/pipeline/detail/agreement.hpp>
 #include <baton/pipeline/detail/gradient_check.hpp>
+#include <baton/pipeline/detail/microbatch_state.hpp>
+#include <baton/pipeline/detail/stage_set.hpp>
 #include <baton/pipeline/detail/transfer.hpp>
 #include <baton/pipeline/error.hpp>
+#include <baton/pipeline/options.hpp>
 #include <baton/pipeline/stage.hpp>
 #include <baton/pipeline/timing.hpp>
-#include <baton/schedule.hpp>
+#include <baton/schedule/action.hpp>
+#include <baton/schedule/lower.hpp>
+#include <baton/schedule/policy.hpp>
+#include <baton/schedule/program.hpp>
+#include <baton/schedule/validate.hpp>
 
 #include <algorithm>
 #include <array>
@@ -44,232 +65,6 @@
 
 namespace baton {
 
-/// How per-microbatch losses are combined into the step's loss.
-enum class loss_scaling {
-  /// Every microbatch counts 1/m: equal to the full-batch mean when microbatches are equal.
-  mean_over_microbatches,
-  /// Microbatch i counts tokens_i / sum(tokens), with tokens_i = loss.tokens(target_i): the
-  /// full-batch token mean when the loss returns its microbatch's token mean.
-  by_token_count,
-};
-
-struct pipeline_options {
-  loss_scaling scaling = loss_scaling::mean_over_microbatches;
-  /// step() and eval() return the loss on every pipeline rank, not only on the last stage's.
-  bool loss_on_every_rank = false;
-  /// Exchange a fingerprint (program, call, side-input shapes, batch and target rows) with
-  /// every rank at the start of each call, so ranks that disagree fail at once with a message
-  /// instead of hanging. Without it a target whose rows differ from the batch's is only
-  /// caught on a rank that holds both the first and the last stage.
-  bool check_agreement = true;
-  /// Added to every message tag: lets two executors share one communicator.
-  int tag_offset = 0;
-};
-
-/// What one step() or eval() reports on this rank.
-struct step_report {
-  /// The step's loss: on the last stage's rank, or on every rank with loss_on_every_rank.
-  std::optional<double> loss;
-  /// Peak number of saved states alive at once on this rank during the call, and their bytes
-  /// at that moment (saved_state_bytes of each).
-  std::size_t peak_live_saved = 0;
-  std::size_t peak_saved_bytes = 0;
-  /// Actions this rank executed (compute and communication).
-  std::size_t actions = 0;
-  /// Seconds this rank spent inside its stages' compute, per stage and action kind (forward
-  /// with the loss, backward, backward_input, backward_weight; waiting for messages excluded):
-  /// the measured costs of the schedule's actions (see measured_cost_model).
-  std::vector<action_time> action_times;
-  /// The sum of action_times, and the wall time of the whole call on this rank: on a rank of
-  /// a pipeline, 1 - compute_seconds / wall_seconds is the share it spent idle or
-  /// communicating (its bubble).
-  double compute_seconds = 0;
-  double wall_seconds = 0;
-};
-
-using buffer_pool_stats = detail::pl::pool_stats;
-
-namespace detail::pl {
-
-// ---- the stage types of a pipeline --------------------------------------------------------
-
-template <class L>
-struct stage_set {
-  static_assert(dependent_false_v<L>,
-                "baton::pipeline_executor: the stage types are given as baton::stage_list<S0, S1, ...> "
-                "(one type per stage) or baton::uniform_stages<S> (every stage of type S)");
-};
-
-template <class... S>
-struct stage_set<stage_list<S...>> {
-  static_assert(sizeof...(S) > 0, "baton::stage_list needs at least one stage type");
-  using types = std::tuple<S...>;
-  static constexpr std::size_t type_count = sizeof...(S);
-  static constexpr bool uniform = false;
-  static constexpr std::size_t type_of(int stage) noexcept { return static_cast<std::size_t>(stage); }
-};
-
-template <class S>
-struct stage_set<uniform_stages<S>> {
-  using types = std::tuple<S>;
-  static constexpr std::size_t type_count = 1;
-  static constexpr bool uniform = true;
-  static constexpr std::size_t type_of(int) noexcept { return 0; }
-};
-
-template <class Tuple>
-struct side_of;
-template <class... S>
-struct side_of<std::tuple<S...>> {
-  template <class... T>
-  struct first_real {
-    using type = no_side;
-  };
-  template <class T, class... Rest>
-  struct first_real<T, Rest...> {
-    using type = std::conditional_t<std::is_same_v<T, no_side>, typename first_real<Rest...>::type, T>;
-  };
-  using type = typename first_real<typename S::side...>::type;
-  static constexpr bool consistent =
-      ((std::is_same_v<typename S::side, no_side> || std::is_same_v<typename S::side, type>) && ...);
-};
-
-template <class Tuple, std::size_t... I>
-constexpr bool boundaries_match(std::index_sequence<I...>) {
-  return (std::is_same_v<typename std::tuple_element_t<I, Tuple>::output,
-                         typename std::tuple_element_t<I + 1, Tuple>::input> &&
-          ...);
-}
-
-template <class Set>
-constexpr bool check_stage_set() {
-  using types = typename Set::types;
-  constexpr bool all_stages = []<std::size_t... I>(std::index_sequence<I...>) {
-    return (check_stage<std::tuple_element_t<I, types>>() && ...);
-  }(std::make_index_sequence<Set::type_count>{});
-  static_assert(all_stages);
-  if constexpr (Set::uniform) {
-    using S = std::tuple_element_t<0, types>;
-    static_assert(std::is_same_v<typename S::input, typename S::output>,
-                  "baton::uniform_stages<S>: the stages are chained, so S::output must be S::input; "
-                  "for stages of different types use baton::stage_list<S0, S1, ...>");
-  } else if constexpr (Set::type_count > 1) {
-    static_assert(boundaries_match<types>(std::make_index_sequence<Set::type_count - 1>{}),
-                  "baton::stage_list<S0, S1, ...>: the output type of each stage must be exactly the "
-                  "input type of the next (S_i::output == S_{i+1}::input)");
-  }
-  static_assert(side_of<types>::consistent,
-                "baton pipeline: every stage must have the same `side` type or baton::no_side: side "
-                "inputs are split once per microbatch and given to every stage");
-  return true;
-}
-
-// ---- per-microbatch and per-stage state -----------------------------------------------------
-
-template <class S, class Request>
-struct microbatch_state {
-  using input = typename S::input;
-  using output = typename S::output;
-  using grad_in = grad_t<input>;
-  using grad_out = grad_t<output>;
-
-  std::optional<input> x;                 // what forward saw; kept until saved is freed
-  bool x_pooled = false;                  // x came from the receive pool
-  std::optional<typename S::saved> saved;  // forward -> B, or forward -> I -> W
-  std::size_t saved_bytes = 0;
-  bool input_grad_done = false;            // I ran, W pending
-  std::optional<output> y;                 // until SEND_F or the next local stage's F
-  std::optional<grad_out> dy;              // loss gradient, received, or handed over
-  bool dy_pooled = false;
-  std::optional<grad_in> dx;               // until SEND_B or the previous local stage's backward
-  std::optional<hooks_for<S>> hooks;       // this microbatch's hooks: die with it
-  std::unique_ptr<incoming<Request, input>> recv_x;
-  std::unique_ptr<incoming<Request, grad_out>> recv_dy;
-
-  [[nodiscard]] bool idle() const noexcept {
-    return !x && !saved && !y && !dy && !dx && !hooks && !recv_x && !recv_dy;
-  }
-};
-
-template <class S, class Request>
-struct local_stage {
-  template <class Make>
-  local_stage(int index_, int microbatches, Make&& make) : index(index_), stage(make()), mb(static_cast<std::size_t>(microbatches)) {}
-
-  int index;
-  S stage;
-  std::vector<microbatch_state<S, Request>> mb;
-};
-
-template <class S>
-using forward_hook_fn = std::function<void(int, int, const typename S::input&, const typename S::output&,
-                                           hooks_for<S>&)>;
-
-template <class S, class Request>
-struct stage_store {
-  std::vector<std::unique_ptr<local_stage<S, Request>>> slots;
-  buffer_pool<typename S::input> input_pool;
-  buffer_pool<grad_t<typename S::output>> grad_pool;
-  std::vector<forward_hook_fn<S>> forward_hooks;
-};
-
-template <class Tuple, class Request>
-struct stores_of;
-template <class... S, class Request>
-struct stores_of<std::tuple<S...>, Request> {
-  using type = std::tuple<stage_store<S, Request>...>;
-};
-
-inline std::uint64_t hash_mix(std::uint64_t h, std::uint64_t v) noexcept {
-  // FNV-1a over the 8 bytes of v.
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-inline std::uint64_t program_hash(const program& p) {
-  std::uint64_t h = 14695981039346656037ull;
-  h = hash_mix(h, static_cast<std::uint64_t>(p.shape.ranks));
-  h = hash_mix(h, static_cast<std::uint64_t>(p.shape.stages_per_rank));
-  h = hash_mix(h, static_cast<std::uint64_t>(p.shape.microbatches));
-  h = hash_mix(h, static_cast<std::uint64_t>(p.shape.place));
-  for (const auto& row : p.ranks) {
-    h = hash_mix(h, row.size());
-    for (const auto& a : row) {
-      h = hash_mix(h, (static_cast<std::uint64_t>(a.stage) << 40) ^ (static_cast<std::uint64_t>(a.kind) << 32) ^
-                          static_cast<std::uint64_t>(a.microbatch));
-    }
-  }
-  return h;
-}
-
-inline std::string kind_name(action_kind k) {
-  switch (k) {
-    case action_kind::forward: return "forward";
-    case action_kind::backward: return "backward";
-    case action_kind::backward_input: return "backward_input";
-    case action_kind::backward_weight: return "backward_weight";
-    case action_kind::send_forward: return "send of the activation";
-    case action_kind::recv_forward: return "receive of the activation";
-    case action_kind::send_backward: return "send of the gradient";
-    case action_kind::recv_backward: return "receive of the gradient";
-  }
-  return "action";
-}
-
-enum class call_kind : std::int64_t { train = 1, eval = 2 };
-
-// The words every rank exchanges at the start of a call.
-struct fingerprint {
-  static constexpr std::size_t size = 9;
-  enum : std::size_t { magic, kind, call, program, side, options, prepared, batch_rows, target_rows };
-  std::array<std::int64_t, size> words{};
-};
-
-}  // namespace detail::pl
-
 /// Runs this rank's part of a pipeline. See the file comment and docs/pipeline.md.
 ///
 /// - `Stages`: `stage_list<S0, ..., S_{N-1}>` (one type per stage; stage i's output type must
@@ -287,14 +82,14 @@ struct fingerprint {
 /// (for_each_local_stage).
 template <class Stages, point_to_point_communicator Comm, class Loss>
 class pipeline_executor {
-  using set = detail::pl::stage_set<Stages>;
-  static_assert(detail::pl::check_stage_set<set>());
+  using set = detail::pipeline::stage_set<Stages>;
+  static_assert(detail::pipeline::check_stage_set<set>());
   using types = typename set::types;
   static constexpr std::size_t type_count = set::type_count;
   template <std::size_t T>
   using stage_t = std::tuple_element_t<T, types>;
   using request = comm_request_t<Comm>;
-  using stores = typename detail::pl::stores_of<types, request>::type;
+  using stores = typename detail::pipeline::stores_of<types, request>::type;
 
   // Which type index precedes / follows type index T in the pipeline.
   template <std::size_t T>
@@ -309,7 +104,7 @@ class pipeline_executor {
  public:
   using input_type = typename stage_t<0>::input;
   using output_type = typename stage_t<type_count - 1>::output;
-  using side_type = typename detail::pl::side_of<types>::type;
+  using side_type = typename detail::pipeline::side_of<types>::type;
   using communicator_type = Comm;
 
   /// Builds the executor of rank comm.rank() for `prog` (compute-only — it is validated and
@@ -339,7 +134,7 @@ class pipeline_executor {
       validate(prog);
     }
     program_ = std::move(prog);
-    program_hash_ = detail::pl::program_hash(program_);
+    program_hash_ = detail::pipeline::program_hash(program_);
     num_stages_ = program_.shape.num_stages();
     microbatches_ = program_.shape.microbatches;
     holds_first_ = stage_rank(program_.shape, 0) == rank_;
@@ -361,24 +156,24 @@ class pipeline_executor {
   /// holding the last stage, `side` on every rank (split per microbatch there).
   template <class Target>
   step_report step(const input_type& batch, const side_type& side, const Target& target) {
-    return run(detail::pl::call_kind::train, batch, side, target);
+    return run(detail::pipeline::call_kind::train, batch, side, target);
   }
   template <class Target>
     requires std::same_as<side_type, no_side>
   step_report step(const input_type& batch, const Target& target) {
-    return run(detail::pl::call_kind::train, batch, no_side{}, target);
+    return run(detail::pipeline::call_kind::train, batch, no_side{}, target);
   }
 
   /// Forward only (no saved state kept, no gradients touched): the loss of the batch under
   /// the current weights. Works before the first step() and leaves training state alone.
   template <class Target>
   step_report eval(const input_type& batch, const side_type& side, const Target& target) {
-    return run(detail::pl::call_kind::eval, batch, side, target);
+    return run(detail::pipeline::call_kind::eval, batch, side, target);
   }
   template <class Target>
     requires std::same_as<side_type, no_side>
   step_report eval(const input_type& batch, const Target& target) {
-    return run(detail::pl::call_kind::eval, batch, no_side{}, target);
+    return run(detail::pipeline::call_kind::eval, batch, no_side{}, target);
   }
 
   // ---- hooks -------------------------------------------------------------------------------
@@ -493,7 +288,7 @@ class pipeline_executor {
         static_assert(std::is_invocable_v<MakeStage&, int>,
                       "baton pipeline: the stage factory of uniform_stages<S> is called as make_stage(int "
                       "stage_index) and must return S");
-        slots.push_back(std::make_unique<detail::pl::local_stage<S, request>>(
+        slots.push_back(std::make_unique<detail::pipeline::local_stage<S, request>>(
             s, microbatches_, [&]() -> S { return make_stage(s); }));
       } else {
         [&]<std::size_t... T>(std::index_sequence<T...>) {
@@ -515,16 +310,31 @@ class pipeline_executor {
     static_assert(std::is_same_v<std::remove_cvref_t<std::invoke_result_t<MakeStage&, index>>, S>,
                   "baton pipeline: make_stage(std::integral_constant<std::size_t, I>) must return the "
                   "stage_list's type number I");
-    std::get<T>(stores_).slots.push_back(std::make_unique<detail::pl::local_stage<S, request>>(
+    std::get<T>(stores_).slots.push_back(std::make_unique<detail::pipeline::local_stage<S, request>>(
         static_cast<int>(T), microbatches_, [&]() -> S { return make_stage(index{}); }));
   }
 
   template <std::size_t T>
+  static constexpr handler handler_of(action_kind kind) {
+    switch (kind) {
+      case action_kind::forward: return &pipeline_executor::template run_forward<T>;
+      case action_kind::backward: return &pipeline_executor::template run_backward<T>;
+      case action_kind::backward_input: return &pipeline_executor::template run_backward_input<T>;
+      case action_kind::backward_weight: return &pipeline_executor::template run_backward_weight<T>;
+      case action_kind::send_forward: return &pipeline_executor::template run_send_forward<T>;
+      case action_kind::recv_forward: return &pipeline_executor::template run_recv_forward<T>;
+      case action_kind::send_backward: return &pipeline_executor::template run_send_backward<T>;
+      case action_kind::recv_backward: return &pipeline_executor::template run_recv_backward<T>;
+      // Stage-level kinds (UNSHARD, RESHARD, REDUCE_GRAD): they stay in the program where they
+      // stand, and a stage that does not shard its parameters has nothing to do for them.
+      default: return &pipeline_executor::run_nothing;
+    }
+  }
+  template <std::size_t T>
   static constexpr std::array<handler, action_kind_count> handlers_of() {
-    return {&pipeline_executor::template run_forward<T>,       &pipeline_executor::template run_backward<T>,
-            &pipeline_executor::template run_backward_input<T>, &pipeline_executor::template run_backward_weight<T>,
-            &pipeline_executor::template run_send_forward<T>,  &pipeline_executor::template run_recv_forward<T>,
-            &pipeline_executor::template run_send_backward<T>, &pipeline_executor::template run_recv_backward<T>};
+    std::array<handler, action_kind_count> handlers{};
+    for (std::size_t k = 0; k < handlers.size(); ++k) handlers[k] = handler_of<T>(static_cast<action_kind>(k));
+    return handlers;
   }
 
   void compile() {
@@ -588,7 +398,7 @@ class pipeline_executor {
   void add_forward_hook_to(F& f, bool& accepted) {
     using S = stage_t<T>;
     if constexpr (std::is_invocable_v<F&, int, int, const typename S::input&, const typename S::output&,
-                                      detail::pl::hooks_for<S>&>) {
+                                      detail::pipeline::hooks_for<S>&>) {
       std::get<T>(stores_).forward_hooks.emplace_back(f);
       accepted = true;
     }
@@ -606,7 +416,7 @@ class pipeline_executor {
   // ---- one call (step or eval) ------------------------------------------------------------
 
   template <class Target>
-  step_report run(detail::pl::call_kind kind, const input_type& batch, const side_type& side, const Target& target) {
+  step_report run(detail::pipeline::call_kind kind, const input_type& batch, const side_type& side, const Target& target) {
     using out_grad = grad_t<output_type>;
     static_assert(std::is_invocable_v<Loss&, const output_type&, const Target&>,
                   "baton pipeline: the loss is called as loss(const output&, const target&) with the last "
@@ -621,9 +431,16 @@ class pipeline_executor {
                            ": this executor is unusable after a failed call (" + failure_ +
                            "); construct a new one on every rank");
     }
-    const auto call_start = detail::pl::action_clock::clock::now();
+    // Every rank holds the same program (the constructor validated it), so every rank
+    // refuses here alike, before any transfer: nothing waits on a peer that left.
+    if (kind == detail::pipeline::call_kind::train && is_forward_only(program_)) {
+      throw pipeline_error("baton pipeline rank " + std::to_string(rank_) +
+                           ": step() trains, but the schedule is forward-only (it has no backward); call "
+                           "eval() for the loss, or build the executor from a training schedule");
+    }
+    const auto call_start = detail::pipeline::action_clock::clock::now();
     ++calls_;
-    const bool train = kind == detail::pl::call_kind::train;
+    const bool train = kind == detail::pipeline::call_kind::train;
     const int m = microbatches_;
 
     // Prepare this rank's inputs first, so that a batch that cannot be split fails on every
@@ -632,8 +449,8 @@ class pipeline_executor {
     std::vector<Target> targets;
     // The batch's rows (known on the first stage's rank) and the target's (on the last
     // stage's) must agree; the fingerprint carries them to every rank.
-    const std::int64_t batch_rows = holds_first_ ? detail::pl::leading_rows(batch) : -1;
-    const std::int64_t target_rows = holds_last_ ? detail::pl::leading_rows(target) : -1;
+    const std::int64_t batch_rows = holds_first_ ? detail::pipeline::leading_rows(batch) : -1;
+    const std::int64_t target_rows = holds_last_ ? detail::pipeline::leading_rows(target) : -1;
     try {
       if (holds_first_) batch_mbs_ = split_microbatches(batch, m);
       if constexpr (!std::is_same_v<side_type, no_side>) side_mbs_ = split_microbatches(side, m);
@@ -649,7 +466,7 @@ class pipeline_executor {
     } else if (!prepare_error.empty()) {
       fail("rank " + std::to_string(rank_) + " could not split its inputs into " + std::to_string(m) +
            " microbatches: " + prepare_error);
-    } else if (const auto problem = detail::pl::target_rows_mismatch(batch_rows, target_rows, m); !problem.empty()) {
+    } else if (const auto problem = detail::pipeline::target_rows_mismatch(batch_rows, target_rows, m); !problem.empty()) {
       fail(call_context() + ": " + problem);  // without the exchange, seen only where one rank holds both
     }
 
@@ -672,7 +489,9 @@ class pipeline_executor {
       } catch (...) {
         fail(where(c) + "an exception not derived from std::exception");
       }
-      if (!outgoing_.empty()) poll_sends();
+      // After compute only: that is when a payload freed early matters (the next compute may
+      // allocate), and each test takes the communicator's lock.
+      if (!outgoing_.empty() && is_compute(c.act.kind)) poll_sends();
     }
     finish_sends();
     check_finished();
@@ -688,7 +507,7 @@ class pipeline_executor {
     side_mbs_.clear();
     current_loss_ = nullptr;
     report.wall_seconds =
-        std::chrono::duration<double>(detail::pl::action_clock::clock::now() - call_start).count();
+        std::chrono::duration<double>(detail::pipeline::action_clock::clock::now() - call_start).count();
     return report;
   }
 
@@ -718,8 +537,23 @@ class pipeline_executor {
   }
 
   [[nodiscard]] std::string where(const compiled_action& c) const {
-    return call_context() + ", action " + to_string(c.act) + " (" + detail::pl::kind_name(c.act.kind) +
+    return call_context() + ", action " + to_string(c.act) + " (" + describe(c.act.kind) +
            " of stage " + std::to_string(c.act.stage) + ", microbatch " + std::to_string(c.act.microbatch) + "): ";
+  }
+
+  // What an action does, in the words of an error message.
+  static std::string describe(action_kind kind) {
+    switch (kind) {
+      case action_kind::forward: return "forward";
+      case action_kind::backward: return "backward";
+      case action_kind::backward_input: return "backward_input";
+      case action_kind::backward_weight: return "backward_weight";
+      case action_kind::send_forward: return "send of the activation";
+      case action_kind::recv_forward: return "receive of the activation";
+      case action_kind::send_backward: return "send of the gradient";
+      case action_kind::recv_backward: return "receive of the gradient";
+      default: return std::string(token(kind));
+    }
   }
 
   // "baton pipeline rank R, call N": how every error of a call starts.
@@ -735,99 +569,33 @@ class pipeline_executor {
 
   // ---- agreement between ranks -------------------------------------------------------------
 
-  std::int64_t side_hash(const side_type& side) const {
-    std::uint64_t h = 14695981039346656037ull;
-    if constexpr (!std::is_same_v<side_type, no_side>) {
-      for_each_tensor(side, [&](const auto& t) {
-        const auto shape = tensor_shape(t);
-        h = detail::pl::hash_mix(h, shape.size());
-        for (auto e : shape) h = detail::pl::hash_mix(h, static_cast<std::uint64_t>(e));
-      });
-    }
-    return static_cast<std::int64_t>(h);
-  }
-
-  void exchange_fingerprint(detail::pl::call_kind kind, const side_type& side, const std::string& prepare_error,
+  void exchange_fingerprint(detail::pipeline::call_kind kind, const side_type& side, const std::string& prepare_error,
                             std::int64_t batch_rows, std::int64_t target_rows) {
-    using fp = detail::pl::fingerprint;
+    using fp = detail::pipeline::fingerprint;
     fp mine;
-    mine.words[fp::magic] = detail::pl::wire_magic;
+    mine.words[fp::magic] = detail::pipeline::wire_magic;
     mine.words[fp::kind] = static_cast<std::int64_t>(kind);
     mine.words[fp::call] = calls_;
     mine.words[fp::program] = static_cast<std::int64_t>(program_hash_);
-    mine.words[fp::side] = side_hash(side);
+    mine.words[fp::side] = detail::pipeline::side_shape_hash(side);
     mine.words[fp::options] = (options_.loss_on_every_rank ? 1 : 0) + 2 * static_cast<std::int64_t>(options_.scaling);
     mine.words[fp::prepared] = prepare_error.empty() ? 1 : 0;
     mine.words[fp::batch_rows] = batch_rows;
     mine.words[fp::target_rows] = target_rows;
-    const int n = comm_->size();
-    std::vector<fp> theirs(static_cast<std::size_t>(n));
-    std::vector<request> requests;
-    requests.reserve(2 * static_cast<std::size_t>(n));
-    std::string error;
     try {
-      for (int r = 0; r < n; ++r) {
-        if (r == rank_) continue;
-        requests.push_back(comm_->irecv(std::as_writable_bytes(std::span(theirs[static_cast<std::size_t>(r)].words)), r,
-                                        fingerprint_tag()));
-      }
-      for (int r = 0; r < n; ++r) {
-        if (r == rank_) continue;
-        requests.push_back(comm_->isend(std::as_bytes(std::span(mine.words)), r, fingerprint_tag()));
-      }
-      wait_all(requests);
+      detail::pipeline::exchange_fingerprints(*comm_, fingerprint_tag(), mine, fingerprints_);
     } catch (const std::exception& e) {
       fail(call_context() + ": exchanging the schedule fingerprint with the other ranks failed: " + e.what());
     }
-    const std::string me = call_context() + ": ";
     if (!prepare_error.empty()) {
-      fail(me + "cannot split this rank's inputs into " + std::to_string(microbatches_) + " microbatches: " +
-           prepare_error);
+      fail(call_context() + ": cannot split this rank's inputs into " + std::to_string(microbatches_) +
+           " microbatches: " + prepare_error);
     }
-    for (int r = 0; r < n; ++r) {
-      if (r == rank_) continue;
-      const auto& w = theirs[static_cast<std::size_t>(r)].words;
-      const std::string peer = "rank " + std::to_string(r);
-      if (w[fp::magic] != detail::pl::wire_magic) {
-        fail(me + peer + " sent something other than a pipeline fingerprint: another component uses the "
-                         "pipeline's tags on this communicator; set pipeline_options::tag_offset");
-      }
-      if (w[fp::prepared] == 0) {
-        fail(me + peer + " could not split its inputs into " + std::to_string(microbatches_) +
-             " microbatches (see that rank's error): the step is abandoned on every rank");
-      }
-      if (w[fp::kind] != mine.words[fp::kind]) {
-        fail(me + "this rank called " + (kind == detail::pl::call_kind::train ? "step()" : "eval()") + " but " +
-             peer + " called " + (kind == detail::pl::call_kind::train ? "eval()" : "step()") +
-             ": every pipeline rank must make the same calls in the same order");
-      }
-      if (w[fp::call] != calls_) {
-        fail(me + peer + " is at call " + std::to_string(w[fp::call]) + " but this rank at call " +
-             std::to_string(calls_) + ": every pipeline rank must make the same calls in the same order");
-      }
-      if (w[fp::program] != mine.words[fp::program]) {
-        fail(me + "ranks disagree on the schedule: " + peer +
-             " runs a different program (policy, schedule_shape or CSV); build every rank's executor from "
-             "the same schedule");
-      }
-      if (w[fp::side] != mine.words[fp::side]) {
-        fail(me + "ranks disagree on the shape of the side inputs: " + peer +
-             " passed side tensors of other shapes (e.g. another sequence length); pass the same side input "
-             "on every rank");
-      }
-      if (w[fp::options] != mine.words[fp::options]) {
-        fail(me + "ranks disagree on pipeline_options (loss_on_every_rank or scaling) with " + peer);
-      }
-    }
-    // Every rank compares the same two words, so every rank fails with the same message.
-    const auto word_of = [&](int r, std::size_t word) {
-      return r == rank_ ? mine.words[word] : theirs[static_cast<std::size_t>(r)].words[word];
-    };
-    const std::int64_t first_rows = word_of(stage_rank(program_.shape, 0), fp::batch_rows);
-    const std::int64_t last_rows = word_of(stage_rank(program_.shape, num_stages_ - 1), fp::target_rows);
-    if (const auto problem = detail::pl::target_rows_mismatch(first_rows, last_rows, microbatches_);
+    if (const auto problem = detail::pipeline::fingerprint_disagreement(
+            fingerprints_, rank_, microbatches_, stage_rank(program_.shape, 0),
+            stage_rank(program_.shape, num_stages_ - 1));
         !problem.empty()) {
-      fail(me + problem);
+      fail(call_context() + ": " + problem);
     }
   }
 
@@ -858,8 +626,14 @@ class pipeline_executor {
     // Sends complete roughly in the order they were posted, so only the oldest are tested:
     // each test() takes the communicator's lock, and testing every pending send after every
     // action would cost more than the executor itself.
+    // Completed send objects go back to their spares, for the next send of their type.
     std::size_t done = 0;
-    while (done < outgoing_.size() && outgoing_[done]->test()) ++done;
+    try {
+      while (done < outgoing_.size() && outgoing_[done]->test()) ++done;
+    } catch (const std::exception& e) {
+      fail(call_context() + ": a send did not complete: " + e.what());
+    }
+    for (std::size_t i = 0; i < done; ++i) outgoing_[i]->retire(std::move(outgoing_[i]));
     if (done > 0) outgoing_.erase(outgoing_.begin(), outgoing_.begin() + static_cast<std::ptrdiff_t>(done));
   }
 
@@ -869,13 +643,15 @@ class pipeline_executor {
     } catch (const std::exception& e) {
       fail(call_context() + ": a send did not complete: " + e.what());
     }
+    for (auto& o : outgoing_) o->retire(std::move(o));
     outgoing_.clear();
   }
 
-  template <class P>
-  void send(P&& payload, const compiled_action& c, int direction) {
-    const detail::pl::message_id id{calls_, c.act.stage, c.act.microbatch, direction};
-    outgoing_.push_back(detail::pl::post_send(*comm_, std::forward<P>(payload), c.peer, c.tag, id));
+  template <class P, class Request>
+  void send(P&& payload, const compiled_action& c, int direction,
+            detail::pipeline::send_spares<Request, std::remove_cvref_t<P>>& spares) {
+    const detail::pipeline::message_id id{calls_, c.act.stage, c.act.microbatch, direction};
+    outgoing_.push_back(detail::pipeline::post_send(*comm_, std::forward<P>(payload), c.peer, c.tag, id, spares));
   }
 
   // Every microbatch must have been carried through: a program that forgets a W (or a send)
@@ -897,12 +673,12 @@ class pipeline_executor {
       for (std::size_t m = 0; m < slot->mb.size(); ++m) {
         auto& st = slot->mb[m];
         if (st.idle() || !problem.empty()) continue;
-        const std::string where = "stage " + std::to_string(slot->index) + ", microbatch " + std::to_string(m);
-        if (st.saved) problem = where + " still holds its saved state (no B or W ran)";
-        else if (st.y) problem = where + " still holds an output that was never sent or used";
-        else if (st.dx) problem = where + " still holds an input gradient that was never sent";
-        else if (st.recv_x || st.recv_dy) problem = where + " has a receive that no compute consumed";
-        else problem = where + " was not finished";
+        const std::string place = "stage " + std::to_string(slot->index) + ", microbatch " + std::to_string(m);
+        if (st.saved) problem = place + " still holds its saved state (no B or W ran)";
+        else if (st.y) problem = place + " still holds an output that was never sent or used";
+        else if (st.dx) problem = place + " still holds an input gradient that was never sent";
+        else if (st.recv_x.active() || st.recv_dy.active()) problem = place + " has a receive that no compute consumed";
+        else problem = place + " was not finished";
       }
     }
   }
@@ -930,7 +706,7 @@ class pipeline_executor {
   }
 
   template <std::size_t T>
-  void release_saved(detail::pl::microbatch_state<stage_t<T>, request>& st) {
+  void release_saved(detail::pipeline::microbatch_state<stage_t<T>, request>& st) {
     auto& store = std::get<T>(stores_);
     if (st.saved) {
       st.saved.reset();
@@ -976,18 +752,17 @@ class pipeline_executor {
       }
     }
     if (!have) {
-      if (!st.recv_x) {
+      if (!st.recv_x.active()) {
         throw pipeline_error("no input: stage " + std::to_string(s - 1) + " runs on rank " +
                              std::to_string(stage_rank(program_.shape, s - 1)) +
                              " and the program has no RECV_F before this forward (lower() the program)");
       }
       try {
-        st.x.emplace(detail::pl::complete_recv(*comm_, *st.recv_x, store.input_pool));
+        st.x.emplace(detail::pipeline::complete_recv(*comm_, st.recv_x, store.input_pool));
       } catch (const std::exception& e) {
         throw pipeline_error(std::string("receiving the input activation from rank ") +
-                             std::to_string(st.recv_x->source) + " failed: " + e.what());
+                             std::to_string(st.recv_x.source) + " failed: " + e.what());
       }
-      st.recv_x.reset();
       st.x_pooled = true;
     }
 
@@ -995,10 +770,10 @@ class pipeline_executor {
     st.saved.emplace();
     st.saved_bytes = 0;
     ++live_saved_;
-    const auto compute_start = detail::pl::action_clock::clock::now();
+    const auto compute_start = detail::pipeline::action_clock::clock::now();
     typename S::output y = [&] {
       try {
-        return detail::pl::call_forward(stage_object<T>(c), *st.x, side_for<T>(mb), *st.saved, *st.hooks);
+        return detail::pipeline::call_forward(stage_object<T>(c), *st.x, side_for<T>(mb), *st.saved, *st.hooks);
       } catch (const std::exception& e) {
         throw pipeline_error(std::string("the stage's forward threw: ") + e.what());
       }
@@ -1024,17 +799,17 @@ class pipeline_executor {
         const double w = weights_[static_cast<std::size_t>(mb)];
         loss_sum_ += w * result.value;
         if (training_) {
-          if (auto problem = detail::pl::gradient_mismatch(y, result.grad, "the loss", "output"); !problem.empty()) {
+          if (auto problem = detail::pipeline::gradient_mismatch(y, result.grad, "the loss", "output"); !problem.empty()) {
             throw pipeline_error(problem);
           }
-          detail::pl::scale_payload(result.grad, w);
+          detail::pipeline::scale_payload(result.grad, w);
           st.dy.emplace(std::move(result.grad));
           st.dy_pooled = false;
         }
         consumed = true;
       }
     }
-    clock_.add(s, action_kind::forward, detail::pl::action_clock::clock::now() - compute_start);
+    clock_.add(s, action_kind::forward, detail::pipeline::action_clock::clock::now() - compute_start);
     if (!consumed) st.y.emplace(std::move(y));
     if (!training_) release_saved<T>(st);
   }
@@ -1042,7 +817,7 @@ class pipeline_executor {
   // Obtains the gradient of stage s's output for backward: the loss gradient (last stage), the
   // next stage's input gradient on this rank, or a received gradient.
   template <std::size_t T>
-  void take_output_grad(const compiled_action& c, detail::pl::microbatch_state<stage_t<T>, request>& st) {
+  void take_output_grad(const compiled_action& c, detail::pipeline::microbatch_state<stage_t<T>, request>& st) {
     if (st.dy) return;
     const int s = c.act.stage;
     const int mb = c.act.microbatch;
@@ -1060,23 +835,22 @@ class pipeline_executor {
         return;
       }
     }
-    if (!st.recv_dy) {
+    if (!st.recv_dy.active()) {
       throw pipeline_error("no output gradient: stage " + std::to_string(s + 1) + " runs on rank " +
                            std::to_string(stage_rank(program_.shape, s + 1)) +
                            " and the program has no RECV_B before this backward (lower() the program)");
     }
     try {
-      st.dy.emplace(detail::pl::complete_recv(*comm_, *st.recv_dy, std::get<T>(stores_).grad_pool));
+      st.dy.emplace(detail::pipeline::complete_recv(*comm_, st.recv_dy, std::get<T>(stores_).grad_pool));
     } catch (const std::exception& e) {
       throw pipeline_error(std::string("receiving the output gradient from rank ") +
-                           std::to_string(st.recv_dy->source) + " failed: " + e.what());
+                           std::to_string(st.recv_dy.source) + " failed: " + e.what());
     }
-    st.recv_dy.reset();
     st.dy_pooled = true;
   }
 
   template <std::size_t T>
-  void release_output_grad(detail::pl::microbatch_state<stage_t<T>, request>& st) {
+  void release_output_grad(detail::pipeline::microbatch_state<stage_t<T>, request>& st) {
     if (st.dy_pooled) std::get<T>(stores_).grad_pool.release(std::move(*st.dy));
     st.dy.reset();
     st.dy_pooled = false;
@@ -1089,7 +863,7 @@ class pipeline_executor {
     if (st.input_grad_done) throw pipeline_error("the input gradient of this microbatch was already computed");
     take_output_grad<T>(c, st);
     st.hooks->fire_output_grad(*st.dy);
-    const auto compute_start = detail::pl::action_clock::clock::now();
+    const auto compute_start = detail::pipeline::action_clock::clock::now();
     auto dx = [&] {
       try {
         if constexpr (split_backward_stage<stage_t<T>>) {
@@ -1102,9 +876,9 @@ class pipeline_executor {
       }
     }();
     clock_.add(c.act.stage, split ? action_kind::backward_input : action_kind::backward,
-               detail::pl::action_clock::clock::now() - compute_start);
+               detail::pipeline::action_clock::clock::now() - compute_start);
     // Checked before anything sees it: the previous stage's backward trusts its output's shape.
-    if (auto problem = detail::pl::gradient_mismatch(*st.x, dx, split ? "the stage's backward_input"
+    if (auto problem = detail::pipeline::gradient_mismatch(*st.x, dx, split ? "the stage's backward_input"
                                                                       : "the stage's backward",
                                                      "input");
         !problem.empty()) {
@@ -1141,54 +915,56 @@ class pipeline_executor {
       if (!st.saved || !st.input_grad_done) {
         throw pipeline_error("backward_weight before the backward_input of this microbatch");
       }
-      const auto compute_start = detail::pl::action_clock::clock::now();
+      const auto compute_start = detail::pipeline::action_clock::clock::now();
       try {
         stage_object<T>(c).backward_weight(*st.saved);
       } catch (const std::exception& e) {
         throw pipeline_error(std::string("the stage's backward_weight threw: ") + e.what());
       }
-      clock_.add(c.act.stage, action_kind::backward_weight, detail::pl::action_clock::clock::now() - compute_start);
+      clock_.add(c.act.stage, action_kind::backward_weight, detail::pipeline::action_clock::clock::now() - compute_start);
       release_saved<T>(st);
     } else {
       throw pipeline_error("the stage has no backward_weight");  // rejected at construction
     }
   }
 
+  void run_nothing(const compiled_action&) {}
+
   template <std::size_t T>
   void run_send_forward(const compiled_action& c) {
     auto& st = state<T>(c);
     if (!st.y) throw pipeline_error("nothing to send: the forward of this microbatch has not run");
-    send(std::move(*st.y), c, 0);
+    send(std::move(*st.y), c, 0, std::get<T>(stores_).output_sends);
     st.y.reset();
   }
 
   template <std::size_t T>
   void run_recv_forward(const compiled_action& c) {
-    using S = stage_t<T>;
     auto& st = state<T>(c);
-    if (st.recv_x || st.x) throw pipeline_error("the input of this microbatch was already received");
-    const detail::pl::message_id id{calls_, c.act.stage - 1, c.act.microbatch, 0};
-    st.recv_x = detail::pl::post_recv<Comm, typename S::input>(*comm_, c.peer, c.tag, id);
+    if (st.recv_x.active() || st.x) throw pipeline_error("the input of this microbatch was already received");
+    const detail::pipeline::message_id id{calls_, c.act.stage - 1, c.act.microbatch, 0};
+    detail::pipeline::post_recv(*comm_, st.recv_x, c.peer, c.tag, id);
     // If the header is already here, post the data receives now so they overlap compute.
-    detail::pl::advance_recv(*comm_, *st.recv_x, std::get<T>(stores_).input_pool, false);
+    detail::pipeline::advance_recv(*comm_, st.recv_x, std::get<T>(stores_).input_pool, false);
   }
 
   template <std::size_t T>
   void run_send_backward(const compiled_action& c) {
     auto& st = state<T>(c);
     if (!st.dx) throw pipeline_error("nothing to send: the backward of this microbatch has not run");
-    send(std::move(*st.dx), c, 1);
+    send(std::move(*st.dx), c, 1, std::get<T>(stores_).input_grad_sends);
     st.dx.reset();
   }
 
   template <std::size_t T>
   void run_recv_backward(const compiled_action& c) {
-    using S = stage_t<T>;
     auto& st = state<T>(c);
-    if (st.recv_dy || st.dy) throw pipeline_error("the output gradient of this microbatch was already received");
-    const detail::pl::message_id id{calls_, c.act.stage + 1, c.act.microbatch, 1};
-    st.recv_dy = detail::pl::post_recv<Comm, grad_t<typename S::output>>(*comm_, c.peer, c.tag, id);
-    detail::pl::advance_recv(*comm_, *st.recv_dy, std::get<T>(stores_).grad_pool, false);
+    if (st.recv_dy.active() || st.dy) {
+      throw pipeline_error("the output gradient of this microbatch was already received");
+    }
+    const detail::pipeline::message_id id{calls_, c.act.stage + 1, c.act.microbatch, 1};
+    detail::pipeline::post_recv(*comm_, st.recv_dy, c.peer, c.tag, id);
+    detail::pipeline::advance_recv(*comm_, st.recv_dy, std::get<T>(stores_).grad_pool, false);
   }
 
   // ---- data ------------------------------------------------------------------------------
@@ -1208,7 +984,8 @@ class pipeline_executor {
   stores stores_;
   std::vector<compiled_action> train_;
   std::vector<compiled_action> eval_;
-  std::vector<std::unique_ptr<detail::pl::outgoing<request>>> outgoing_;
+  std::vector<std::unique_ptr<detail::pipeline::outgoing<request>>> outgoing_;
+  std::vector<detail::pipeline::fingerprint> fingerprints_;  // every rank's, for this call
 
   // Per call.
   std::int64_t calls_ = 0;
@@ -1218,7 +995,7 @@ class pipeline_executor {
   std::vector<double> weights_;
   std::function<loss_result<grad_t<output_type>>(const output_type&, int)> current_loss_;
   double loss_sum_ = 0;
-  detail::pl::action_clock clock_;
+  detail::pipeline::action_clock clock_;
   std::size_t live_saved_ = 0, live_bytes_ = 0, peak_saved_ = 0, peak_bytes_ = 0;
   bool failed_ = false;
   std::string failure_;
@@ -1235,7 +1012,7 @@ auto make_pipeline(Comm& comm, const schedule_shape& shape, MakeStage&& make_sta
                 "(a csv_schedule); pass the program instead: make_pipeline<Stages>(comm, policy.generate(shape), "
                 "make_stage, loss)");
   if constexpr (Policy::splits_backward) {
-    static_assert(detail::pl::check_split_stages<Stages>());
+    static_assert(detail::pipeline::check_split_stages<Stages>());
   }
   return pipeline_executor<Stages, Comm, Loss>(comm, Policy::generate(shape), std::forward<MakeStage>(make_stage),
                                                std::move(loss), options);

@@ -6,6 +6,7 @@
 // `saved` object that the executor owns (C++'s stand-in for an autograd graph), so one stage
 // object serves every microbatch in flight:
 //
+// ```cpp
 //   struct my_stage {
 //     using input = baton::host_tensor<double>;   // payloads (tensors or records)
 //     using output = baton::host_tensor<double>;
@@ -17,11 +18,14 @@
 //     baton::grad_t<input> backward_input(saved& st, const baton::grad_t<output>& dy);
 //     void backward_weight(saved& st);
 //   };
+// ```
 //
-// The full example is docs/pipeline.md (compiled in tests/pipeline/docs_example.cpp).
+// The full example, with the function bodies, is in docs/pipeline.md.
 #pragma once
 
-#include <baton/payload.hpp>
+#include <baton/payload/grad.hpp>
+#include <baton/payload/record.hpp>
+#include <baton/payload/traits.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -83,7 +87,7 @@ class microbatch_hooks {
   std::vector<output_grad_hook> output_grad_;
 };
 
-namespace detail::pl {
+namespace detail::pipeline {
 
 template <class T>
 inline constexpr bool dependent_false_v = false;
@@ -122,7 +126,7 @@ concept split_backward = requires(S& s, typename S::saved& st, const grad_t<type
   s.backward_weight(st);
 };
 
-}  // namespace detail::pl
+}  // namespace detail::pipeline
 
 /// A pipeline stage.
 ///
@@ -135,17 +139,17 @@ concept split_backward = requires(S& s, typename S::saved& st, const grad_t<type
 ///  3. `s.backward(saved, dy) -> grad_t<input>`: returns the input gradient and *adds* the
 ///     weight gradients into the stage's accumulators (one call per microbatch).
 template <class S>
-concept stage = detail::pl::has_stage_types<S> && std::default_initializable<typename S::saved> &&
+concept stage = detail::pipeline::has_stage_types<S> && std::default_initializable<typename S::saved> &&
                 std::movable<typename S::saved> &&
-                (detail::pl::forward_plain<S> || detail::pl::forward_with_hooks<S>) &&
-                detail::pl::full_backward<S>;
+                (detail::pipeline::forward_plain<S> || detail::pipeline::forward_with_hooks<S>) &&
+                detail::pipeline::full_backward<S>;
 
 /// A stage whose backward can run in two halves, as zero-bubble schedules need:
 ///  4. `s.backward_input(saved, dy) -> grad_t<input>` computes only the input gradient and keeps
 ///     in `saved` what the weight gradient needs;
 ///  5. `s.backward_weight(saved)` adds the weight gradients. The executor frees `saved` after it.
 template <class S>
-concept split_backward_stage = stage<S> && detail::pl::split_backward<S>;
+concept split_backward_stage = stage<S> && detail::pipeline::split_backward<S>;
 
 /// What a loss function returns for one microbatch: the loss value and the gradient of that
 /// value with respect to the last stage's output. The executor scales both (by 1/m, or by the
@@ -180,7 +184,7 @@ template <class Saved>
   }
 }
 
-namespace detail::pl {
+namespace detail::pipeline {
 
 // Compile-time diagnosis of a type that should be a stage: the first missing requirement
 // fires, with a message that says what to write.
@@ -259,5 +263,5 @@ typename S::output call_forward(S& s, const typename S::input& x, const typename
   }
 }
 
-}  // namespace detail::pl
+}  // namespace detail::pipeline
 }  // namespace baton

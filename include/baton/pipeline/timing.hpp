@@ -66,7 +66,7 @@ inline cost_model measured_cost_model(std::span<const action_time> times, int nu
   return c;
 }
 
-namespace detail::pl {
+namespace detail::pipeline {
 
 // Accumulates action_time entries for the stages of one rank during a call.
 class action_clock {
@@ -108,5 +108,5 @@ class action_clock {
   std::vector<action_time> entries_;
 };
 
-}  // namespace detail::pl
+}  // namespace detail::pipeline
 }  // namespace baton

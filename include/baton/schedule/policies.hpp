@@ -11,6 +11,7 @@
 //   zbv                      ZB-V of the zero-bubble paper: 2 stages per rank in a V, split
 //                            backward (a small bubble remains: see zbv below)
 //   dual_pipe_v              DeepSeek's DualPipeV: 2 stages per rank in a V, F and B paired
+//   forward_only             torch's _ScheduleForwardOnly: every forward, no backward (inference)
 // Each generate() is constexpr and checks the shape it is given.
 #pragma once
 
@@ -23,7 +24,7 @@
 
 namespace baton {
 
-namespace detail::sched {
+namespace detail::schedule {
 
 inline constexpr action_kind F = action_kind::forward;
 inline constexpr action_kind B = action_kind::backward;
@@ -145,7 +146,7 @@ constexpr program interleaved_program(const schedule_shape& s, int warmup_factor
   return prog;
 }
 
-}  // namespace detail::sched
+}  // namespace detail::schedule
 
 // GPipe: fill with every forward, drain with every backward. Peak live activations: all m
 // microbatches on every rank. One stage per rank, any number of microbatches.
@@ -155,7 +156,7 @@ struct gpipe {
   static constexpr int default_stages_per_rank = 1;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_one_stage_per_rank("gpipe", s);
     program prog = empty_program(s);
     for (int r = 0; r < s.ranks; ++r) {
@@ -175,7 +176,7 @@ struct one_f_one_b {
   static constexpr int default_stages_per_rank = 1;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_one_stage_per_rank("one_f_one_b", s);
     // With one stage per rank, interleaved_row's warm-up is min(m, p - 1 - r) forwards.
     return interleaved_program(s, 1, false);
@@ -191,7 +192,7 @@ struct interleaved_1f1b {
   static constexpr int default_stages_per_rank = 2;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_loop("interleaved_1f1b", s);
     check_rounds("interleaved_1f1b", s);
     return interleaved_program(s, 2, false);
@@ -206,7 +207,7 @@ struct looped_bfs {
   static constexpr int default_stages_per_rank = 2;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_loop("looped_bfs", s);
     program prog = empty_program(s);
     for (int r = 0; r < s.ranks; ++r) {
@@ -229,7 +230,7 @@ struct zb1p {
   static constexpr int default_stages_per_rank = 1;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_one_stage_per_rank("zb1p", s);
     return interleaved_program(s, 1, true);
   }
@@ -243,7 +244,7 @@ struct interleaved_zero_bubble {
   static constexpr int default_stages_per_rank = 2;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_loop("interleaved_zero_bubble", s);
     check_rounds("interleaved_zero_bubble", s);
     return interleaved_program(s, 1, true);
@@ -264,7 +265,7 @@ struct zbv {
   static constexpr int default_stages_per_rank = 2;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_v("zbv", s);
     const int p = s.ranks;
     const int m = s.microbatches;
@@ -315,15 +316,15 @@ struct zbv {
 
 // DualPipeV (DeepSeek-V3's DualPipe folded into a V, as torch implements it): 2 stages
 // per rank in a V; in the steady phase each forward of one stage is paired with a full
-// backward of the other (torch's OVERLAP_F_B, here written as the F then the B), and the
-// tails use I/W. Needs at least 2 x ranks microbatches.
+// backward of the other (torch's OVERLAP_F_B: the forward has overlaps_next, the CSV cell is
+// `(0F3;3B1)OVERLAP_F_B`), and the tails use I/W. Needs at least 2 x ranks microbatches.
 struct dual_pipe_v {
   static constexpr bool splits_backward = true;
   static constexpr placement default_placement = placement::v;
   static constexpr int default_stages_per_rank = 2;
 
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
-    using namespace detail::sched;
+    using namespace detail::schedule;
     check_v("dual_pipe_v", s);
     const int p = s.ranks;
     const int m = s.microbatches;
@@ -350,6 +351,12 @@ struct dual_pipe_v {
       auto add_weight_if_pending = [&] {
         if (weights_done < pending_weights.size()) row.push_back(pending_weights[weights_done++]);
       };
+      // torch's add_overlap_f_b: the forward of one chunk and the full backward of the other.
+      auto add_overlapped = [&](int forward_chunk, int backward_chunk) {
+        add(forward_chunk, F);
+        row.back().overlaps_next = true;
+        add(backward_chunk, B);
+      };
       for (int i = 0; i < 2 * (p - r - 1); ++i) add(0, F);
       for (int i = 0; i < r + 1; ++i) {
         add(0, F);
@@ -361,15 +368,17 @@ struct dual_pipe_v {
         add(1, F);
       }
       for (int i = 0; i < m - 2 * p + r + 1; ++i) {
-        add(0, F);  // paired with the backward of the other chunk
-        add(1, B);
-        add(1, F);
-        add(0, B);
+        if (i == 0 && r == p - 1) {  // torch leaves this first pair of the last rank unpaired
+          add(0, F);
+          add(1, B);
+        } else {
+          add_overlapped(0, 1);
+        }
+        add_overlapped(1, 0);
       }
       for (int i = 0; i < p - r - 1; ++i) {
         add(1, B);
-        add(1, F);
-        add(0, B);
+        add_overlapped(1, 0);
       }
       bool split = false;
       const int tail = r + 1;
@@ -385,6 +394,28 @@ struct dual_pipe_v {
       }
       while (weights_done < pending_weights.size()) add_weight_if_pending();
     }
+    return prog;
+  }
+};
+
+// torch's _ScheduleForwardOnly: each rank runs the forward of its one stage for every
+// microbatch in order, and nothing else (inference, evaluation). One stage per rank, any
+// number of microbatches. A training step needs backwards: use it with eval-style runs.
+struct forward_only {
+  static constexpr bool splits_backward = false;
+  static constexpr placement default_placement = placement::loop;
+  static constexpr int default_stages_per_rank = 1;
+
+  [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
+    using namespace detail::schedule;
+    check_common("forward_only", s);
+    if (s.stages_per_rank != 1 || s.place != placement::loop)
+      shape_error("forward_only", "runs one stage per rank, as torch's _ScheduleForwardOnly does (got stages_per_rank = " +
+                                      std::to_string(s.stages_per_rank) + ", placement::" +
+                                      std::string(to_string(s.place)) + "): use {ranks, 1, microbatches}");
+    program prog = empty_program(s);
+    for (int r = 0; r < s.ranks; ++r)
+      for (int mb = 0; mb < s.microbatches; ++mb) prog.ranks[static_cast<std::size_t>(r)].push_back({r, F, mb});
     return prog;
   }
 };

@@ -22,7 +22,8 @@ namespace baton {
 //   Optional: P::default_stages_per_rank (an int constant; 1 when absent), used by
 //   shape_for<P>().
 //
-// Example (compiled in tests/schedule/test_policies.cpp):
+// Example:
+// ```cpp
 //   struct forward_then_backward {
 //     static constexpr bool splits_backward = false;
 //     static constexpr baton::placement default_placement = baton::placement::loop;
@@ -37,6 +38,7 @@ namespace baton {
 //   };
 //   static_assert(baton::schedule_policy<forward_then_backward>);
 //   static_assert(baton::is_valid(forward_then_backward::generate({4, 1, 8})));
+// ```
 template <class P>
 concept schedule_policy = requires(const P& p, const schedule_shape& s) {
   { p.generate(s) } -> std::same_as<program>;
@@ -46,7 +48,7 @@ concept schedule_policy = requires(const P& p, const schedule_shape& s) {
   typename std::integral_constant<placement, static_cast<placement>(P::default_placement)>;
 };
 
-namespace detail::sched {
+namespace detail::schedule {
 
 template <class P>
 constexpr int default_stages_per_rank() {
@@ -69,21 +71,21 @@ inline void shape_error(const char* policy, const std::string& what) {
   throw schedule_error(std::string("baton::") + policy + ": " + what);
 }
 
-}  // namespace detail::sched
+}  // namespace detail::schedule
 
 // The shape a policy is designed for: its default placement and (when stages_per_rank is
 // 0) its default stages per rank, e.g. shape_for<zbv>(4, 8) == {4, 2, 8, placement::v}.
 template <class P>
 [[nodiscard]] constexpr schedule_shape shape_for(int ranks, int microbatches, int stages_per_rank = 0) {
-  detail::sched::require_policy<P>();
-  return schedule_shape{ranks, stages_per_rank > 0 ? stages_per_rank : detail::sched::default_stages_per_rank<P>(),
+  detail::schedule::require_policy<P>();
+  return schedule_shape{ranks, stages_per_rank > 0 ? stages_per_rank : detail::schedule::default_stages_per_rank<P>(),
                         microbatches, static_cast<placement>(P::default_placement)};
 }
 
 // p.generate(shape) for a policy type, with a readable error when P is not one.
 template <class P>
 [[nodiscard]] constexpr program generate(const schedule_shape& shape, const P& policy = P{}) {
-  detail::sched::require_policy<P>();
+  detail::schedule::require_policy<P>();
   return policy.generate(shape);
 }
 

@@ -47,7 +47,9 @@ struct schedule_shape {
 }
 
 // Each rank's ordered actions: compute-only as a policy generates it, or compute plus
-// communication after lower(). ranks[r][i] is step i of rank r.
+// communication after lower(); either may also hold the stage-level UNSHARD, RESHARD and
+// REDUCE_GRAD of torch's runtime schedules. ranks[r][i] is step i of rank r (an overlapped
+// F/B pair is two steps).
 struct program {
   schedule_shape shape{};
   std::vector<std::vector<action>> ranks;
@@ -61,6 +63,18 @@ struct program {
     for (const auto& a : row)
       if (is_communication(a.kind)) return true;
   return false;
+}
+
+// True when the program has no backward at all (no B, I or W): a forward-only schedule, for
+// inference or evaluation (torch's _ScheduleForwardOnly; baton::forward_only). Validation then
+// asks for every forward and no backward; a training step needs a program with backwards.
+[[nodiscard]] constexpr bool is_forward_only(const program& prog) noexcept {
+  for (const auto& row : prog.ranks)
+    for (const auto& a : row)
+      if (a.kind == action_kind::backward || a.kind == action_kind::backward_input ||
+          a.kind == action_kind::backward_weight)
+        return false;
+  return true;
 }
 
 // True when some backward is split into I and W: the stages must then model

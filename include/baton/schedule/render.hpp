@@ -12,7 +12,7 @@
 
 namespace baton {
 
-namespace detail::sched {
+namespace detail::schedule {
 
 inline std::string format_number(double value, int precision = 6) {
   char buffer[64];
@@ -67,21 +67,21 @@ inline std::string kind_colour(action_kind kind, int chunk) {
   return chunk % 2 == 0 ? dark[k] : light[k];
 }
 
-}  // namespace detail::sched
+}  // namespace detail::schedule
 
 // Chrome trace event format: one process, one thread per rank, an X event per compute
 // action (1 cost unit = 1 ms), and flow arrows for the messages between ranks.
 [[nodiscard]] inline std::string to_chrome_trace(const simulation& sim, std::string_view title = "baton schedule") {
-  using detail::sched::format_number;
+  using detail::schedule::format_number;
   const double scale = 1000.0;  // trace timestamps are microseconds
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"" + detail::sched::json_escape(title) +
+  out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"" + detail::schedule::json_escape(title) +
          "\"}}";
   for (std::size_t r = 0; r < sim.ranks.size(); ++r)
     out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" + std::to_string(r) +
            ",\"args\":{\"name\":\"rank " + std::to_string(r) + "\"}}";
   for (const auto& t : sim.timeline) {
-    out += ",\n{\"name\":\"" + to_string(t.act) + "\",\"cat\":\"" + std::string(detail::sched::kind_category(t.act.kind)) +
+    out += ",\n{\"name\":\"" + to_string(t.act) + "\",\"cat\":\"" + std::string(detail::schedule::kind_category(t.act.kind)) +
            "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + std::to_string(t.rank) + ",\"ts\":" + format_number(t.start * scale, 12) +
            ",\"dur\":" + format_number((t.finish - t.start) * scale, 12) + ",\"args\":{\"stage\":" +
            std::to_string(t.act.stage) + ",\"microbatch\":" + std::to_string(t.act.microbatch) +
@@ -110,7 +110,7 @@ struct svg_options {
 // A Gantt chart: one row per rank, a box per compute action labelled with its microbatch,
 // coloured by kind (F blue, B green, I light green, W orange; later local stages lighter).
 [[nodiscard]] inline std::string to_svg(const simulation& sim, const svg_options& options = {}) {
-  using detail::sched::format_number;
+  using detail::schedule::format_number;
   const int ranks = static_cast<int>(sim.ranks.size());
   const double left = 64;
   const double right = 16;
@@ -129,7 +129,7 @@ struct svg_options {
                     format_number(height) + "\" font-family=\"sans-serif\">\n";
   out += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   out += "<text x=\"" + format_number(left) + "\" y=\"20\" font-size=\"15\" font-weight=\"bold\">" +
-         detail::sched::xml_escape(options.title) + "</text>\n";
+         detail::schedule::xml_escape(options.title) + "</text>\n";
   if (options.show_figures) {
     char figures[200];
     std::snprintf(figures, sizeof figures,
@@ -154,7 +154,7 @@ struct svg_options {
     const double w = std::max(0.5, (t.finish - t.start) * px);
     const double y = top + t.rank * row;
     out += "<rect x=\"" + format_number(x) + "\" y=\"" + format_number(y) + "\" width=\"" + format_number(w) +
-           "\" height=\"" + format_number(row - 2) + "\" fill=\"" + detail::sched::kind_colour(t.act.kind, chunk) +
+           "\" height=\"" + format_number(row - 2) + "\" fill=\"" + detail::schedule::kind_colour(t.act.kind, chunk) +
            "\" stroke=\"white\" stroke-width=\"0.6\"><title>" + to_string(t.act) + " [" + format_number(t.start) + ", " +
            format_number(t.finish) + ")</title></rect>\n";
     const std::string label = std::to_string(t.act.microbatch);
@@ -183,7 +183,7 @@ struct svg_options {
   double lx = left;
   for (const auto& [kind, name] : entries) {
     out += "<rect x=\"" + format_number(lx) + "\" y=\"" + format_number(legend_y - 10) +
-           "\" width=\"12\" height=\"12\" fill=\"" + detail::sched::kind_colour(kind, 0) + "\"/>\n";
+           "\" width=\"12\" height=\"12\" fill=\"" + detail::schedule::kind_colour(kind, 0) + "\"/>\n";
     out += "<text x=\"" + format_number(lx + 16) + "\" y=\"" + format_number(legend_y) + "\" font-size=\"11\">" + name +
            "</text>\n";
     lx += 110;

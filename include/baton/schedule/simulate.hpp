@@ -3,7 +3,12 @@
 // Each rank runs its program in order. A compute action starts when the rank is free and
 // its input is there: an input from a stage on another rank arrives `communication` after
 // the producing compute finished (after its SEND in a lowered program); co-located stages
-// hand over instantly. Sends never block. Communication does not occupy the rank.
+// hand over instantly. Sends never block; a receive of a lowered program is posted where it
+// stands and waited for by the compute it feeds, as baton's executor and torch's runtime do,
+// so a lowered program times like its compute-only one. Communication does not occupy the
+// rank. An overlapped F/B pair runs F then B, each when its own input is there, as both run it
+// on a CPU, and its outputs leave when the pair ends (its sends follow both actions); the
+// overlap a GPU backend could give is not modelled. Stage-level actions take no time.
 #pragma once
 
 #include <baton/schedule/detail/analysis.hpp>
@@ -109,7 +114,7 @@ struct rank_figures {
   double busy = 0;             // time computing
   double idle = 0;             // makespan - busy
   double finish = 0;           // when the rank's last action ends
-  int peak_live = 0;           // most (stage, microbatch) activations alive at once
+  int peak_live = 0;           // most (stage, microbatch) activations alive at once (saved for a backward)
   double peak_activation = 0;  // the same, weighted by cost_model::activation
 };
 
@@ -142,8 +147,9 @@ struct simulation {
 [[nodiscard]] inline simulation simulate(const program& prog, const cost_model& costs = {}) {
   validate(prog);
   costs.check(prog.shape.num_stages());
+  using K = action_kind;
   const bool lowered = is_lowered(prog);
-  detail::sched::action_index index(prog, lowered);
+  detail::schedule::action_index index(prog, lowered);
   for (int r = 0; r < static_cast<int>(prog.ranks.size()); ++r)
     for (int t = 0; t < static_cast<int>(prog.ranks[static_cast<std::size_t>(r)].size()); ++t)
       index.at(index.key(prog.ranks[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)])) = {r, t};
@@ -154,18 +160,31 @@ struct simulation {
   result.ranks.resize(ranks);
   std::vector<double> finish(index.size(), 0.0);
   std::vector<double> clock(ranks, 0.0);
-  detail::sched::walk_in_dependency_order(
+  detail::schedule::walk_in_dependency_order(
       prog, index, [&](int r, int step, const action& a, const std::optional<action>& dependency) {
         double ready = clock[static_cast<std::size_t>(r)];
         if (dependency) {
           const double sent = finish[index.key(*dependency)];
           const double arrived = sent + costs.communication;
-          ready = std::max(ready, arrived);
           result.messages.push_back({stage_rank(prog.shape, dependency->stage), r, *dependency, sent, arrived});
+          if (is_communication(a.kind)) {  // a receive is posted here; the compute it feeds waits for it
+            finish[index.key(a)] = arrived;
+            return;
+          }
+          ready = std::max(ready, arrived);
+        }
+        if (lowered) {
+          const K received = a.kind == K::forward ? K::recv_forward : K::recv_backward;
+          if ((a.kind == K::forward || is_input_backward(a.kind)) && index.has(received, a.stage, a.microbatch))
+            ready = std::max(ready, finish[index.key(received, a.stage, a.microbatch)]);
         }
         const double duration = costs.cost(a.kind, a.stage);
         const double end = ready + duration;
         finish[index.key(a)] = end;
+        // A pair's outputs leave when the pair ends: its sends follow both actions.
+        const auto& row = prog.ranks[static_cast<std::size_t>(r)];
+        if (step > 0 && row[static_cast<std::size_t>(step) - 1].overlaps_next)
+          finish[index.key(row[static_cast<std::size_t>(step) - 1])] = end;
         clock[static_cast<std::size_t>(r)] = end;
         if (is_compute(a.kind)) {
           result.ranks[static_cast<std::size_t>(r)].busy += duration;
@@ -181,8 +200,10 @@ struct simulation {
   if (result.makespan > 0) result.bubble_ratio = result.total_idle() / (static_cast<double>(ranks) * result.makespan);
 
   // Activations live from F to the end of the backward (B, or W when split); program order
-  // on a rank is execution order, so no timing is needed.
-  for (std::size_t r = 0; r < ranks; ++r) {
+  // on a rank is execution order, so no timing is needed. A forward-only program saves
+  // nothing for a backward: none are live.
+  const bool saves_activations = !is_forward_only(prog);
+  for (std::size_t r = 0; r < ranks && saves_activations; ++r) {
     int live = 0;
     double weighted = 0;
     auto& figures = result.ranks[r];

@@ -9,6 +9,14 @@
 //   - lowered programs: each cross-rank F/B/I preceded by its receive, each send after the
 //     compute it sends, every send matched by a receive and vice versa, no message between
 //     stages that share a rank;
+//   - a forward-only program (no B, I or W anywhere) needs every forward and no backward;
+//   - an overlapped pair is a forward followed at once by a B or I; it starts when the inputs
+//     of both are there;
+//   - stage-level actions (microbatch 0): a stage with any UNSHARD or RESHARD computes only
+//     between an UNSHARD and the next RESHARD, UNSHARD and RESHARD alternate, and each UNSHARD
+//     is used by a compute before its RESHARD or the end (torch's _PipelineScheduleRuntime
+//     asserts the same for an FSDP stage); REDUCE_GRAD at most once per stage, after its last
+//     B or W, and for every stage once any stage has one;
 //   - no deadlock: run with blocking receives and buffered sends, every rank finishes.
 // find_problem() and is_valid() are constexpr, so a fixed shape can be checked by
 // static_assert; validate() throws schedule_error with the place and a grid excerpt.
@@ -48,6 +56,15 @@ enum class problem_kind : std::uint8_t {
   missing_backward,
   missing_weight,
   deadlock,
+  malformed_overlap,             // overlaps_next on anything but a forward followed at once by a B or I
+  stage_action_with_microbatch,  // UNSHARD, RESHARD or REDUCE_GRAD with a microbatch other than 0
+  unshard_twice,                 // UNSHARD of a stage that is already unsharded
+  reshard_without_unshard,       // RESHARD of a stage that is not unsharded
+  unshard_unused,                // UNSHARD with no compute of its stage before the RESHARD or the end
+  compute_while_sharded,         // compute of an UNSHARD/RESHARD stage outside UNSHARD..RESHARD
+  reduce_grad_before_backward,   // a B or W of the stage after its REDUCE_GRAD
+  reduce_grad_without_backward,  // REDUCE_GRAD of a stage that runs no backward
+  missing_reduce_grad,           // some stages have a REDUCE_GRAD, this one has none
 };
 
 // Where and what. `other` is the related action (the first occurrence of a duplicate, the
@@ -67,7 +84,7 @@ struct schedule_problem {
   std::vector<std::array<int, 2>> wait_cycle;
 };
 
-namespace detail::sched {
+namespace detail::schedule {
 
 constexpr schedule_problem make_problem(problem_kind kind, int rank, int step, std::optional<action> act) {
   schedule_problem p;
@@ -109,17 +126,86 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
                       action{stage, action_kind::forward, microbatch});
 }
 
-}  // namespace detail::sched
+// The order of the stage-level actions, rank by rank (see the header comment), in a program
+// that has some.
+constexpr std::optional<schedule_problem> stage_level_problem(const program& prog) {
+  using K = action_kind;
+  const int S = prog.shape.num_stages();
+
+  std::vector<unsigned char> sharding_managed(static_cast<std::size_t>(S), 0);
+  std::vector<int> last_weight_step(static_cast<std::size_t>(S), -1);  // the stage's last B or W
+  for (const auto& row : prog.ranks)
+    for (int t = 0; t < static_cast<int>(row.size()); ++t) {
+      const action& a = row[static_cast<std::size_t>(t)];
+      const auto s = static_cast<std::size_t>(a.stage);
+      if (a.kind == K::unshard || a.kind == K::reshard) sharding_managed[s] = 1;
+      if (a.kind == K::backward || a.kind == K::backward_weight) last_weight_step[s] = t;
+    }
+
+  enum : unsigned char { sharded, unsharded_unused, unsharded_used };
+  std::vector<unsigned char> state(static_cast<std::size_t>(S), sharded);
+  std::vector<int> changed_at(static_cast<std::size_t>(S), -1);  // step of the stage's last UNSHARD or RESHARD
+  for (int r = 0; r < static_cast<int>(prog.ranks.size()); ++r) {
+    const auto& row = prog.ranks[static_cast<std::size_t>(r)];
+    auto at_step = [&](int step) { return row[static_cast<std::size_t>(step)]; };
+    for (int t = 0; t < static_cast<int>(row.size()); ++t) {
+      const action& a = row[static_cast<std::size_t>(t)];
+      const auto s = static_cast<std::size_t>(a.stage);
+      auto fail = [&](problem_kind kind, int other_step) {
+        auto p = make_problem(kind, r, t, a);
+        return other_step >= 0 ? with_other(p, at_step(other_step), position{r, other_step}) : p;
+      };
+      switch (a.kind) {
+        case K::unshard:
+          if (state[s] != sharded) return fail(problem_kind::unshard_twice, changed_at[s]);
+          state[s] = unsharded_unused;
+          changed_at[s] = t;
+          break;
+        case K::reshard:
+          if (state[s] == sharded) return fail(problem_kind::reshard_without_unshard, changed_at[s]);
+          if (state[s] == unsharded_unused) return fail(problem_kind::unshard_unused, changed_at[s]);
+          state[s] = sharded;
+          changed_at[s] = t;
+          break;
+        case K::reduce_grad:
+          if (last_weight_step[s] < 0) return fail(problem_kind::reduce_grad_without_backward, -1);
+          if (last_weight_step[s] > t) return fail(problem_kind::reduce_grad_before_backward, last_weight_step[s]);
+          break;
+        default:
+          if (!is_compute(a.kind) || !sharding_managed[s]) break;
+          if (state[s] == sharded) {
+            // Point at what to move: the RESHARD before this compute, else the UNSHARD after it.
+            int other = changed_at[s];
+            for (int u = t + 1; other < 0 && u < static_cast<int>(row.size()); ++u)
+              if (at_step(u).kind == K::unshard && at_step(u).stage == a.stage) other = u;
+            return fail(problem_kind::compute_while_sharded, other);
+          }
+          state[s] = unsharded_used;
+          break;
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    if (state[static_cast<std::size_t>(s)] != unsharded_unused) continue;
+    const int r = stage_rank(prog.shape, s);
+    const int t = changed_at[static_cast<std::size_t>(s)];
+    return make_problem(problem_kind::unshard_unused, r, t, prog.ranks[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]);
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail::schedule
 
 // The first problem of the program, in this order: shape, rows, ranges and placement,
-// duplicates, order within a rank, message pairing, completeness, deadlock.
+// overlapped pairs, duplicates, order within a rank, stage-level actions, message pairing,
+// completeness, deadlock.
 [[nodiscard]] constexpr std::optional<schedule_problem> find_problem(const program& prog) {
-  using detail::sched::make_problem;
-  using detail::sched::position;
-  using detail::sched::with_other;
+  using detail::schedule::make_problem;
+  using detail::schedule::position;
+  using detail::schedule::with_other;
   using K = action_kind;
   const schedule_shape& shape = prog.shape;
-  constexpr int limit = detail::sched::max_index;
+  constexpr int limit = detail::schedule::max_index;
   if (shape.ranks < 1 || shape.stages_per_rank < 1 || shape.microbatches < 1 || shape.ranks > limit ||
       shape.stages_per_rank > limit || shape.microbatches > limit ||
       static_cast<long long>(shape.ranks) * shape.stages_per_rank > limit)
@@ -139,15 +225,22 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
   const int S = shape.num_stages();
   const int m = shape.microbatches;
   const bool lowered = is_lowered(prog);
+  bool has_stage_level = false;
+  bool forward_only = true;  // no B, I or W anywhere: see is_forward_only
   for (int r = 0; r < ranks; ++r) {
     const auto& row = prog.ranks[static_cast<std::size_t>(r)];
     for (int t = 0; t < static_cast<int>(row.size()); ++t) {
       const action& a = row[static_cast<std::size_t>(t)];
       const int s = a.stage;
+      if (is_compute(a.kind) && a.kind != K::forward) forward_only = false;
       if (s < 0 || s >= S) {
         auto p = make_problem(problem_kind::stage_out_of_range, r, t, a);
         p.expected = S;
         return p;
+      }
+      if (is_stage_level(a.kind)) {
+        has_stage_level = true;
+        if (a.microbatch != 0) return make_problem(problem_kind::stage_action_with_microbatch, r, t, a);
       }
       if (a.microbatch < 0 || a.microbatch >= m) {
         auto p = make_problem(problem_kind::microbatch_out_of_range, r, t, a);
@@ -169,19 +262,28 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
         p.other_rank = peer;  // the peer stage, or out of range at the pipeline's ends
         return p;
       }
+      if (a.overlaps_next) {
+        const bool has_next = t + 1 < static_cast<int>(row.size());
+        const action* next = has_next ? &row[static_cast<std::size_t>(t + 1)] : nullptr;
+        if (a.kind != K::forward || !next || !is_input_backward(next->kind) || next->overlaps_next) {
+          auto p = make_problem(problem_kind::malformed_overlap, r, t, a);
+          return next ? with_other(p, *next, position{r, t + 1}) : p;
+        }
+      }
     }
   }
 
   // Every (stage, microbatch) needs a forward; a program shorter than that is missing one,
   // and the full index would be needlessly large.
   if (static_cast<long long>(S) * m > static_cast<long long>(action_count(prog)))
-    return detail::sched::first_missing_forward(prog);
+    return detail::schedule::first_missing_forward(prog);
 
-  detail::sched::action_index index(prog, lowered);
+  detail::schedule::action_index index(prog, lowered);
   for (int r = 0; r < ranks; ++r) {
     const auto& row = prog.ranks[static_cast<std::size_t>(r)];
     for (int t = 0; t < static_cast<int>(row.size()); ++t) {
       const action& a = row[static_cast<std::size_t>(t)];
+      if (a.kind == K::unshard || a.kind == K::reshard) continue;  // a stage may be unsharded again
       position& first = index.at(index.key(a));
       if (first.found()) return with_other(make_problem(problem_kind::duplicate_action, r, t, a), a, first);
       first = position{r, t};
@@ -247,6 +349,9 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
     }
   }
 
+  if (has_stage_level)
+    if (auto problem = detail::schedule::stage_level_problem(prog)) return problem;
+
   // Every message has both ends.
   for (int r = 0; r < ranks; ++r) {
     const auto& row = prog.ranks[static_cast<std::size_t>(r)];
@@ -269,7 +374,10 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
     }
   }
 
-  // Every stage runs every microbatch forward and backward.
+  // Every stage runs every microbatch forward and, unless the program is forward-only,
+  // backward; and reduces its gradients if any stage does.
+  bool reduces_gradients = false;
+  for (int s = 0; s < S && !reduces_gradients; ++s) reduces_gradients = index.has(K::reduce_grad, s, 0);
   for (int s = 0; s < S; ++s) {
     const int r = stage_rank(shape, s);
     const int end = static_cast<int>(prog.ranks[static_cast<std::size_t>(r)].size());
@@ -279,6 +387,7 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
         p.expected = m;
         return p;
       }
+      if (forward_only) continue;
       if (!index.has(K::backward, s, mb) && !index.has(K::backward_input, s, mb))
         return make_problem(problem_kind::missing_backward, r, end, action{s, K::backward, mb});
       if (index.has(K::backward_input, s, mb) && !index.has(K::backward_weight, s, mb)) {
@@ -287,10 +396,12 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
                           index.at(index.key(input)));
       }
     }
+    if (reduces_gradients && !index.has(K::reduce_grad, s, 0))
+      return make_problem(problem_kind::missing_reduce_grad, r, end, action{s, K::reduce_grad, 0});
   }
 
   // Run it: receives block, sends are buffered.
-  const auto walked = detail::sched::walk_in_dependency_order(prog, index, [](int, int, const action&, auto) {});
+  const auto walked = detail::schedule::walk_in_dependency_order(prog, index, [](int, int, const action&, auto) {});
   int blocked = -1;
   for (int r = 0; r < ranks && blocked < 0; ++r)
     if (walked.next_step[static_cast<std::size_t>(r)] < static_cast<int>(prog.ranks[static_cast<std::size_t>(r)].size()))
@@ -327,7 +438,7 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
 // The problem in words: "rank R, step S, action A: what is wrong and what to do", then the
 // grid around it.
 [[nodiscard]] inline std::string describe(const schedule_problem& p, const program& prog) {
-  using detail::sched::int_to_string;
+  using detail::schedule::int_to_string;
   const auto str = [](const std::optional<action>& a) { return a ? to_string(*a) : std::string("(none)"); };
   const auto num = [](long long v) { return int_to_string(v); };
   const auto where_other = [&]() -> std::string {
@@ -411,6 +522,64 @@ constexpr schedule_problem first_missing_forward(const program& prog) {
       break;
     case problem_kind::missing_weight:
       text = "missing weight gradient: " + o + " at step " + num(p.other_step) + " is never followed by " + a;
+      break;
+    case problem_kind::malformed_overlap:
+      if (p.act->kind != action_kind::forward)
+        text = "only a forward starts an overlapped F/B pair, but overlaps_next is set on " + a +
+               ": clear it, or set it on the forward right before a B or I";
+      else if (!p.other)
+        text = "an overlapped forward pairs with the next action of its row, a backward (B or I), but the row ends "
+               "here: put the backward right after it, or clear overlaps_next";
+      else
+        text = "an overlapped forward pairs with the next action of its row, which must be a backward (B or I) that "
+               "starts no pair itself, not " + o + ": put the backward right after it, or clear overlaps_next";
+      break;
+    case problem_kind::stage_action_with_microbatch:
+      text = std::string(token(p.act->kind)) + " acts on a whole stage and has no microbatch, but this one carries "
+             "microbatch " + num(p.act->microbatch) + ": set it to 0";
+      break;
+    case problem_kind::unshard_twice:
+      text = "stage " + num(p.act->stage) + " is already unsharded by " + o + " at step " + num(p.other_step) +
+             ": RESHARD it before unsharding it again, or remove this UNSHARD";
+      break;
+    case problem_kind::reshard_without_unshard:
+      text = "RESHARD of stage " + num(p.act->stage) + ", which is not unsharded (" +
+             (p.other ? "it was resharded at step " + num(p.other_step) : std::string("no UNSHARD before it")) +
+             "): put an UNSHARD of the stage before its compute, or remove this RESHARD";
+      break;
+    case problem_kind::unshard_unused:
+      if (p.act->kind == action_kind::reshard)
+        text = "stage " + num(p.act->stage) + " is resharded before any compute used its " + o + " at step " +
+               num(p.other_step) + ": remove both, or move the stage's compute between them";
+      else
+        text = "no compute of stage " + num(p.act->stage) + " follows this UNSHARD: remove it, or move it before "
+               "the compute it is for";
+      break;
+    case problem_kind::compute_while_sharded: {
+      const std::string stage = num(p.act->stage);
+      if (p.other && p.other->kind == action_kind::reshard && p.other_step < p.step)
+        text = "runs after stage " + stage + " was resharded (" + o + " at step " + num(p.other_step) +
+               "): move that RESHARD after the stage's last compute, or UNSHARD the stage again before this";
+      else if (p.other)
+        text = "runs before stage " + stage + " is unsharded (" + o + " at step " + num(p.other_step) +
+               "): move the UNSHARD before the stage's first compute";
+      else
+        text = "runs while stage " + stage + " is sharded: the program RESHARDs the stage but no UNSHARD comes "
+               "before this; put " + stage + "UNSHARD before the stage's first compute";
+      break;
+    }
+    case problem_kind::reduce_grad_before_backward:
+      text = "reduces the gradients of stage " + num(p.act->stage) + " before its backward " + o + " (step " +
+             num(p.other_step) + ") has produced them: move the REDUCE_GRAD after the stage's last B or W";
+      break;
+    case problem_kind::reduce_grad_without_backward:
+      text = "stage " + num(p.act->stage) + " runs no backward (B or W)" +
+             (is_forward_only(prog) ? std::string(": the program is forward-only") : std::string()) +
+             ", so there are no gradients to reduce: remove the REDUCE_GRAD";
+      break;
+    case problem_kind::missing_reduce_grad:
+      text = "the program reduces the gradients of other stages (REDUCE_GRAD) but never those of stage " +
+             num(p.act->stage) + ": add " + a + " after its last B or W, or remove every REDUCE_GRAD";
       break;
     case problem_kind::deadlock: {
       text = "deadlock under blocking receives:";

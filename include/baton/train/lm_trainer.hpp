@@ -11,12 +11,26 @@
 // (chosen at run time), any attention backend, any communicator with the collectives.
 #pragma once
 
+#include <baton/attention/masks.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/mesh.hpp>
 #include <baton/cp/sharding.hpp>
-#include <baton/nn.hpp>
-#include <baton/pipeline.hpp>
-#include <baton/schedule.hpp>
+#include <baton/nn/attention.hpp>
+#include <baton/nn/config.hpp>
+#include <baton/nn/cp_attention.hpp>
+#include <baton/nn/error.hpp>
+#include <baton/nn/grad_sync.hpp>
+#include <baton/nn/lm_stage.hpp>
+#include <baton/nn/loss.hpp>
+#include <baton/nn/optim.hpp>
+#include <baton/nn/parameter.hpp>
+#include <baton/nn/sequence.hpp>
+#include <baton/payload/host_tensor.hpp>
+#include <baton/pipeline/clip.hpp>
+#include <baton/pipeline/executor.hpp>
+#include <baton/pipeline/options.hpp>
+#include <baton/pipeline/timing.hpp>
+#include <baton/schedule/program.hpp>
 #include <baton/train/text_data.hpp>
 
 #include <algorithm>
@@ -151,7 +165,7 @@ struct lm_step_report {
   std::vector<action_time> action_times;
 };
 
-namespace detail {
+namespace detail::train {
 
 // Rows [row0, row0 + rows) of a [R, S] tensor, and the given sequence positions of each.
 inline host_tensor<std::int64_t> take(const host_tensor<std::int64_t>& t, std::int64_t row0, std::int64_t rows,
@@ -188,7 +202,7 @@ std::map<std::string, host_tensor<T>> values_of(nn::module_with_parameters auto&
   return out;
 }
 
-}  // namespace detail
+}  // namespace detail::train
 
 /// The same model trained on one rank: the oracle of the mesh runs, and the model behind
 /// --check. One forward and backward of the whole global batch (the loss is the mean over
@@ -209,7 +223,7 @@ class lm_reference {
   lm_step_report eval(const lm_batch& batch) { return run(batch, false); }
 
   model_type& model() noexcept { return model_; }
-  std::map<std::string, host_tensor<T>> parameters() { return detail::values_of<T>(model_); }
+  std::map<std::string, host_tensor<T>> parameters() { return detail::train::values_of<T>(model_); }
 
  private:
   lm_step_report run(const lm_batch& batch, bool train) {
@@ -222,7 +236,7 @@ class lm_reference {
     const auto result = nn::cross_entropy<T>(ignore_target)(get<"hidden">(out), batch.targets);
     lm_step_report r;
     r.loss = result.value;
-    r.tokens = detail::counted_tokens(batch.targets);
+    r.tokens = detail::train::counted_tokens(batch.targets);
     if (train) {
       nn::zero_grad(params_);
       model_.backward(st, grad_t<nn::lm_activation<T>>(result.grad));
@@ -245,10 +259,12 @@ class lm_reference {
 /// of `world` constructs it with the same arguments and calls step / eval / gather_model
 /// together, with the same global batches.
 ///
+/// ```cpp
 ///   baton::train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(
-///       world, config, {.mesh = {.pp = 2, .cp_ring = 2}, .cp = nn::cp_mode::ring},
+///       world, config, {.mesh = {.pp = 2, .cp_ring = 2}, .cp = baton::nn::cp_mode::ring},
 ///       baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4)));
-///   for (int step = 0; step < 100; ++step) trainer.step(corpus.train_batch(step, 8, 128, false));
+///   for (int step = 0; step < steps; ++step) trainer.step(corpus.train_batch(step, config.batch, config.seq, false));
+/// ```
 template <class T, class Comm, class Backend, class Mask = causal_mask>
 class lm_trainer {
   static_assert(splittable_communicator<Comm> && point_to_point_communicator<Comm> &&
@@ -283,7 +299,7 @@ class lm_trainer {
   /// Every parameter's value by name, gathered as gather_model does.
   std::map<std::string, host_tensor<T>> parameters() {
     auto model = gather_model();
-    return detail::values_of<T>(model);
+    return detail::train::values_of<T>(model);
   }
 
   device_mesh<Comm>& mesh() noexcept { return state_->mesh; }
@@ -338,10 +354,10 @@ class lm_trainer {
     lm_step_report run(const lm_batch& global, bool train) {
       const auto start = std::chrono::steady_clock::now();
       const std::int64_t dp = mesh.shape().dp;
-      detail::check_batch(global, dp * config.batch, config.seq);
+      detail::train::check_batch(global, dp * config.batch, config.seq);
       const std::int64_t row0 = mesh.coord(mesh_dim::dp) * config.batch;
-      const host_tensor<std::int64_t> tokens = detail::take(global.tokens, row0, config.batch, positions);
-      const host_tensor<std::int64_t> targets = detail::take(global.targets, row0, config.batch, positions);
+      const host_tensor<std::int64_t> tokens = detail::train::take(global.tokens, row0, config.batch, positions);
+      const host_tensor<std::int64_t> targets = detail::train::take(global.targets, row0, config.batch, positions);
       nn::sequence_info info;
       info.positions = positions;
       if (global.documents)
@@ -349,7 +365,7 @@ class lm_trainer {
             payload_traits<host_tensor<std::int64_t>>::slice(*global.documents, 0, row0, config.batch));
 
       lm_step_report r;
-      r.tokens = detail::counted_tokens(global.targets);
+      r.tokens = detail::train::counted_tokens(global.targets);
       step_report pipe;
       if (train) {
         nn::zero_grad(params);

@@ -1,6 +1,7 @@
 // Must not compile: seed 000's situation written the wrong way round — a block mask (opaque)
 // declared as a field of a stage's input, i.e. sent through the pipe. The executor refuses it
 // and says to pass the mask as a side input.
+// build error: baton: this payload holds an opaque field: opaque values cannot cross a stage boundary. pass them as a side input .the stage's `side` type. instead of a field of its input or output
 #include <baton/comm.hpp>
 #include <baton/payload.hpp>
 #include <baton/pipeline.hpp>

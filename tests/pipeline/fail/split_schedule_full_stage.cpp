@@ -1,6 +1,6 @@
 // Must not compile: a split-backward schedule (ZBV runs I and W separately) given a stage
-// that only has a full backward. Expected diagnostic: "this split-backward schedule needs a
-// stage with backward_input/backward_weight".
+// that only has a full backward.
+// build error: baton: this split-backward schedule needs a stage with backward_input/backward_weight: give the stage `baton::grad_t<input> backward_input.saved&, const baton::grad_t<output>&.` and `void backward_weight.saved&.`, or use a full-backward schedule .baton::gpipe, baton::one_f_one_b, baton::interleaved_1f1b, baton::looped_bfs.
 #include <baton/comm.hpp>
 #include <baton/payload.hpp>
 #include <baton/pipeline.hpp>

@@ -1,4 +1,5 @@
 // Must not compile: stage 0 outputs float tensors but stage 1 takes double tensors.
+// build error: baton::stage_list<S0, S1, ...>: the output type of stage I must be exactly the input type of stage I.1, but at one boundary they differ. the compiler shows I and both types with this error, as stage_output_matches_next_input<I, output of stage I, input of stage I.1>. make the two types the same, converting inside one of the two stages
 #include <baton/comm.hpp>
 #include <baton/payload.hpp>
 #include <baton/pipeline.hpp>

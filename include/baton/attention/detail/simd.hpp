@@ -16,7 +16,7 @@
 #include <immintrin.h>
 #endif
 
-namespace baton::detail::attn {
+namespace baton::detail::attention {
 
 #if defined(__AVX512F__)
 inline constexpr int vector_bytes = 64;
@@ -311,4 +311,4 @@ BATON_ATTN_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {
 #pragma GCC diagnostic pop
 #endif
 
-}  // namespace baton::detail::attn
+}  // namespace baton::detail::attention

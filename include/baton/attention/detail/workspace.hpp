@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace baton::detail::attn {
+namespace baton::detail::attention {
 
 class workspace_pool {
   struct buffer {
@@ -118,4 +118,4 @@ class workspace_carver {
   std::size_t offset_ = 0;
 };
 
-}  // namespace baton::detail::attn
+}  // namespace baton::detail::attention

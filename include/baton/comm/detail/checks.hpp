@@ -125,22 +125,26 @@ std::string counts_problem(const RankText& rank_text, const char* which, std::sp
 }
 
 /// Polls `done()` until it returns true or `deadline` passes; returns whether it completed.
-/// MPI and NCCL only make progress while they are polled, so for the first second it polls
-/// back to back, yielding the core between polls (as MPI's own waits do when cores are
-/// oversubscribed). A wait that lasts longer is waiting for a late or lost peer: it then
-/// naps 200 us between polls to leave the cores to others until the deadline.
+/// MPI and NCCL only make progress while they are polled, so for the first 2 ms it polls back
+/// to back, then yields the core between polls (as MPI's own waits do when cores are
+/// oversubscribed) until a second has passed. A wait that lasts longer is waiting for a late
+/// or lost peer: it then naps 200 us between polls to leave the cores to others until the
+/// deadline. The clock is read every 64 polls only: on a virtual machine reading it can cost
+/// more than a poll (a quarter of a busy wait's time, measured).
 template <class Done>
 bool poll_until(Done&& done, std::chrono::steady_clock::time_point deadline) {
   using namespace std::chrono;
   const auto start = steady_clock::now();
   const auto spin_until = start + milliseconds(2);
   const auto patient_until = start + seconds(1);
-  for (int spin = 0;; ++spin) {
+  bool spinning = true;
+  for (unsigned spin = 1;; ++spin) {
     if (done()) return true;
-    if (spin < 64) continue;
+    if (spinning && spin % 64 != 0) continue;
     const auto now = steady_clock::now();
     if (now >= deadline) return done();
     if (now < spin_until) continue;
+    spinning = false;
     if (now < patient_until) {
       std::this_thread::yield();
     } else {

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace baton::detail::comm_local {
+namespace baton::detail::comm::local {
 
 using clock = std::chrono::steady_clock;
 
@@ -332,4 +332,4 @@ class group {
   }
 };
 
-}  // namespace baton::detail::comm_local
+}  // namespace baton::detail::comm::local

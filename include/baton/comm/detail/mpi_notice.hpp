@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-namespace baton::detail::comm_mpi {
+namespace baton::detail::comm::mpi {
 
 enum class notice_kind : std::int32_t { failed = 1, returned = 2, waiting = 3, query = 4 };
 
@@ -317,4 +317,4 @@ class notice_board {
   std::vector<int> unanswered_;  // ranks whose query this rank answers at its next wait
 };
 
-}  // namespace baton::detail::comm_mpi
+}  // namespace baton::detail::comm::mpi

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace baton::detail::payload_impl {
+namespace baton::detail::payload {
 
 // Number of elements of a shape; throws on a negative extent, and when the element count or
 // its size in bytes (at `element_size` bytes per element) does not fit in std::ptrdiff_t: a
@@ -158,4 +158,4 @@ inline void row_major_concat(std::span<const std::byte* const> parts,
   }
 }
 
-}  // namespace baton::detail::payload_impl
+}  // namespace baton::detail::payload

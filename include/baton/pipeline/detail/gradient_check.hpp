@@ -8,16 +8,20 @@
 #pragma once
 
 #include <baton/detail/shape_text.hpp>
-#include <baton/payload.hpp>
 #include <baton/payload/detail/row_major.hpp>
+#include <baton/payload/grad.hpp>
+#include <baton/payload/traits.hpp>
+#include <baton/payload/visit.hpp>
+#include <baton/pipeline/detail/extents.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <ranges>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
-namespace baton::detail::pl {
+namespace baton::detail::pipeline {
 
 // "" when every activation tensor of `activation` has a gradient in `grad` of the same shape
 // whose storage holds exactly that many elements of its element type; otherwise a sentence
@@ -30,26 +34,37 @@ std::string gradient_mismatch(const P& activation, const grad_t<P>& grad, std::s
   for_each_activation(activation, grad, [&](auto info, const auto& a, const auto& g) {
     if (!problem.empty()) return;
     using value = typename payload_traits<std::remove_cvref_t<decltype(g)>>::value_type;
-    const std::string which = info.name.empty() ? "the " + std::string(side) + " gradient"
-                                                : "the gradient of " + std::string(side) + " field \"" +
-                                                      std::string(info.name) + "\"";
-    const auto expected = tensor_shape(a);
-    const auto got = tensor_shape(g);
-    if (got != expected) {
-      problem = std::string(producer) + " returned " + which + " with shape " + shape_text(got) + " but the " +
-                std::string(side) + " activation has shape " + shape_text(expected) +
+    // The words of a message are only built for a gradient that is wrong: this runs for every
+    // gradient of every microbatch.
+    const auto which = [&] {
+      return info.name.empty() ? "the " + std::string(side) + " gradient"
+                               : "the gradient of " + std::string(side) + " field \"" + std::string(info.name) + "\"";
+    };
+    const bool same_shape = with_extents(a, [&](const auto& expected) {
+      return with_extents(g, [&](const auto& got) { return std::ranges::equal(expected, got); });
+    });
+    if (!same_shape) {
+      const auto expected = tensor_shape(a);
+      problem = std::string(producer) + " returned " + which() + " with shape " + shape_text(tensor_shape(g)) +
+                " but the " + std::string(side) + " activation has shape " + shape_text(expected) +
                 ": a gradient must have exactly the shape of the activation it belongs to; return one of shape " +
                 shape_text(expected);
       return;
     }
-    const auto needed = static_cast<std::size_t>(payload_impl::checked_element_count(got, which, sizeof(value))) *
-                        sizeof(value);
+    std::int64_t needed = 0;
+    constexpr auto element_bytes = static_cast<std::int64_t>(sizeof(value));
+    if (!with_extents(g, [&](const auto& got) { return tensor_byte_count(got, element_bytes, needed); })) {
+      // A shape whose byte count overflows: checked_element_count throws the message that says so.
+      needed = payload::checked_element_count(tensor_shape(g), which(), sizeof(value)) *
+               static_cast<std::int64_t>(sizeof(value));
+    }
     const auto held = tensor_bytes(g).size();
-    if (held != needed) {
-      problem = std::string(producer) + " returned " + which + " of shape " + shape_text(got) + " whose storage holds " +
-                std::to_string(held) + " bytes where " + std::to_string(needed) + " are needed at " +
-                std::to_string(sizeof(value)) + " bytes per element: its element type (dtype) differs from the " +
-                std::string(side) + " activation's; return a gradient of the activation's element type";
+    if (held != static_cast<std::size_t>(needed)) {
+      problem = std::string(producer) + " returned " + which() + " of shape " + shape_text(tensor_shape(g)) +
+                " whose storage holds " + std::to_string(held) + " bytes where " + std::to_string(needed) +
+                " are needed at " + std::to_string(sizeof(value)) +
+                " bytes per element: its element type (dtype) differs from the " + std::string(side) +
+                " activation's; return a gradient of the activation's element type";
     }
   });
   return problem;
@@ -79,4 +94,4 @@ inline std::string target_rows_mismatch(std::int64_t batch_rows, std::int64_t ta
          "batch, so they must have the same number of rows; pass the target that belongs to this batch";
 }
 
-}  // namespace baton::detail::pl
+}  // namespace baton::detail::pipeline

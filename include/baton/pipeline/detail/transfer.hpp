@@ -11,9 +11,13 @@
 #pragma once
 
 #include <baton/comm/concepts.hpp>
-#include <baton/payload.hpp>
 #include <baton/payload/detail/row_major.hpp>
+#include <baton/payload/record.hpp>
+#include <baton/payload/traits.hpp>
+#include <baton/payload/visit.hpp>
+#include <baton/pipeline/detail/extents.hpp>
 #include <baton/pipeline/error.hpp>
+#include <baton/pipeline/options.hpp>
 
 #include <algorithm>
 #include <array>
@@ -23,13 +27,14 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-namespace baton::detail::pl {
+namespace baton::detail::pipeline {
 
 inline constexpr std::size_t wire_max_tensors = 16;
 inline constexpr std::size_t wire_max_rank = 8;
@@ -84,47 +89,58 @@ void fill_header(wire_header& h, const P& p, const message_id& id) {
   std::size_t i = 0;
   for_each_tensor(p, [&](const auto& t) {
     using leaf = std::remove_cvref_t<decltype(t)>;
-    const auto shape = tensor_shape(t);
-    if (i >= wire_max_tensors) {
-      throw pipeline_error("baton pipeline: a payload with more than " + std::to_string(wire_max_tensors) +
-                           " tensors cannot be sent between stages; group tensors into fewer fields");
-    }
-    if (shape.size() > wire_max_rank) {
-      throw pipeline_error("baton pipeline: a tensor of rank " + std::to_string(shape.size()) +
-                           " cannot be sent between stages (at most " + std::to_string(wire_max_rank) +
-                           " dimensions); reshape it before the stage boundary");
-    }
-    std::int64_t* w = h.words.data() + wire_header::fixed_words + i * wire_header::words_per_tensor;
-    w[0] = static_cast<std::int64_t>(shape.size());
-    w[1] = static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type));
-    std::copy(shape.begin(), shape.end(), w + 2);
+    with_extents(t, [&](const auto& shape) {
+      const auto rank = static_cast<std::size_t>(std::ranges::size(shape));
+      if (i >= wire_max_tensors) {
+        throw pipeline_error("baton pipeline: a payload with more than " + std::to_string(wire_max_tensors) +
+                             " tensors cannot be sent between stages; group tensors into fewer fields");
+      }
+      if (rank > wire_max_rank) {
+        throw pipeline_error("baton pipeline: a tensor of rank " + std::to_string(rank) +
+                             " cannot be sent between stages (at most " + std::to_string(wire_max_rank) +
+                             " dimensions); reshape it before the stage boundary");
+      }
+      std::int64_t* w = h.words.data() + wire_header::fixed_words + i * wire_header::words_per_tensor;
+      w[0] = static_cast<std::int64_t>(rank);
+      w[1] = static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type));
+      std::size_t d = 0;
+      for (auto e : shape) w[2 + d++] = static_cast<std::int64_t>(e);
+    });
     ++i;
   });
   h.words[5] = static_cast<std::int64_t>(i);
 }
 
-// The pool key of a header: the tensor ranks, element sizes and extents, flattened.
-inline std::vector<std::int64_t> header_key(const wire_header& h) {
-  std::vector<std::int64_t> key;
+// A pool key: per tensor its rank, element bytes and extents, flattened. The words of a
+// header's tensor table have that layout, so a header is compared with a key in place.
+using pool_key = std::vector<std::int64_t>;
+
+inline bool header_has_key(const wire_header& h, const pool_key& key) noexcept {
   const auto n = static_cast<std::size_t>(h.tensors());
+  std::size_t at = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::int64_t* w = h.tensor_words(i);
-    key.insert(key.end(), w, w + 2 + w[0]);
+    const auto words = static_cast<std::size_t>(2 + w[0]);
+    if (key.size() - at < words || !std::equal(w, w + words, key.begin() + static_cast<std::ptrdiff_t>(at))) {
+      return false;
+    }
+    at += words;
   }
-  return key;
+  return at == key.size();
 }
 
+// Overwrites `key` with p's key (reusing its storage).
 template <class P>
-std::vector<std::int64_t> payload_key(const P& p) {
-  std::vector<std::int64_t> key;
+void fill_payload_key(const P& p, pool_key& key) {
+  key.clear();
   for_each_tensor(p, [&](const auto& t) {
     using leaf = std::remove_cvref_t<decltype(t)>;
-    const auto shape = tensor_shape(t);
-    key.push_back(static_cast<std::int64_t>(shape.size()));
-    key.push_back(static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type)));
-    key.insert(key.end(), shape.begin(), shape.end());
+    with_extents(t, [&](const auto& shape) {
+      key.push_back(static_cast<std::int64_t>(std::ranges::size(shape)));
+      key.push_back(static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type)));
+      for (auto e : shape) key.push_back(static_cast<std::int64_t>(e));
+    });
   });
-  return key;
 }
 
 // A payload of type P with the shapes a header announces (zero-filled by the tensor traits).
@@ -174,12 +190,6 @@ void scale_payload(P& p, double factor) {
   });
 }
 
-struct pool_stats {
-  std::size_t allocations = 0;  // buffers created because none of the right shape was idle
-  std::size_t reuses = 0;       // receives served by an idle buffer
-  std::size_t idle = 0;         // buffers waiting in the pool now
-};
-
 // Receive buffers of one payload type, reused across microbatches and steps. A buffer is only
 // storage: the stage is handed the payload for one microbatch, and everything attached to that
 // microbatch (its hooks) lives elsewhere and dies with it — so reusing the storage cannot
@@ -187,15 +197,14 @@ struct pool_stats {
 template <class P>
 class buffer_pool {
  public:
-  // A buffer of the shapes header h announces; `key` is header_key(h). `built` says whether it
-  // was made now (from the header) rather than reused: a reused buffer was stored under
-  // payload_key == key, a new one may not fit P (other element types or tensor ranks).
-  P acquire(const wire_header& h, const std::vector<std::int64_t>& key, bool& built) {
+  // A buffer of the shapes header h announces. `built` says whether it was made now (from the
+  // header) rather than reused: a reused buffer was stored under a key equal to the header's,
+  // a new one may not fit P (other element types or tensor ranks).
+  P acquire(const wire_header& h, bool& built) {
     for (std::size_t i = 0; i < idle_.size(); ++i) {
-      if (idle_[i].first == key) {
-        P p = std::move(idle_[i].second);
-        if (i + 1 != idle_.size()) std::swap(idle_[i], idle_.back());
-        idle_.pop_back();
+      if (header_has_key(h, idle_[i].key)) {
+        P p = std::move(idle_[i].payload);
+        retire(i);
         ++stats_.reuses;
         built = false;
         return p;
@@ -209,25 +218,45 @@ class buffer_pool {
   void release(P&& p) {
     // Bounded so that a long run of changing shapes (variable sequence lengths) cannot grow the
     // pool without limit: the oldest idle buffers go first.
-    if (idle_.size() >= max_idle_) idle_.erase(idle_.begin());
-    auto key = payload_key(p);
-    idle_.emplace_back(std::move(key), std::move(p));
+    if (idle_.size() >= max_idle_) {
+      spare_keys_.push_back(std::move(idle_.front().key));
+      idle_.erase(idle_.begin());
+    }
+    // Keys are reused too: computing one into fresh storage cost an allocation per receive.
+    pool_key key;
+    if (!spare_keys_.empty()) {
+      key = std::move(spare_keys_.back());
+      spare_keys_.pop_back();
+    }
+    fill_payload_key(p, key);
+    idle_.push_back({std::move(key), std::move(p)});
   }
 
-  [[nodiscard]] pool_stats stats() const noexcept {
+  [[nodiscard]] buffer_pool_stats stats() const noexcept {
     auto s = stats_;
     s.idle = idle_.size();
     return s;
   }
 
  private:
-  std::vector<std::pair<std::vector<std::int64_t>, P>> idle_;
-  pool_stats stats_;
+  struct entry {
+    pool_key key;
+    P payload;
+  };
+
+  void retire(std::size_t i) {
+    spare_keys_.push_back(std::move(idle_[i].key));
+    if (i + 1 != idle_.size()) std::swap(idle_[i], idle_.back());
+    idle_.pop_back();
+  }
+
+  std::vector<entry> idle_;
+  std::vector<pool_key> spare_keys_;
+  buffer_pool_stats stats_;
   std::size_t max_idle_ = 64;
 };
 
 // A send in flight: it owns the payload and header until every request has completed.
-// (Members are destroyed in reverse order: the requests first, then the buffers they read.)
 template <class Request>
 class outgoing {
  public:
@@ -235,13 +264,22 @@ class outgoing {
   // True when every request completed; throws what the communicator throws.
   virtual bool test() = 0;
   virtual void wait() = 0;
+  // Called once every request completed: frees the payload and returns this object (`self`)
+  // to the spares it came from, for the next send of its type.
+  virtual void retire(std::unique_ptr<outgoing>&& self) noexcept = 0;
 };
+
+template <class Request, class P>
+class outgoing_payload;
+
+// Send objects of one payload type that completed, kept for reuse: each holds a header of a
+// few KiB, and allocating one per send was a large share of the executor's time per action.
+template <class Request, class P>
+using send_spares = std::vector<std::unique_ptr<outgoing_payload<Request, P>>>;
 
 template <class Request, class P>
 class outgoing_payload final : public outgoing<Request> {
  public:
-  explicit outgoing_payload(P&& p) : payload(std::move(p)) {}
-
   bool test() override {
     while (done_ < requests.size()) {
       if (!requests[done_].test()) return false;
@@ -255,28 +293,59 @@ class outgoing_payload final : public outgoing<Request> {
       ++done_;
     }
   }
+  void retire(std::unique_ptr<outgoing<Request>>&& self) noexcept override {
+    requests.clear();  // the requests first: they may still refer to the buffers below
+    payload.reset();
+    done_ = 0;
+    auto* spares = spares_;
+    spares_ = nullptr;
+    // Kept only if the spares can take it without allocating; otherwise freed.
+    if (spares && spares->size() < spares->capacity()) {
+      spares->emplace_back(static_cast<outgoing_payload*>(self.release()));
+    } else {
+      self.reset();
+    }
+  }
 
-  P payload;
+  // The spares retire() returns this object to.
+  void bind(send_spares<Request, P>& spares) noexcept { spares_ = &spares; }
+
+  std::optional<P> payload;
   wire_header header;
   std::vector<Request> requests;
 
  private:
   std::size_t done_ = 0;
+  send_spares<Request, P>* spares_ = nullptr;  // where retire() returns this object
 };
 
+// How many completed send objects of one type are kept for reuse.
+inline constexpr std::size_t spare_sends = 16;
+
 template <point_to_point_communicator Comm, class P>
-std::unique_ptr<outgoing<comm_request_t<Comm>>> post_send(Comm& comm, P&& payload, int dest, int tag,
-                                                          const message_id& id) {
+std::unique_ptr<outgoing<comm_request_t<Comm>>> post_send(
+    Comm& comm, P&& payload, int dest, int tag, const message_id& id,
+    send_spares<comm_request_t<Comm>, std::remove_cvref_t<P>>& spares) {
   using request = comm_request_t<Comm>;
-  auto out = std::make_unique<outgoing_payload<request, std::remove_cvref_t<P>>>(std::move(payload));
-  fill_header(out->header, out->payload, id);
+  using payload_type = std::remove_cvref_t<P>;
+  std::unique_ptr<outgoing_payload<request, payload_type>> out;
+  if (!spares.empty()) {
+    out = std::move(spares.back());
+    spares.pop_back();
+  } else {
+    out = std::make_unique<outgoing_payload<request, payload_type>>();
+    if (spares.capacity() < spare_sends) spares.reserve(spare_sends);
+  }
+  out->bind(spares);
+  out->payload.emplace(std::move(payload));
+  fill_header(out->header, *out->payload, id);
   std::size_t total = 0;
-  for_each_tensor(out->payload, [&](const auto& t) { total += tensor_bytes(t).size(); });
+  for_each_tensor(*out->payload, [&](const auto& t) { total += tensor_bytes(t).size(); });
   const bool small = total <= wire_inline_bytes;
   out->header.words[6] = small ? 1 : 0;
   if (small) {
     std::byte* at = out->header.inline_area();
-    for_each_tensor(out->payload, [&](const auto& t) {
+    for_each_tensor(*out->payload, [&](const auto& t) {
       const auto bytes = tensor_bytes(t);
       if (!bytes.empty()) std::memcpy(at, bytes.data(), bytes.size());
       at += bytes.size();
@@ -285,7 +354,7 @@ std::unique_ptr<outgoing<comm_request_t<Comm>>> post_send(Comm& comm, P&& payloa
   out->requests.reserve(1 + (small ? 0 : static_cast<std::size_t>(out->header.tensors())));
   out->requests.push_back(comm.isend(out->header.bytes(), dest, tag));
   if (!small) {
-    for_each_tensor(out->payload, [&](const auto& t) {
+    for_each_tensor(*out->payload, [&](const auto& t) {
       const auto bytes = tensor_bytes(t);
       if (!bytes.empty()) out->requests.push_back(comm.isend(bytes, dest, tag));
     });
@@ -293,30 +362,43 @@ std::unique_ptr<outgoing<comm_request_t<Comm>>> post_send(Comm& comm, P&& payloa
   return out;
 }
 
-// A receive in flight. The header is received first; the data receives are posted once the
-// header says which shapes to expect (at the latest when the stage needs the payload).
+// A receive in flight, kept in the microbatch state it fills (no allocation per receive). The
+// header is received first; the data receives are posted once the header says which shapes to
+// expect (at the latest when the stage needs the payload).
 template <class Request, class P>
 class incoming {
  public:
+  incoming() = default;
   incoming(int source_rank, int message_tag, message_id expected_id)
       : source(source_rank), tag(message_tag), expected(expected_id) {}
 
-  int source;
-  int tag;
+  // Whether a receive was posted and its payload not yet taken.
+  [[nodiscard]] bool active() const noexcept { return active_; }
+  void set_active(bool active) noexcept { active_ = active; }
+
+  int source = -1;
+  int tag = 0;
   message_id expected;
   std::optional<P> buffer;
   wire_header header;
   std::optional<Request> header_request;
   std::vector<Request> data_requests;
   bool header_done = false;
+
+ private:
+  bool active_ = false;
 };
 
 template <point_to_point_communicator Comm, class P>
-std::unique_ptr<incoming<comm_request_t<Comm>, P>> post_recv(Comm& comm, int source, int tag,
-                                                             const message_id& expected) {
-  auto in = std::make_unique<incoming<comm_request_t<Comm>, P>>(source, tag, expected);
-  in->header_request.emplace(comm.irecv(in->header.mutable_bytes(), source, tag));
-  return in;
+void post_recv(Comm& comm, incoming<comm_request_t<Comm>, P>& in, int source, int tag, const message_id& expected) {
+  in.source = source;
+  in.tag = tag;
+  in.expected = expected;
+  in.buffer.reset();
+  in.data_requests.clear();
+  in.header_done = false;
+  in.header_request.emplace(comm.irecv(in.header.mutable_bytes(), source, tag));
+  in.set_active(true);
 }
 
 template <class Request, class P>
@@ -342,33 +424,45 @@ void check_header(const incoming<Request, P>& in) {
   // The shapes decide what is allocated and how many bytes are copied or received, so each is
   // checked (rank, element size, an element count or byte count that overflows) before any
   // buffer is made from it, and inline data must fit the header's data area.
-  const std::string corrupt = "baton pipeline: corrupt header for the " + describe_message(e) + " from rank " +
-                              std::to_string(in.source) + ": ";
+  const auto corrupt = [&] {
+    return "baton pipeline: corrupt header for the " + describe_message(e) + " from rank " +
+           std::to_string(in.source) + ": ";
+  };
   std::int64_t total_bytes = 0;
   for (std::size_t i = 0; i < static_cast<std::size_t>(in.header.tensors()); ++i) {
     const std::int64_t* t = in.header.tensor_words(i);
     if (t[0] < 0 || static_cast<std::size_t>(t[0]) > wire_max_rank || t[1] <= 0) {
-      throw pipeline_error(corrupt + "tensor " + std::to_string(i) + " has rank " + std::to_string(t[0]) +
+      throw pipeline_error(corrupt() + "tensor " + std::to_string(i) + " has rank " + std::to_string(t[0]) +
                            " and element size " + std::to_string(t[1]) + "; the ranks do not run the same program");
     }
     const std::span<const std::int64_t> shape(t + 2, static_cast<std::size_t>(t[0]));
     std::int64_t bytes = 0;
-    try {
-      bytes = payload_impl::checked_element_count(shape, "tensor " + std::to_string(i),
-                                                  static_cast<std::size_t>(t[1])) * t[1];
-    } catch (const payload_error& err) {
-      throw pipeline_error(corrupt + err.what());
+    if (!tensor_byte_count(shape, t[1], bytes)) {
+      try {
+        (void)payload::checked_element_count(shape, "tensor " + std::to_string(i), static_cast<std::size_t>(t[1]));
+      } catch (const payload_error& err) {
+        throw pipeline_error(corrupt() + err.what());
+      }
+      throw pipeline_error(corrupt() + "tensor " + std::to_string(i) + " has an unusable shape");
     }
     if (bytes > std::numeric_limits<std::int64_t>::max() - total_bytes) {
-      throw pipeline_error(corrupt + "the byte count of its " + std::to_string(in.header.tensors()) +
+      throw pipeline_error(corrupt() + "the byte count of its " + std::to_string(in.header.tensors()) +
                            " tensors overflows");
     }
     total_bytes += bytes;
   }
   if (in.header.data_inline() && total_bytes > static_cast<std::int64_t>(wire_inline_bytes)) {
-    throw pipeline_error(corrupt + "it carries its data inline but announces " + std::to_string(total_bytes) +
+    throw pipeline_error(corrupt() + "it carries its data inline but announces " + std::to_string(total_bytes) +
                          " bytes, more than the " + std::to_string(wire_inline_bytes) + " bytes a header holds");
   }
+}
+
+// Whether p has exactly the tensor ranks, element sizes and extents header h announces.
+template <class P>
+bool payload_fits_header(const P& p, const wire_header& h) {
+  pool_key key;
+  fill_payload_key(p, key);
+  return header_has_key(h, key);
 }
 
 // Takes the header if it has arrived and posts the data receives. Returns whether the header
@@ -384,10 +478,9 @@ bool advance_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool, bo
   in.header_done = true;
   in.header_request.reset();
   check_header(in);
-  const auto key = header_key(in.header);
   bool built = false;
-  in.buffer.emplace(pool.acquire(in.header, key, built));
-  if (built && payload_key(*in.buffer) != key) {
+  in.buffer.emplace(pool.acquire(in.header, built));
+  if (built && !payload_fits_header(*in.buffer, in.header)) {
     throw pipeline_error("baton pipeline: the " + describe_message(in.expected) + " from rank " +
                          std::to_string(in.source) + " does not fit this rank's stage input type (different "
                          "element types or tensor ranks): the ranks were built with different stage types");
@@ -409,6 +502,7 @@ bool advance_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool, bo
   return true;
 }
 
+// Waits for the payload of a posted receive and hands it over; the receive is then inactive.
 template <point_to_point_communicator Comm, class Request, class P>
 P complete_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool) {
   advance_recv(comm, in, pool, true);
@@ -416,7 +510,8 @@ P complete_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool) {
   in.data_requests.clear();
   P p = std::move(*in.buffer);
   in.buffer.reset();
+  in.set_active(false);
   return p;
 }
 
-}  // namespace baton::detail::pl
+}  // namespace baton::detail::pipeline

@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-namespace baton::detail::sched {
+namespace baton::detail::schedule {
 
 struct position {
   int rank = -1;
@@ -20,14 +20,26 @@ struct position {
   [[nodiscard]] constexpr bool found() const noexcept { return rank >= 0; }
 };
 
-// Index of a program whose actions are all in range (stage < S, microbatch < m).
+// The kinds with a microbatch come first in action_kind, the stage-level ones after them.
+inline constexpr std::size_t per_microbatch_kinds = 8;
+inline constexpr std::size_t stage_level_kinds = static_cast<std::size_t>(action_kind_count) - per_microbatch_kinds;
+static_assert([] {
+  for (const auto& info : kind_table)
+    if ((info.group == kind_group::stage_level) != (static_cast<std::size_t>(info.kind) >= per_microbatch_kinds))
+      return false;
+  return true;
+}(), "baton: action_kind lists the kinds with a microbatch first, then the stage-level ones; keep that order");
+
+// Index of a program whose actions are all in range (stage < S, microbatch < m, 0 for the
+// stage-level kinds).
 class action_index {
  public:
   constexpr action_index(const program& prog, bool lowered)
       : shape_(prog.shape), stages_(prog.shape.num_stages()), microbatches_(prog.shape.microbatches),
         lowered_(lowered),
-        first_(static_cast<std::size_t>(action_kind_count) * static_cast<std::size_t>(stages_) *
-               static_cast<std::size_t>(microbatches_)),
+        stage_level_base_(per_microbatch_kinds * static_cast<std::size_t>(stages_) *
+                          static_cast<std::size_t>(microbatches_)),
+        first_(stage_level_base_ + stage_level_kinds * static_cast<std::size_t>(stages_)),
         owner_(static_cast<std::size_t>(stages_)) {
     // A table, because the walk asks "same rank?" for every action and stage_rank divides.
     for (int s = 0; s < stages_; ++s) owner_[static_cast<std::size_t>(s)] = stage_rank(shape_, s);
@@ -39,12 +51,16 @@ class action_index {
   [[nodiscard]] constexpr bool lowered() const noexcept { return lowered_; }
 
   // All kinds of one (stage, microbatch) are neighbours: the checks of an action look at its
-  // siblings (F before I before W, the matching send), which then share a cache line.
+  // siblings (F before I before W, the matching send), which then share a cache line. The
+  // stage-level kinds (microbatch 0) get one slot per stage after all of those.
   [[nodiscard]] constexpr std::size_t key(action_kind kind, int stage, int microbatch) const noexcept {
+    const auto k = static_cast<std::size_t>(kind);
+    if (k >= per_microbatch_kinds)
+      return stage_level_base_ + static_cast<std::size_t>(stage) * stage_level_kinds + (k - per_microbatch_kinds);
     return (static_cast<std::size_t>(stage) * static_cast<std::size_t>(microbatches_) +
             static_cast<std::size_t>(microbatch)) *
-               static_cast<std::size_t>(action_kind_count) +
-           static_cast<std::size_t>(kind);
+               per_microbatch_kinds +
+           k;
   }
   [[nodiscard]] constexpr std::size_t key(const action& a) const noexcept { return key(a.kind, a.stage, a.microbatch); }
 
@@ -91,14 +107,17 @@ class action_index {
   int stages_;
   int microbatches_;
   bool lowered_;
+  std::size_t stage_level_base_;
   std::vector<position> first_;
   std::vector<int> owner_;
 };
 
 // Runs every rank's program in order, each action as soon as its remote dependency has
-// run, with receives blocking and sends buffered. visit(rank, step, action, dependency)
-// is called for each action in an order that respects every dependency. Returns how far
-// each rank got; a rank short of its row length is blocked, on waiting[rank].
+// run, with receives blocking and sends buffered. An overlapped pair (a forward with
+// overlaps_next) starts only when the remote dependencies of both its actions have run, as
+// torch's lowering requires and as lower() places the receives. visit(rank, step, action,
+// dependency) is called for each action in an order that respects every dependency. Returns
+// how far each rank got; a rank short of its row length is blocked, on waiting[rank].
 struct walk_result {
   std::vector<int> next_step;
   std::vector<std::size_t> waiting;
@@ -124,14 +143,17 @@ constexpr walk_result walk_in_dependency_order(const program& prog, const action
     while (step < static_cast<int>(row.size())) {
       const action& a = row[static_cast<std::size_t>(step)];
       const auto dependency = index.remote_dependency(a);
-      if (dependency) {
-        const std::size_t dep_key = index.key(*dependency);
-        if (!done[dep_key]) {
-          next_waiter[static_cast<std::size_t>(r)] = first_waiter[dep_key];
-          first_waiter[dep_key] = r;
-          result.waiting[static_cast<std::size_t>(r)] = dep_key;
-          break;
-        }
+      std::optional<std::size_t> unmet;
+      if (dependency && !done[index.key(*dependency)]) unmet = index.key(*dependency);
+      if (!unmet && a.overlaps_next && step + 1 < static_cast<int>(row.size())) {
+        const auto partner_dependency = index.remote_dependency(row[static_cast<std::size_t>(step + 1)]);
+        if (partner_dependency && !done[index.key(*partner_dependency)]) unmet = index.key(*partner_dependency);
+      }
+      if (unmet) {
+        next_waiter[static_cast<std::size_t>(r)] = first_waiter[*unmet];
+        first_waiter[*unmet] = r;
+        result.waiting[static_cast<std::size_t>(r)] = *unmet;
+        break;
       }
       visit(r, step, a, dependency);
       const std::size_t k = index.key(a);
@@ -148,4 +170,4 @@ constexpr walk_result walk_in_dependency_order(const program& prog, const action
   return result;
 }
 
-}  // namespace baton::detail::sched
+}  // namespace baton::detail::schedule

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace baton::detail::sched {
+namespace baton::detail::schedule {
 
 constexpr void append_int(std::string& out, long long value) {
   // Negate in unsigned arithmetic so the most negative value does not overflow.
@@ -60,4 +60,4 @@ inline std::string quote_for_message(std::string_view text) {
   return out;
 }
 
-}  // namespace baton::detail::sched
+}  // namespace baton::detail::schedule

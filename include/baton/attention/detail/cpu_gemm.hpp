@@ -1,0 +1,130 @@
+// baton/attention/detail/cpu_gemm.hpp — the register-tiled GEMM of the host flash kernels.
+//
+// C[rows x cols] (= or +=) A[rows x kdim] * B[kdim x cols], where A(r, k) = a[r * a_row +
+// k * a_k] (so A^T is the same call with the strides swapped) and B is row-major with leading
+// dimension ldb. rows is a multiple of tile_rows and cols of the vector width: callers pad
+// their packed operands with zeros. Each register tile keeps tile_rows x NV vector
+// accumulators and loads each B vector once per contraction step, for one broadcast and NV
+// FMAs per A element; the contraction runs in chunks that keep a panel of B in L1.
+// Tested against a naive triple loop in tests/attention/test_cpu_gemm.cpp.
+#pragma once
+
+#include <baton/attention/detail/simd.hpp>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define BATON_ATTN_UNROLL _Pragma("GCC unroll 16")
+#else
+#define BATON_ATTN_UNROLL
+#endif
+
+namespace baton::detail::attention {
+
+inline constexpr int tile_rows = 4;  // rows of the register tile
+// Vectors per register-tile row: 4 x 4 accumulators + 4 operands fit 32 registers (AVX-512);
+// with 16 registers, 4 x 2.
+inline constexpr int tile_vectors = vector_registers >= 32 ? 4 : 2;
+// Contraction chunk: keeps a 128 x (tile_vectors * width) panel of B in L1.
+inline constexpr std::int64_t contraction_chunk = 128;
+
+[[nodiscard]] constexpr std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
+
+template <class T, int R, int NV, bool Accumulate>
+BATON_ATTN_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std::int64_t a_row, std::int64_t a_k,
+                                       const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  using V = vec_t<T>;
+  constexpr int W = width_v<T>;
+  V acc[R][NV];
+  BATON_ATTN_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BATON_ATTN_UNROLL
+    for (int v = 0; v < NV; ++v) acc[r][v] = Accumulate ? load(c + r * ldc + v * W) : V{};
+  }
+  for (std::int64_t k = 0; k < kdim; ++k) {
+    const T* bk = b + k * ldb;
+    V bv[NV];
+    BATON_ATTN_UNROLL
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = load(bk + v * W);
+      pin_register(bv[v]);
+    }
+    const T* ak = a + k * a_k;
+    BATON_ATTN_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const V ar = broadcast(ak[r * a_row]);
+      BATON_ATTN_UNROLL
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, bv[v], acc[r][v]);
+    }
+  }
+  BATON_ATTN_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BATON_ATTN_UNROLL
+    for (int v = 0; v < NV; ++v) store(c + r * ldc + v * W, acc[r][v]);
+  }
+}
+
+// Not inlined on purpose: inlined into a large caller, GCC spills the pinned operand
+// registers to the stack on every iteration.
+template <class T, int NV, bool Accumulate>
+BATON_ATTN_NOINLINE void gemm_column_panel(T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
+                              std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  // Narrow panels (a partial tile's few key columns, small head dims) take more rows per
+  // register tile, so that enough independent accumulators hide the FMA latency.
+  constexpr int R = std::max(tile_rows, vector_registers / 2 / NV / tile_rows * tile_rows);
+  std::int64_t r0 = 0;
+  if constexpr (R > tile_rows)
+    for (; r0 + R <= rows; r0 += R)
+      gemm_micro_tile<T, R, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim);
+  for (; r0 < rows; r0 += tile_rows)
+    gemm_micro_tile<T, tile_rows, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim);
+}
+
+template <class T, bool Accumulate>
+inline void gemm_panel_dispatch(int nv, T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
+                                std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  static_assert(tile_vectors == 4 || tile_vectors == 2);
+  switch (nv) {
+    case 4:
+      if constexpr (tile_vectors >= 4) gemm_column_panel<T, 4, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim);
+      break;
+    case 3:
+      if constexpr (tile_vectors >= 3) gemm_column_panel<T, 3, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim);
+      break;
+    case 2: gemm_column_panel<T, 2, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim); break;
+    default: gemm_column_panel<T, 1, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim); break;
+  }
+}
+
+template <class T, bool Accumulate>
+inline void gemm(T* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols, const T* a, std::int64_t a_row,
+                 std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+  constexpr int W = width_v<T>;
+  if (kdim <= 0) {
+    if constexpr (!Accumulate)
+      for (std::int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + cols, T(0));
+    return;
+  }
+  for (std::int64_t k0 = 0; k0 < kdim; k0 += contraction_chunk) {
+    const std::int64_t kc = std::min(contraction_chunk, kdim - k0);
+    const T* ak = a + k0 * a_k;
+    const T* bk = b + k0 * ldb;
+    for (std::int64_t c0 = 0; c0 < cols; c0 += tile_vectors * W) {
+      const int nv = static_cast<int>(std::min<std::int64_t>(tile_vectors, (cols - c0) / W));
+      if (Accumulate || k0 > 0)
+        gemm_panel_dispatch<T, true>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc);
+      else
+        gemm_panel_dispatch<T, false>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc);
+    }
+  }
+}
+
+}  // namespace baton::detail::attention
+
+#undef BATON_ATTN_UNROLL
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif

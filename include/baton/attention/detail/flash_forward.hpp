@@ -1,0 +1,159 @@
+// baton/attention/detail/flash_forward.hpp — the forward of the host flash kernels: per
+// (batch, head, block of 64 queries), S = Q K^T for each key block the mask leaves, an online
+// softmax in the log2 domain (running max m, running sum l), and O += P V; at the end
+// out = O / l and lse = (m + log2 l) ln 2. Key blocks are packed once per round
+// (flash_tiles.hpp: pack_kv_block); each work item packs its own query block.
+#pragma once
+
+#include <baton/attention/backend.hpp>
+#include <baton/attention/detail/flash_tiles.hpp>
+#include <baton/attention/detail/simd.hpp>
+#include <baton/attention/detail/workspace.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/tensor_view.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+namespace baton::detail::attention {
+
+template <class T>
+struct forward_packed {
+  T* kt = nullptr;  // per (kv unit of the round, key block): K^T, [dim][block_k]
+  T* v = nullptr;   // per kv unit of the round: V rows [seq_k_padded][dim_padded]
+  unsigned char* key_bad = nullptr;    // per kv unit: [seq_k_padded], 1 where k or v is non-finite
+  unsigned char* block_bad = nullptr;  // per (kv unit, key block): any key_bad in it
+};
+
+/// Places the forward's packed arrays, one round's worth (carver with a null base: only
+/// counts the bytes).
+template <class T>
+forward_packed<T> carve_forward_packing(const flash_layout<T>& layout, workspace_carver& carver) {
+  forward_packed<T> packed;
+  packed.kt = carver.take<T>(layout.round_units * layout.k_blocks * layout.call.dim * block_k);
+  packed.v = carver.take<T>(layout.round_units * layout.seq_k_padded * layout.dim_padded);
+  packed.key_bad = carver.take<unsigned char>(layout.round_units * layout.seq_k_padded);
+  packed.block_bad = carver.take<unsigned char>(layout.round_units * layout.k_blocks);
+  return packed;
+}
+
+/// Work item (query head, query block) of a round's forward pass; layout.q_items(round) items.
+template <class T, class Mask, class TQ, class TO, class TL>
+inline void forward_tile(const flash_layout<T>& layout, const head_round& round, std::int64_t item, const Mask& mask,
+                         const tensor_view<TQ, 4>& q, const forward_packed<T>& packed, const tensor_view<TO, 4>& out,
+                         const tensor_view<TL, 3>& lse, item_scratch<T>& work) {
+  using V = vec_t<T>;
+  constexpr int W = width_v<T>;
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const auto& call = layout.call;
+  const std::int64_t dim_padded = layout.dim_padded;
+  const auto [unit, b, h, hk, qb] = layout.q_item_at(round, item, true);
+  const std::int64_t kv_unit = b * call.heads_kv + hk;
+  const std::int64_t q0 = qb * block_q;
+  const std::int64_t qc = std::min(block_q, call.seq_q - q0);
+  const std::int64_t rows = round_up(qc, tile_rows);
+  const T c = static_cast<T>(call.scale * std::numbers::log2e);  // scores in log2 units
+
+  // Per row: running max m (log2 units) and the running sum kept as a vector of partial
+  // sums, reduced once at the end instead of once per tile.
+  // The score tile is written before it is read (see tile_scores / softmax_gradient_tile).
+  T* const qt = work.rows_a.data();
+  T* const o = work.rows_b.data();
+  T* const s = work.s.data();
+  T* const m = work.m.data();
+  T* const l = work.l.data();
+  // Non-finite rule: a query row with a non-finite value is packed as zeros and flagged;
+  // poisoned[i] collects the rows an allowed bad pair makes NaN.
+  unsigned char row_bad[block_q] = {}, poisoned[block_q] = {};
+  bool any_row_bad = false;
+  for (std::int64_t i = 0; i < block_q; ++i) {  // rows past qc are computed (then dropped): zero them
+    T* dst = qt + i * dim_padded;
+    if (i + prefetch_rows_ahead < qc) prefetch_row(row_of(q, b, q0 + i + prefetch_rows_ahead, h), call.dim);
+    if (i < qc) {
+      std::copy_n(row_of(q, b, q0 + i, h), call.dim, dst);
+      row_bad[i] = !all_finite(dst, call.dim);
+      if (row_bad[i]) std::fill(dst, dst + call.dim, T(0));
+      any_row_bad = any_row_bad || row_bad[i];
+    }
+    std::fill(dst + (i < qc ? call.dim : 0), dst + dim_padded, T(0));
+  }
+  std::fill(o, o + block_q * dim_padded, T(0));
+  std::fill(m, m + block_q, neg_inf);
+  std::fill(l, l + block_q * W, T(0));
+
+  const T* v_rows = packed.v + layout.kv_row_index(round, kv_unit, 0) * dim_padded;
+  tile_extent<T>& tile = *work.tile;
+  for_each_key_tile(layout, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
+    const T* kt = packed.kt + layout.kv_block_index(round, kv_unit, kb) * call.dim * block_k;
+    if (any_row_bad || packed.block_bad[layout.kv_block_index(round, kv_unit, kb)])
+      mark_bad_pairs(tile, qc, row_bad, nullptr, packed.key_bad + layout.kv_row_index(round, kv_unit, k0), poisoned,
+                     nullptr);
+
+    tile_scores(tile, s, qt, dim_padded, kt, call.dim);
+    tile_mask(tile, s);
+
+    // Online softmax, one row at a time, in the log2 domain, over the columns computed.
+    const V cv = broadcast(c);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t j_begin = tile.col_begin[i / tile_rows], j_end = tile.col_end[i / tile_rows];
+      if (j_begin >= j_end) continue;
+      T* row = s + i * block_k;
+      V vmx = load(row + j_begin);
+      for (std::int64_t j = j_begin + W; j < j_end; j += W) vmx = vmax<T>(vmx, load(row + j));
+      const T row_max = hmax<T>(vmx) * c;
+      const T m_new = std::max(m[i], row_max);
+      const T m_sub = m_new == neg_inf ? T(0) : m_new;  // a row masked so far: exp2(-inf - 0) = 0
+      const V msub = broadcast(-m_sub);
+      V sum{};
+      for (std::int64_t j = j_begin; j < j_end; j += W) {
+        const V e = exp2(fma(load(row + j), cv, msub));
+        store(row + j, e);
+        sum = sum + e;
+      }
+      T* li = l + i * W;
+      if (m_new != m[i]) {  // the max moved: rescale the running sum and the output row
+        const T alpha = std::exp2(m[i] - m_sub);
+        const V av = broadcast(alpha);
+        store(li, load(li) * av + sum);
+        T* orow = o + i * dim_padded;
+        for (std::int64_t d = 0; d < dim_padded; d += W) store(orow + d, load(orow + d) * av);
+        m[i] = m_new;
+      } else {
+        store(li, load(li) + sum);
+      }
+    }
+    tile_accumulate_rows(tile, o, dim_padded, dim_padded, s, v_rows + k0 * dim_padded, dim_padded);
+  });
+
+  for (std::int64_t i = 0; i < qc; ++i) {
+    const T row_sum = hsum<T>(load(l + i * W));
+    // NaN for a poisoned row, and for a score that overflowed to +inf or made a NaN (the
+    // online softmax would otherwise drop it as "attends to nothing").
+    if (poisoned[i] || !(m[i] < std::numeric_limits<T>::infinity()) || std::isnan(row_sum)) {
+      write_nan_row(row_of(out, b, q0 + i, h), call.dim);
+      lse(b, h, q0 + i) = std::numeric_limits<TL>::quiet_NaN();
+      continue;
+    }
+    const bool attends = row_sum > T(0);
+    const T inv = attends ? T(1) / row_sum : T(0);
+    write_scaled_row(row_of(out, b, q0 + i, h), o + i * dim_padded, inv, call.dim, false);
+    lse(b, h, q0 + i) = attends ? static_cast<TL>((static_cast<double>(m[i]) +
+                                                   std::log2(static_cast<double>(row_sum))) *
+                                                  std::numbers::ln2)
+                                : -std::numeric_limits<TL>::infinity();
+  }
+}
+
+}  // namespace baton::detail::attention
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif

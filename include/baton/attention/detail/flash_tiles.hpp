@@ -1,0 +1,574 @@
+// baton/attention/detail/flash_tiles.hpp — the tiles of the host flash kernels, shared by the
+// forward and the backward: the layout of a call (blocks of 64 queries and 64 keys, rounds of
+// kv heads, work items), which part of a tile a mask leaves, the products and masking of one
+// tile through cpu_gemm.hpp, the non-finite rule at tile granularity, and the packing of key
+// blocks into contiguous, zero-padded operands.
+//
+// Nothing here knows about Kokkos, and nothing here is shared between work items except
+// read-only packed inputs, so any number of items (and any number of calling threads) may
+// run at once.
+//
+// Algorithm (FlashAttention-2, on a CPU):
+//   forward, per (batch, head, block of 64 queries): S = Q K^T for a block of 64 keys as a
+//     register-tiled GEMM, an online softmax in the log2 domain (running max m, sum l), and
+//     O += P V; out = O / l, lse = (m + log2 l) ln 2.
+//   backward: D = rowsum(dO * O); a key-block pass (per batch, kv head, key block: loop over
+//     every query block of every query head of the group) accumulating dV += P^T dO and
+//     dK += dS^T Q; and a query-block pass accumulating dQ += dS K. Each output element is
+//     written by exactly one work item: deterministic, no atomics.
+// Inputs are packed into contiguous, zero-padded blocks (K^T per key block, V rows, ...), so
+// the inner loops read unit-stride memory that stays in L1/L2 whatever the caller's strides
+// (a [batch, seq, heads, dim] row is heads*dim elements from the next). A call runs in
+// rounds of a few kv heads (with their query heads): each round packs its heads into the
+// same buffer and runs every pass over them, so packed operands are read back from cache,
+// not from memory, and the buffer is one round's size, not the whole call's.
+#pragma once
+
+#include <baton/attention/backend.hpp>
+#include <baton/attention/detail/cpu_gemm.hpp>
+#include <baton/attention/detail/simd.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/tensor_view.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+namespace baton::detail::attention {
+
+inline constexpr std::int64_t block_q = 64;  // queries per tile
+inline constexpr std::int64_t block_k = 64;  // keys per tile
+
+// Key columns of a score tile are computed in whole vectors and read in whole register-tile
+// rows (P^T as the A operand): round up to both. Both are powers of two.
+template <class T>
+inline constexpr std::int64_t key_column_multiple = std::max<std::int64_t>(width_v<T>, tile_rows);
+
+/// Zero-initialised, 64-byte aligned heap array: per-call and per-item scratch (never global).
+template <class T>
+class scratch {
+ public:
+  scratch() = default;
+  explicit scratch(std::int64_t n, bool zeroed = true) : n_(n) {
+    if (n_ > 0) {
+      p_ = static_cast<T*>(::operator new(static_cast<std::size_t>(n_) * sizeof(T), std::align_val_t{64}));
+      if (zeroed) std::memset(static_cast<void*>(p_), 0, static_cast<std::size_t>(n_) * sizeof(T));
+    }
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  scratch(scratch&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  scratch& operator=(scratch&& o) noexcept {
+    std::swap(n_, o.n_);
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~scratch() {
+    if (p_) ::operator delete(static_cast<void*>(p_), std::align_val_t{64});
+  }
+  [[nodiscard]] T* data() const noexcept { return p_; }
+  T& operator[](std::int64_t i) const noexcept { return p_[i]; }
+
+ private:
+  std::int64_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+// ---- the layout of a call ----------------------------------------------------------------
+
+/// A round: the kv heads [begin, end) of the flattened (batch, kv head) index b * heads_kv + hk,
+/// with their query heads. Packed operands hold one round's heads.
+struct head_round {
+  std::int64_t begin = 0, end = 0;
+  [[nodiscard]] std::int64_t units() const noexcept { return end - begin; }
+};
+
+/// kv heads per round: enough work items (4 per thread) in a round's smallest pass, and no
+/// more, so that what a round packs is still in cache when its passes read it back. At
+/// S = 1024, one head per round instead of all 8 made a single-threaded backward ~7% faster
+/// (a causal one: its packing is a larger share of it).
+[[nodiscard]] inline std::int64_t round_units_for(std::int64_t units, std::int64_t k_blocks,
+                                                  std::int64_t threads) noexcept {
+  const std::int64_t wanted_items = 4 * std::max<std::int64_t>(threads, 1);
+  const std::int64_t per_unit = std::max<std::int64_t>(k_blocks, 1);
+  return std::clamp<std::int64_t>((wanted_items + per_unit - 1) / per_unit, 1, std::max<std::int64_t>(units, 1));
+}
+
+/// What one work item works on: a kv head's key block, or a query head's query block.
+struct kv_item {
+  std::int64_t unit, b, hk, kb;
+};
+struct q_item {
+  std::int64_t unit, b, h, hk, qb;
+};
+
+template <class T>
+struct flash_layout {
+  checked_call call;
+  std::int64_t dim_padded = 0;  // head dim rounded up to the vector width (packed rows)
+  std::int64_t q_blocks = 0, k_blocks = 0;
+  std::int64_t seq_q_padded = 0, seq_k_padded = 0;
+  std::int64_t units = 0;        // batch * heads_kv
+  std::int64_t round_units = 1;  // kv heads per round (the packed buffers' capacity)
+  std::vector<position_block> q_tiles, k_tiles;
+
+  flash_layout(const checked_call& checked, std::int64_t threads) : call(checked) {
+    dim_padded = round_up(std::max<std::int64_t>(call.dim, 1), width_v<T>);
+    q_blocks = (call.seq_q + block_q - 1) / block_q;
+    k_blocks = (call.seq_k + block_k - 1) / block_k;
+    seq_q_padded = q_blocks * block_q;
+    seq_k_padded = k_blocks * block_k;
+    units = call.batch * call.heads_kv;
+    round_units = round_units_for(units, k_blocks, threads);
+    // position_block keeps a pointer to its positions: they live in this->call, which does not
+    // move while the layout is used (the layout is neither copied nor moved).
+    q_tiles.reserve(static_cast<std::size_t>(q_blocks));
+    for (std::int64_t i = 0; i < q_blocks; ++i)
+      q_tiles.emplace_back(call.q_pos, i * block_q, std::min(block_q, call.seq_q - i * block_q));
+    k_tiles.reserve(static_cast<std::size_t>(k_blocks));
+    for (std::int64_t j = 0; j < k_blocks; ++j)
+      k_tiles.emplace_back(call.k_pos, j * block_k, std::min(block_k, call.seq_k - j * block_k));
+  }
+  flash_layout(const flash_layout&) = delete;
+  flash_layout& operator=(const flash_layout&) = delete;
+
+  [[nodiscard]] std::int64_t rounds() const noexcept { return (units + round_units - 1) / round_units; }
+  [[nodiscard]] head_round round(std::int64_t r) const noexcept {
+    return {r * round_units, std::min(units, (r + 1) * round_units)};
+  }
+
+  // Positions in a round's packed buffers. A kv unit is b * heads_kv + hk; a query unit is
+  // b * heads_q + h, and the query units of kv unit u are u * group .. u * group + group - 1.
+  [[nodiscard]] std::int64_t kv_block_index(const head_round& r, std::int64_t kv_unit, std::int64_t kb) const noexcept {
+    return (kv_unit - r.begin) * k_blocks + kb;
+  }
+  [[nodiscard]] std::int64_t kv_row_index(const head_round& r, std::int64_t kv_unit, std::int64_t j) const noexcept {
+    return (kv_unit - r.begin) * seq_k_padded + j;
+  }
+  [[nodiscard]] std::int64_t q_row_index(const head_round& r, std::int64_t q_unit, std::int64_t i) const noexcept {
+    return (q_unit - r.begin * call.group()) * seq_q_padded + i;
+  }
+
+  // A round's work items: one per (kv head, key block), or one per (query head, query block).
+  [[nodiscard]] std::int64_t kv_items(const head_round& r) const noexcept { return r.units() * k_blocks; }
+  [[nodiscard]] std::int64_t q_items(const head_round& r) const noexcept { return r.units() * call.group() * q_blocks; }
+  [[nodiscard]] kv_item kv_item_at(const head_round& r, std::int64_t item) const noexcept {
+    const std::int64_t unit = r.begin + item / k_blocks;
+    return {unit, unit / call.heads_kv, unit % call.heads_kv, item % k_blocks};
+  }
+  /// Query blocks in descending order when asked: each item of a head then reads a subset of
+  /// the key tiles the item before it read, so under a causal mask its diagonal tile is warm.
+  [[nodiscard]] q_item q_item_at(const head_round& r, std::int64_t item, bool descending) const noexcept {
+    const std::int64_t unit = r.begin * call.group() + item / q_blocks;
+    const std::int64_t h = unit % call.heads_q;
+    const std::int64_t qb = descending ? q_blocks - 1 - item % q_blocks : item % q_blocks;
+    return {unit, unit / call.heads_q, h, h / call.group(), qb};
+  }
+};
+
+/// Which part of a 64 x 64 tile a mask leaves, at the granularity of register-tile row groups.
+/// Full tiles are computed whole. In a partial tile every pair is tested once, up front;
+/// each group of 4 query rows then computes only the key columns (rounded out to whole
+/// vectors) holding an allowed pair, and each group of 4 keys contracts only over the query
+/// rows holding one. On a causal diagonal tile that skips ~40% of the GEMM work; elsewhere
+/// it costs one pass over the tile's pairs, which a partial tile needed anyway.
+template <class T>
+struct tile_extent {
+  static constexpr std::int64_t row_groups = block_q / tile_rows;
+  static constexpr std::int64_t key_groups = block_k / tile_rows;
+
+  std::int64_t rows = 0;   // query rows computed: qc rounded up to tile_rows (padding rows are masked)
+  std::int64_t kc = 0;     // keys in the tile
+  std::int64_t kcols = 0;  // key columns computed at most (vector and tile_rows multiple)
+  bool partial = false;
+  std::int64_t col_begin[row_groups], col_end[row_groups];  // per query row group; empty when equal
+  std::int64_t row_begin[key_groups], row_end[key_groups];  // per key group
+  alignas(64) T bias[block_q][block_k];                      // partial tiles: 0 allowed, -inf masked
+
+  template <class Mask>
+  void set(block_kind kind, const Mask& mask, const position_block& qt, const position_block& kt, std::int64_t qc,
+           std::int64_t key_count) {
+    constexpr std::int64_t W = width_v<T>;
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    rows = round_up(qc, tile_rows);
+    kc = key_count;
+    kcols = round_up(kc, key_column_multiple<T>);
+    partial = kind == block_kind::partial;
+    const std::int64_t groups = rows / tile_rows, kgroups = round_up(kc, tile_rows) / tile_rows;
+    if (!partial) {
+      for (std::int64_t g = 0; g < groups; ++g) {
+        col_begin[g] = 0;
+        col_end[g] = kcols;
+      }
+      for (std::int64_t g = 0; g < kgroups; ++g) {
+        row_begin[g] = 0;
+        row_end[g] = rows;
+      }
+      return;
+    }
+    std::int64_t kpos[block_k];
+    // A mask that knows each row's allowed keys as an interval is not tested pair by pair
+    // (on a causal diagonal tile the tests cost about as much as the masked GEMM work saved).
+    bool by_interval = false;
+    if constexpr (mask_with_key_intervals<Mask>) by_interval = kt.is_contiguous();
+    if (!by_interval)
+      for (std::int64_t j = 0; j < kc; ++j) kpos[j] = kt[j];
+    for (std::int64_t g = 0; g < kgroups; ++g) {
+      row_begin[g] = rows;
+      row_end[g] = 0;
+    }
+    for (std::int64_t g = 0; g < groups; ++g) {
+      std::int64_t lo = kc, hi = 0;
+      for (std::int64_t i = g * tile_rows; i < (g + 1) * tile_rows; ++i) {
+        T* row = bias[i];
+        std::int64_t first = kc, last = -1;
+        if (i >= qc) {
+          std::fill(row, row + kcols, neg_inf);
+          continue;
+        }
+        if constexpr (mask_with_key_intervals<Mask>) {
+          if (by_interval) {
+            const key_interval keys = mask.allowed_keys(qt[i], kt.min(), kt.min() + kc);
+            first = keys.begin - kt.min();
+            last = keys.end - kt.min() - 1;
+            if (last < first) first = kc, last = -1;
+            std::fill(row, row + std::min(first, kc), neg_inf);
+            if (last >= first) std::fill(row + first, row + last + 1, T(0));
+            std::fill(row + std::max(first, last + 1), row + kcols, neg_inf);
+          }
+        }
+        if (!by_interval) {
+          std::fill(row + kc, row + kcols, neg_inf);
+          const std::int64_t qpos = qt[i];
+          for (std::int64_t j = 0; j < kc; ++j) {  // branch-free: vectorises for the built-in masks
+            const bool a = mask.allowed(qpos, kpos[j]);
+            row[j] = a ? T(0) : neg_inf;
+            first = a && j < first ? j : first;
+            last = a && j > last ? j : last;
+          }
+        }
+        if (last < 0) continue;
+        // The row's first and last allowed key bound everything below: a key group's row
+        // range may then include rows with no allowed key in it (their P is 0, which is
+        // harmless), never exclude one that has.
+        lo = std::min(lo, first);
+        hi = std::max(hi, last + 1);
+        for (std::int64_t kg = first / tile_rows; kg <= last / tile_rows; ++kg) {
+          row_begin[kg] = std::min(row_begin[kg], i);
+          row_end[kg] = std::max(row_end[kg], i + 1);
+        }
+      }
+      col_begin[g] = lo < hi ? lo / W * W : 0;
+      col_end[g] = lo < hi ? round_up(hi, W) : 0;
+    }
+    for (std::int64_t g = 0; g < kgroups; ++g)
+      if (row_begin[g] >= row_end[g]) row_begin[g] = row_end[g] = 0;
+  }
+
+  [[nodiscard]] std::int64_t groups() const noexcept { return rows / tile_rows; }
+  /// Number of consecutive row groups from g with g's column range (one GEMM call for them).
+  [[nodiscard]] std::int64_t same_columns_run(std::int64_t g) const noexcept {
+    std::int64_t n = 1;
+    while (g + n < groups() && col_begin[g + n] == col_begin[g] && col_end[g + n] == col_end[g]) ++n;
+    return n;
+  }
+  [[nodiscard]] std::int64_t key_groups_used() const noexcept { return round_up(kc, tile_rows) / tile_rows; }
+};
+
+/// A work item's scratch, allocated once per run of items (a launch chunk) instead of per
+/// item: heap allocation and zeroing per item cost ~2% of a short causal pass, where items
+/// hold half the tiles. Each item re-initialises what it reads before writing it.
+template <class T>
+struct item_scratch {
+  scratch<T> rows_a, rows_b;  // [block_q][dim_padded]: forward Q and O; key pass dK and dV; query pass dQ
+  scratch<T> s, dprob;        // [block_q][block_k] score tiles: S (then P), dP (then dS)
+  scratch<T> m, l;            // forward: running max, running sums (block_q x width)
+  std::unique_ptr<tile_extent<T>> tile = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB
+
+  explicit item_scratch(std::int64_t dim_padded)
+      : rows_a(block_q * dim_padded, false), rows_b(block_q * dim_padded, false), s(block_q * block_k, false),
+        dprob(block_q * block_k, false), m(block_q, false), l(block_q * width_v<T>, false) {}
+};
+
+/// Asks for the cache lines holding n elements from row on. The packing loops read rows that
+/// lie heads * dim elements apart, a stride the hardware prefetcher does not run ahead on, so
+/// each row waited on memory: prefetching a few rows ahead made packing ~2x faster
+/// (S = 1024, 8 heads, D = 128).
+template <class TT>
+BATON_ATTN_INLINE void prefetch_row(const TT* row, std::int64_t n) noexcept {
+#if defined(__GNUC__)
+  constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(TT)));
+  for (std::int64_t x = 0; x < n; x += per_line) __builtin_prefetch(row + x);
+#else
+  (void)row;
+  (void)n;
+#endif
+}
+
+/// How many rows ahead the packing loops prefetch.
+inline constexpr std::int64_t prefetch_rows_ahead = 8;
+
+/// Row r of a 4-D tensor whose last axis is contiguous (checked by the backend).
+template <class TT>
+[[nodiscard]] inline TT* row_of(const tensor_view<TT, 4>& t, std::int64_t b, std::int64_t s, std::int64_t h) noexcept {
+  return &t(b, s, h, 0);
+}
+
+/// Whether x[0..n) holds only finite values: an integer test of the exponent bits that the
+/// compiler vectorises (one pass over a packed row; never inside a tile loop).
+template <class T>
+BATON_ATTN_INLINE bool all_finite(const T* x, std::int64_t n) noexcept {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  U bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    U bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bad |= static_cast<U>((bits & exponent) == exponent);
+  }
+  return bad == 0;
+}
+
+/// The non-finite rule (docs/attention.md) at tile granularity, for tiles that hold a bad query
+/// row or a bad key (rare: every other tile skips this). For each pair of the tile the mask
+/// allows, with row i live: when row_bad[i] or key_bad[j], marks row_hit[i] and key_hit[j]
+/// (either may be null). row_live null: every row is live.
+template <class T>
+inline void mark_bad_pairs(const tile_extent<T>& t, std::int64_t qc, const unsigned char* row_bad,
+                           const unsigned char* row_live, const unsigned char* key_bad, unsigned char* row_hit,
+                           unsigned char* key_hit) noexcept {
+  for (std::int64_t i = 0; i < qc; ++i) {
+    if (row_live && !row_live[i]) continue;
+    for (std::int64_t j = 0; j < t.kc; ++j) {
+      if (!(row_bad[i] || key_bad[j])) continue;
+      if (t.partial && t.bias[i][j] != T(0)) continue;  // masked: never read
+      if (row_hit) row_hit[i] = 1;
+      if (key_hit) key_hit[j] = 1;
+    }
+  }
+}
+
+/// Writes NaN over a row of n elements (the non-finite rule's result).
+template <class TD>
+inline void write_nan_row(TD* dst, std::int64_t n) noexcept {
+  std::fill(dst, dst + n, std::numeric_limits<TD>::quiet_NaN());
+}
+
+/// dst[d] = src[d] * factor (+ dst[d] when accumulating), d < n: the final write of a gradient.
+template <class TD, class T>
+inline void write_scaled_row(TD* dst, const T* src, T factor, std::int64_t n, bool accumulate) noexcept {
+  if (accumulate)
+    for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(dst[d] + src[d] * factor);
+  else
+    for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(src[d] * factor);
+}
+
+/// Calls body(kb, k0) for each key tile of query block qb that the mask does not classify
+/// empty, in ascending order, with `tile` set for it (which rows and columns to compute).
+template <class T, class Mask, class F>
+inline void for_each_key_tile(const flash_layout<T>& layout, const Mask& mask, std::int64_t qb, std::int64_t qc,
+                              tile_extent<T>& tile, F&& body) {
+  for (std::int64_t kb = 0; kb < layout.k_blocks; ++kb) {
+    const block_kind kind = mask.classify(layout.q_tiles[qb], layout.k_tiles[kb]);
+    if (kind == block_kind::empty) continue;
+    const std::int64_t k0 = kb * block_k;
+    tile.set(kind, mask, layout.q_tiles[qb], layout.k_tiles[kb], qc, std::min(block_k, layout.call.seq_k - k0));
+    body(kb, k0);
+  }
+}
+
+/// C (=) A B^T-style products whose output columns are the tile's keys: S = Q K^T and
+/// dP = dO V^T. a: packed rows [rows][a_ld]; bt: the key tile transposed, [dim][block_k].
+template <class T>
+inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t a_ld, const T* bt, std::int64_t dim) {
+  if (!t.partial) {
+    gemm<T, false>(c, block_k, t.rows, t.kcols, a, a_ld, 1, bt, block_k, dim);
+    return;
+  }
+  for (std::int64_t g = 0; g < t.groups();) {
+    const std::int64_t run = t.same_columns_run(g);
+    if (t.col_end[g] > t.col_begin[g]) {
+      const std::int64_t r0 = g * tile_rows, c0 = t.col_begin[g];
+      gemm<T, false>(c + r0 * block_k + c0, block_k, run * tile_rows, t.col_end[g] - c0, a + r0 * a_ld, a_ld, 1,
+                     bt + c0, block_k, dim);
+    }
+    g += run;
+  }
+}
+
+/// Masks the scores just computed: -inf for disallowed pairs and key columns past the end.
+template <class T>
+inline void tile_mask(const tile_extent<T>& t, T* s) {
+  constexpr int W = width_v<T>;
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  if (!t.partial) {
+    if (t.kc < t.kcols)
+      for (std::int64_t i = 0; i < t.rows; ++i) std::fill(s + i * block_k + t.kc, s + i * block_k + t.kcols, neg_inf);
+    return;
+  }
+  for (std::int64_t i = 0; i < t.rows; ++i) {  // adding -inf masks, adding 0 keeps
+    const std::int64_t g = i / tile_rows;
+    T* row = s + i * block_k;
+    for (std::int64_t j = t.col_begin[g]; j < t.col_end[g]; j += W) store(row + j, load(row + j) + load(t.bias[i] + j));
+  }
+}
+
+/// C[rows][cols] += P B, contracting over the tile's keys: O += P V and dQ += dS K.
+/// lhs: P or dS, [rows][block_k]; b: the key tile's rows [kc][b_ld] (zero past kc).
+template <class T>
+inline void tile_accumulate_rows(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* lhs,
+                                 const T* b, std::int64_t b_ld) {
+  if (!t.partial) {
+    gemm<T, true>(c, ldc, t.rows, cols, lhs, block_k, 1, b, b_ld, t.kc);
+    return;
+  }
+  for (std::int64_t g = 0; g < t.groups();) {
+    const std::int64_t run = t.same_columns_run(g);
+    if (t.col_end[g] > t.col_begin[g]) {
+      const std::int64_t r0 = g * tile_rows, k0 = t.col_begin[g];
+      gemm<T, true>(c + r0 * ldc, ldc, run * tile_rows, cols, lhs + r0 * block_k + k0, block_k, 1, b + k0 * b_ld, b_ld,
+                    std::min(t.col_end[g], t.kc) - k0);
+    }
+    g += run;
+  }
+}
+
+/// C[keys][cols] += P^T B, contracting over the tile's query rows: dV += P^T dO and
+/// dK += dS^T Q. lhs: P or dS, [rows][block_k], with zeros wherever it was not computed.
+template <class T>
+inline void tile_accumulate_keys(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* lhs,
+                                 const T* b, std::int64_t b_ld) {
+  if (!t.partial) {
+    gemm<T, true>(c, ldc, round_up(t.kc, tile_rows), cols, lhs, 1, block_k, b, b_ld, t.rows);
+    return;
+  }
+  for (std::int64_t g = 0; g < t.key_groups_used(); ++g)
+    if (t.row_end[g] > t.row_begin[g]) {
+      const std::int64_t j0 = g * tile_rows, i0 = t.row_begin[g];
+      gemm<T, true>(c + j0 * ldc, ldc, tile_rows, cols, lhs + i0 * block_k + j0, 1, block_k, b + i0 * b_ld, b_ld,
+                    t.row_end[g] - i0);
+    }
+}
+
+// ---- packing ---------------------------------------------------------------------------------
+
+/// dst[d * block_k + j] = rows[j][d] for j < count, 0 for count <= j < block_k: a key tile
+/// transposed (K^T, V^T). 4 x 4 (float) or 2 x 2 (double) register transposes on x86; the
+/// scalar loop it replaces cost ~5% of a short causal forward.
+template <class T>
+inline void transpose_rows(const T* const* rows, std::int64_t count, std::int64_t dim, T* dst) noexcept {
+  std::int64_t j = 0;
+  const auto prefetch_ahead = [&](std::int64_t first, std::int64_t n) {
+    for (std::int64_t r = first + prefetch_rows_ahead; r < std::min(count, first + prefetch_rows_ahead + n); ++r)
+      prefetch_row(rows[r], dim);
+  };
+#if defined(__GNUC__) && (defined(__SSE2__) || defined(__x86_64__))
+  if constexpr (std::is_same_v<T, float>) {
+    for (; j + 4 <= count; j += 4) {
+      prefetch_ahead(j, 4);
+      std::int64_t d = 0;
+      for (; d + 4 <= dim; d += 4) {
+        __m128 r0 = _mm_loadu_ps(rows[j] + d), r1 = _mm_loadu_ps(rows[j + 1] + d);
+        __m128 r2 = _mm_loadu_ps(rows[j + 2] + d), r3 = _mm_loadu_ps(rows[j + 3] + d);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+        _mm_storeu_ps(dst + d * block_k + j, r0);
+        _mm_storeu_ps(dst + (d + 1) * block_k + j, r1);
+        _mm_storeu_ps(dst + (d + 2) * block_k + j, r2);
+        _mm_storeu_ps(dst + (d + 3) * block_k + j, r3);
+      }
+      for (; d < dim; ++d)
+        for (std::int64_t jj = j; jj < j + 4; ++jj) dst[d * block_k + jj] = rows[jj][d];
+    }
+  } else {
+    for (; j + 2 <= count; j += 2) {
+      prefetch_ahead(j, 2);
+      std::int64_t d = 0;
+      for (; d + 2 <= dim; d += 2) {
+        const __m128d r0 = _mm_loadu_pd(rows[j] + d), r1 = _mm_loadu_pd(rows[j + 1] + d);
+        _mm_storeu_pd(dst + d * block_k + j, _mm_unpacklo_pd(r0, r1));
+        _mm_storeu_pd(dst + (d + 1) * block_k + j, _mm_unpackhi_pd(r0, r1));
+      }
+      for (; d < dim; ++d) {
+        dst[d * block_k + j] = rows[j][d];
+        dst[d * block_k + j + 1] = rows[j + 1][d];
+      }
+    }
+  }
+#endif
+  for (; j < count; ++j)
+    for (std::int64_t d = 0; d < dim; ++d) dst[d * block_k + j] = rows[j][d];
+  if (count < block_k)
+    for (std::int64_t d = 0; d < dim; ++d) std::fill(dst + d * block_k + count, dst + (d + 1) * block_k, T(0));
+}
+
+/// Work item (kv head, key block) of a round's packing pass; layout.kv_items(round) items.
+template <class T, class TK, class TV>
+inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round, std::int64_t item,
+                          const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v, T* kt_out, T* v_rows_out,
+                          T* vt_out, T* k_rows_out, unsigned char* key_bad_out, unsigned char* block_bad_out) {
+  const auto& call = layout.call;
+  const auto [unit, b, hk, kb] = layout.kv_item_at(round, item);
+  const std::int64_t k0 = kb * block_k;
+  const std::int64_t kc = std::min(block_k, call.seq_k - k0);
+  const std::int64_t blk = layout.kv_block_index(round, unit, kb);
+  const std::int64_t row0 = layout.kv_row_index(round, unit, k0);
+  const std::int64_t dim_padded = layout.dim_padded;
+  // Every byte a tile reads is written here (the workspace is reused, not zeroed): key
+  // columns past the sequence end are 0 in K^T/V^T, and row padding (columns dim..dim_padded, and
+  // whole rows past the end) is 0 in the row-major copies.
+  const T* k_rows[block_k];
+  const T* v_rows[block_k];
+  for (std::int64_t j = 0; j < kc; ++j) {
+    k_rows[j] = &k(b, k0 + j, hk, 0);
+    v_rows[j] = &v(b, k0 + j, hk, 0);
+  }
+  // Keys with a non-finite k or v: flagged for the non-finite rule, and packed as zeros, so
+  // that no tile's arithmetic meets them (a masked pair must not turn NaN through 0 * inf).
+  unsigned char bad[block_k] = {};
+  bool any_bad = false;
+  for (std::int64_t j = 0; j < kc; ++j) {
+    bad[j] = !(all_finite(k_rows[j], call.dim) && all_finite(v_rows[j], call.dim));
+    any_bad = any_bad || bad[j];
+  }
+  std::copy(bad, bad + block_k, key_bad_out + row0);
+  block_bad_out[blk] = any_bad;
+  if (kt_out) transpose_rows(k_rows, kc, call.dim, kt_out + blk * call.dim * block_k);
+  if (vt_out) transpose_rows(v_rows, kc, call.dim, vt_out + blk * call.dim * block_k);
+  for (std::int64_t j = 0; j < block_k; ++j) {
+    const bool real = j < kc;
+    const auto copy_row = [&](const T* src, T* dst) {
+      if (real) std::copy(src, src + call.dim, dst);
+      std::fill(dst + (real ? call.dim : 0), dst + dim_padded, T(0));
+    };
+    if (v_rows_out && j + prefetch_rows_ahead < kc) prefetch_row(v_rows[j + prefetch_rows_ahead], call.dim);
+    if (v_rows_out) copy_row(real ? v_rows[j] : nullptr, v_rows_out + (row0 + j) * dim_padded);
+    if (k_rows_out) copy_row(real ? k_rows[j] : nullptr, k_rows_out + (row0 + j) * dim_padded);
+  }
+  if (any_bad)
+    for (std::int64_t j = 0; j < kc; ++j) {
+      if (!bad[j]) continue;
+      for (T* t : {kt_out, vt_out})
+        if (t)
+          for (std::int64_t d = 0; d < call.dim; ++d) t[blk * call.dim * block_k + d * block_k + j] = T(0);
+      for (T* rows : {v_rows_out, k_rows_out})
+        if (rows) std::fill(rows + (row0 + j) * dim_padded, rows + (row0 + j + 1) * dim_padded, T(0));
+    }
+}
+
+}  // namespace baton::detail::attention
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif

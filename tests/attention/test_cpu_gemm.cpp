@@ -1,0 +1,132 @@
+// The register-tiled GEMM of the host flash kernels (baton/attention/detail/cpu_gemm.hpp)
+// against a naive triple loop in double, on the shapes the kernels use and around their edges:
+// every column-panel width (1 to tile_vectors vectors), row counts that use the wide and the
+// narrow register tiles, contractions of 0, 1, one chunk, and several chunks with a
+// remainder; A plain and transposed (the strides the kernels pass for P^T and dS^T); C
+// overwritten and accumulated into, inside a larger matrix whose other elements must stay as
+// they were.
+//
+// Tolerance: each element is a dot product of length K (plus C's old value when
+// accumulating) summed in T by FMAs in some order, so its rounding error is at most
+// gamma_{K+1} * (|c0| + sum_k |a_k b_k|) with gamma_n = n u / (1 - n u) and u T's unit
+// roundoff (Higham, Accuracy and Stability of Numerical Algorithms, 3.1): a bound that holds
+// for any summation order, checked per element. The double reference adds at most its own
+// rounding, some 2^29 times smaller in float and negligible against gamma in double.
+#include "catch.hpp"
+
+#include <baton/attention/detail/cpu_gemm.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace da = baton::detail::attention;
+
+struct gemm_case {
+  std::int64_t rows, cols, kdim;
+  bool transposed_a;  // A stored as A^T: element (r, k) at a[k * rows_padded + r]
+  bool accumulate;
+};
+
+template <class T>
+void check_gemm(const gemm_case& g, unsigned seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const auto random = [&](std::int64_t n) {
+    std::vector<T> x(static_cast<std::size_t>(n));
+    for (auto& e : x) e = static_cast<T>(uniform(gen));
+    return x;
+  };
+  // Leading dimensions larger than the operands: the kernel must read and write only inside.
+  const std::int64_t lda = g.transposed_a ? g.rows + 3 : g.kdim + 5;
+  const std::int64_t ldb = g.cols + 2 * da::width_v<T>;
+  const std::int64_t ldc = g.cols + da::width_v<T> + 1;
+  const std::int64_t a_rows = g.transposed_a ? std::max<std::int64_t>(g.kdim, 1) : g.rows;
+  const std::vector<T> a = random(a_rows * lda);
+  const std::vector<T> b = random(std::max<std::int64_t>(g.kdim, 1) * ldb);
+  std::vector<T> c = random((g.rows + 1) * ldc);  // one extra row that must stay untouched
+  const std::vector<T> c0 = c;
+  const std::int64_t a_row = g.transposed_a ? 1 : lda;
+  const std::int64_t a_k = g.transposed_a ? lda : 1;
+
+  if (g.accumulate) {
+    da::gemm<T, true>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim);
+  } else {
+    da::gemm<T, false>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim);
+  }
+
+  const double u = std::numeric_limits<T>::epsilon() / 2;
+  const double n = static_cast<double>(g.kdim + 1);
+  const double gamma = n * u / (1 - n * u);
+  std::int64_t wrong = 0, outside_changed = 0;
+  std::string first;
+  for (std::int64_t r = 0; r <= g.rows; ++r) {
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const auto at = static_cast<std::size_t>(r * ldc + j);
+      if (r == g.rows || j >= g.cols) {
+        outside_changed += c[at] != c0[at];
+        continue;
+      }
+      double exact = g.accumulate ? static_cast<double>(c0[at]) : 0.0;
+      double magnitude = g.accumulate ? std::abs(static_cast<double>(c0[at])) : 0.0;
+      for (std::int64_t k = 0; k < g.kdim; ++k) {
+        const double product = static_cast<double>(a[static_cast<std::size_t>(r * a_row + k * a_k)]) *
+                               static_cast<double>(b[static_cast<std::size_t>(k * ldb + j)]);
+        exact += product;
+        magnitude += std::abs(product);
+      }
+      const double error = std::abs(static_cast<double>(c[at]) - exact);
+      if (!(error <= gamma * magnitude)) {
+        if (wrong++ == 0) {
+          first = "C(" + std::to_string(r) + ", " + std::to_string(j) + ") = " + std::to_string(c[at]) +
+                  ", expected " + std::to_string(exact) + ", error " + std::to_string(error) + " > bound " +
+                  std::to_string(gamma * magnitude);
+        }
+      }
+    }
+  }
+  INFO("rows " << g.rows << ", cols " << g.cols << ", kdim " << g.kdim << (g.transposed_a ? ", A^T" : "")
+               << (g.accumulate ? ", C +=" : ", C =") << "; first wrong element: " << first);
+  CHECK(wrong == 0);
+  CHECK(outside_changed == 0);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cpu_gemm matches a naive GEMM in double within the dot-product error bound", "[attention][gemm]",
+                   float, double) {
+  using T = TestType;
+  constexpr std::int64_t W = da::width_v<T>;
+  constexpr std::int64_t tile = da::tile_rows;
+  // Columns: every panel width from one vector to a full panel, a full panel plus a narrower
+  // remainder, and a 64-key tile; rows: one register tile, a wide tile's worth (R > 4 rows for
+  // narrow panels) with a narrow remainder, and a 64-row tile; contractions: none, one, a
+  // chunk minus one, a chunk, several chunks plus a remainder.
+  const std::vector<std::int64_t> cols_cases{W, 2 * W, 3 * W, da::tile_vectors * W, (da::tile_vectors + 1) * W,
+                                             std::max<std::int64_t>(64, W)};
+  const std::vector<std::int64_t> rows_cases{tile, 5 * tile, 64};
+  const std::vector<std::int64_t> kdim_cases{0, 1, da::contraction_chunk - 1, da::contraction_chunk,
+                                             2 * da::contraction_chunk + 37};
+  unsigned seed = 1;
+  for (const std::int64_t cols : cols_cases)
+    for (const std::int64_t rows : rows_cases)
+      for (const std::int64_t kdim : kdim_cases)
+        for (const bool transposed_a : {false, true})
+          for (const bool accumulate : {false, true})
+            check_gemm<T>({rows, cols, kdim, transposed_a, accumulate}, ++seed);
+}
+
+TEST_CASE("cpu_gemm with an empty contraction zeroes C, or leaves it when accumulating", "[attention][gemm]") {
+  constexpr std::int64_t W = da::width_v<float>;
+  std::vector<float> c(static_cast<std::size_t>(4 * W), 3.0f);
+  const std::vector<float> a(4, 1.0f), b(static_cast<std::size_t>(W), 1.0f);
+  da::gemm<float, true>(c.data(), W, 4, W, a.data(), 1, 4, b.data(), W, 0);
+  for (float x : c) CHECK(x == 3.0f);
+  da::gemm<float, false>(c.data(), W, 4, W, a.data(), 1, 4, b.data(), W, 0);
+  for (float x : c) CHECK(x == 0.0f);
+}
