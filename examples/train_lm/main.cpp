@@ -9,7 +9,7 @@
 #include <Kokkos_Core.hpp>
 #endif
 #if BATON_HAS_MPI()
-#include <mpi.h>
+#include <baton/comm/mpi.hpp>
 #endif
 
 #include <cstdio>
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   try {
     if (o.comm == "mpi") {
 #if BATON_HAS_MPI()
-      MPI_Init(&argc, &argv);
+      baton::mpi_session mpi(argc, argv);
       int code = 1;
       try {
         code = train_lm::run_mpi_world(o);
@@ -42,7 +42,6 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "baton-train: %s\n", e.what());
         MPI_Abort(MPI_COMM_WORLD, 1);  // the other processes may be waiting for this one
       }
-      MPI_Finalize();
       return code;
 #else
       std::fprintf(stderr, "baton-train: built without MPI; use --comm local\n");

@@ -189,3 +189,19 @@ TEST_CASE("mpi: run_mpi - a rank that throws aborts every other rank's waits at 
   std::int32_t v = 0;
   REQUIRE_THROWS_WITH(baton::isend(c, std::span(&v, 1), 0, 1), Catch::Contains("aborted because rank"));
 }
+
+TEST_CASE("mpi: mpi_session refuses a second initialisation and says so", "[comm][mpi]") {
+  // The test main has initialised MPI already (as a program that calls MPI_Init itself would).
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  REQUIRE(initialized != 0);
+  try {
+    baton::mpi_session session;
+    FAIL("a second mpi_session was made while MPI was initialised");
+  } catch (const baton::comm_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("MPI is already initialised") && Catch::Contains("exactly one mpi_session"));
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  CHECK(finalized == 0);  // the refusal left MPI running for everything after it
+}

@@ -1,11 +1,9 @@
 // baton/comm/mpi.hpp — the MPI backend: ranks are MPI processes.
 //
-//     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-//     {
-//       baton::mpi_communicator world;              // a private duplicate of MPI_COMM_WORLD
-//       world.all_reduce(std::span(grad), baton::reduce_op::sum);
-//     }                                             // freed before MPI_Finalize
-//     MPI_Finalize();
+//     baton::mpi_session mpi(argc, argv);           // MPI_Init_thread; MPI_Finalize at scope end
+//     baton::mpi_communicator world;                // a private duplicate of MPI_COMM_WORLD
+//     world.all_reduce(std::span(grad), baton::reduce_op::sum);
+//                                                   // world is freed first: made after mpi
 //
 // Models every capability concept with non-blocking MPI calls (MPI_Isend/Irecv and the
 // MPI-3 non-blocking collectives) polled against a deadline, so a dead or diverged peer
@@ -348,6 +346,55 @@ class mpi_request {
   std::shared_ptr<detail::comm::mpi::notice_board> board_;
   std::string board_label_;  // "rank" or "world rank": how diagnoses name board ranks
   std::chrono::steady_clock::time_point returned_seen_{};
+};
+
+/// MPI's lifetime as an object: MPI_Init_thread when made, MPI_Finalize when destroyed (unless
+/// the program finalised MPI itself). Make one per process before any communicator, in a
+/// scope that encloses them all, so that every communicator is freed before MPI_Finalize:
+///
+///     baton::mpi_session mpi(argc, argv);   // MPI_THREAD_FUNNELED unless asked for more
+///     baton::mpi_communicator world;
+///
+/// Throws comm_error when MPI is already initialised (or finalised), or when the MPI library
+/// cannot give the thread level asked for (it is finalised again first).
+class mpi_session {
+ public:
+  mpi_session(int& argc, char**& argv, int required_thread_level = MPI_THREAD_FUNNELED) {
+    start(&argc, &argv, required_thread_level);
+  }
+  explicit mpi_session(int required_thread_level = MPI_THREAD_FUNNELED) {
+    start(nullptr, nullptr, required_thread_level);
+  }
+  mpi_session(const mpi_session&) = delete;
+  mpi_session& operator=(const mpi_session&) = delete;
+  ~mpi_session() {
+    if (!detail::comm::mpi::finalized()) MPI_Finalize();
+  }
+
+  /// The thread level MPI provides (at least the one asked for).
+  [[nodiscard]] int thread_level() const noexcept { return provided_; }
+
+ private:
+  void start(int* argc, char*** argv, int required) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized != 0 || detail::comm::mpi::finalized()) {
+      throw comm_error(std::string("baton::mpi_session: MPI is already ") +
+                       (initialized != 0 && !detail::comm::mpi::finalized() ? "initialised" : "finalised") +
+                       "; make exactly one mpi_session per process, before any other MPI call");
+    }
+    MPI_Init_thread(argc, argv, required, &provided_);
+    if (provided_ < required) {
+      const int got = provided_;
+      MPI_Finalize();
+      throw comm_error("baton::mpi_session: the MPI library provides thread level " + std::to_string(got) +
+                       " but " + std::to_string(required) +
+                       " was asked for (MPI_THREAD_SINGLE 0, FUNNELED 1, SERIALIZED 2, MULTIPLE 3); ask for "
+                       "less, or use an MPI built with thread support");
+    }
+  }
+
+  int provided_ = 0;
 };
 
 /// One rank's handle on an MPI communicator. Move-only; owns (and frees) its MPI_Comm, so

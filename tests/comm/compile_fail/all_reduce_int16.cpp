@@ -1,3 +1,4 @@
+// build error: all_reduce supports float, double, std::int32_t and std::int64_t
 // all_reduce on a type no backend reduces: rejected with a message naming the types it takes.
 #include <baton/comm/local.hpp>
 

@@ -1,3 +1,4 @@
+// build error: device_mesh<C>: C must model baton::splittable_communicator
 // A device mesh needs a communicator it can split.
 #include <baton/comm/mesh.hpp>
 

@@ -1,3 +1,4 @@
+// build error: run_local.n, fn.: fn must be callable
 // run_local calls fn from n threads at once, so a mutable lambda (unsynchronised state) is
 // rejected with a message saying how to share state instead.
 #include <baton/comm/local.hpp>
