@@ -105,6 +105,19 @@ if(want)
   endif()
 endif()
 
+# --- LibTorch ------------------------------------------------------------------------
+# The LibTorch adapter (baton/torch.hpp): torch::Tensor payloads and torch::nn modules as
+# stages. Debian's libtorch-dev 1.13 (CPU) provides TorchConfig.cmake.
+baton_backend_wanted(want Torch)
+if(want)
+  find_package(Torch QUIET)
+  if(Torch_FOUND)
+    baton_add_backend(torch "LibTorch ${Torch_VERSION}" baton ${TORCH_LIBRARIES})
+  else()
+    baton_backend_missing(torch)
+  endif()
+endif()
+
 # --- CUDA and NCCL ---------------------------------------------------------------
 baton_backend_wanted(want CUDA)
 if(want)

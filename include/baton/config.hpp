@@ -1,6 +1,6 @@
 // baton/config.hpp — the one place that says which optional backends are compiled in.
 //
-// Each backend's CMake target (baton::kokkos, baton::mpi, baton::blas, baton::cuda, baton::nccl) defines
+// Each backend's CMake target (baton::kokkos, baton::mpi, baton::blas, baton::torch, baton::cuda, baton::nccl) defines
 // BATON_ENABLE_<NAME>=1. Code tests the function-like macros below, never the raw defines,
 // so a misspelt backend name is a compile error rather than a silent 0.
 //
@@ -36,6 +36,12 @@
 #define BATON_HAS_BLAS() 1
 #else
 #define BATON_HAS_BLAS() 0
+#endif
+
+#if defined(BATON_ENABLE_TORCH) && BATON_ENABLE_TORCH
+#define BATON_HAS_TORCH() 1
+#else
+#define BATON_HAS_TORCH() 0
 #endif
 
 #if defined(BATON_ENABLE_NCCL) && BATON_ENABLE_NCCL

@@ -41,6 +41,16 @@ constexpr bool check_constant_argument() {
   }
   return true;
 }
+
+// The value_type of T's traits, when it has one (a run-time element type has none).
+template <class T>
+struct value_type_of {};
+template <class T>
+  requires requires { typename payload_traits<T>::value_type; }
+struct value_type_of<T> {
+  using value_type = typename payload_traits<T>::value_type;
+};
+
 }  // namespace detail::payload
 
 /// A tensor that is split into microbatches and sent between stages but has no gradient:
@@ -74,10 +84,22 @@ constant(T) -> constant<T>;
 
 /// constant<T> is a tensor with role constant; every operation forwards to T's traits.
 template <class T>
-struct payload_traits<constant<T>> {
+struct payload_traits<constant<T>> : detail::payload::value_type_of<T> {
   static constexpr payload_role role = payload_role::constant;
   using inner = payload_traits<T>;
-  using value_type = typename inner::value_type;
+
+  // T's run-time element format, when T has one instead of a value_type (the base gives
+  // value_type otherwise).
+  static std::int64_t element_format(const constant<T>& c)
+    requires runtime_element_type<T>
+  {
+    return inner::element_format(c.value);
+  }
+  static constant<T> allocate(std::span<const std::int64_t> shape, std::int64_t format)
+    requires runtime_element_type<T>
+  {
+    return constant<T>(inner::allocate(shape, format));
+  }
 
   static decltype(auto) shape(const constant<T>& c) { return inner::shape(c.value); }
   static std::span<const std::byte> bytes(const constant<T>& c) { return inner::bytes(c.value); }

@@ -73,6 +73,12 @@ struct payload_traits_not_specialised_for {
 ///     field from every part this way; without it the parts are copied into one array first).
 ///     Optional: `merge(std::span<const T>) -> T`, a reducer used by merge_microbatches instead
 ///     of concat (for example a scalar loss summed over microbatches).
+///     A tensor whose element type is known only at run time (torch::Tensor's dtype) declares,
+///     instead of `value_type`, `element_format(const T&) -> std::int64_t` (see
+///     element_format_of: bytes per element plus 256 x a code of the traits' choosing) and
+///     `allocate(shape, format) -> T`, and may add `scale(T&, double)` (the executor's loss
+///     scaling of a gradient). The format travels in the pipeline's wire header, so a
+///     receiver allocates the sender's element type.
 ///  3. For role opaque, optionally `split(const T&, std::int64_t chunk, std::int64_t chunks) -> T`
 ///     (otherwise every microbatch gets a copy) and `merge(std::span<const T>) -> T`.
 ///
@@ -109,14 +115,32 @@ concept has_payload_traits =
 template <class T>
 inline constexpr payload_role payload_role_v = payload_traits<std::remove_cvref_t<T>>::role;
 
+/// Traits whose element type is a compile-time `value_type`.
+template <class T>
+concept static_element_type = requires { typename payload_traits<T>::value_type; };
+
+/// Traits whose element type is a run-time value (torch::Tensor's dtype): `element_format(t)`
+/// says what a tensor holds and `allocate(shape, format)` makes one of that format.
+template <class T>
+concept runtime_element_type = requires(const T& ct, std::span<const std::int64_t> shape, std::int64_t format) {
+  { payload_traits<T>::element_format(ct) } -> std::same_as<std::int64_t>;
+  { payload_traits<T>::allocate(shape, format) } -> std::same_as<T>;
+};
+
+/// The element format of a compile-time element type: its size in bytes (code 0).
+template <class V>
+inline constexpr std::int64_t static_element_format_v = static_cast<std::int64_t>(sizeof(V));
+
+/// Bytes per element of an element format.
+constexpr std::int64_t element_format_bytes(std::int64_t format) noexcept { return format & 0xff; }
+
 /// A tensor: an activation or constant leaf whose traits provide every tensor operation.
 template <class T>
 concept tensor_payload =
     has_payload_traits<T> && !std::is_reference_v<T> && !std::is_const_v<T> &&
-    (payload_traits<T>::role != payload_role::opaque) &&
+    (payload_traits<T>::role != payload_role::opaque) && (static_element_type<T> || runtime_element_type<T>) &&
     requires(const T& ct, T& t, std::span<const T> parts, std::span<const std::int64_t> shape,
              int dim, std::int64_t index) {
-      typename payload_traits<T>::value_type;
       { payload_traits<T>::shape(ct) } -> std::ranges::random_access_range;
       requires std::integral<std::ranges::range_value_t<decltype(payload_traits<T>::shape(ct))>>;
       { payload_traits<T>::bytes(ct) } -> std::same_as<std::span<const std::byte>>;
@@ -183,7 +207,7 @@ constexpr void require_tensor() {
   } else if constexpr (!tensor_payload<U>) {
     static_assert(dependent_false_v<U>,
                   "baton: payload_traits<T> declares a tensor role (activation or constant) but "
-                  "lacks tensor operations: it needs value_type, shape, bytes, mutable_bytes, "
+                  "lacks tensor operations: it needs value_type (or element_format), shape, bytes, mutable_bytes, "
                   "allocate, allocate_like, slice and concat with the signatures listed in "
                   "baton/payload/traits.hpp (check with static_assert(baton::tensor_payload<T>))");
   }
@@ -299,6 +323,36 @@ T tensor_allocate_like(const T& t) {
   detail::payload::require_tensor<T>();
   if constexpr (tensor_payload<T>) {
     return payload_traits<T>::allocate_like(t);
+  } else {
+    std::terminate();  // unreachable: require_tensor already failed to compile
+  }
+}
+
+/// What a tensor's elements are: bytes per element (element_format_bytes) plus 256 x a code the
+/// traits choose (0 for a compile-time value_type, whose format is its size). Two tensors of
+/// one type hold the same element type exactly when their formats are equal.
+template <class T>
+std::int64_t element_format_of(const T& t) {
+  detail::payload::require_tensor<T>();
+  if constexpr (runtime_element_type<T>) {
+    return payload_traits<T>::element_format(t);
+  } else if constexpr (static_element_type<T>) {
+    return static_element_format_v<typename payload_traits<T>::value_type>;
+  } else {
+    return 0;
+  }
+}
+
+/// A new zero-filled tensor of `shape` holding elements of `format` (as element_format_of
+/// gave it for a tensor of type T).
+template <class T>
+T tensor_allocate(std::span<const std::int64_t> shape, std::int64_t format) {
+  detail::payload::require_tensor<T>();
+  if constexpr (runtime_element_type<T>) {
+    return payload_traits<T>::allocate(shape, format);
+  } else if constexpr (tensor_payload<T>) {
+    (void)format;
+    return payload_traits<T>::allocate(shape);
   } else {
     std::terminate();  // unreachable: require_tensor already failed to compile
   }

@@ -7,13 +7,16 @@
 #if BATON_HAS_KOKKOS()
 #include <Kokkos_Core.hpp>
 #endif
+#if BATON_HAS_TORCH()
+#include <baton/torch.hpp>
+#endif
 
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  std::printf("baton %d.%d.%d kokkos=%d mpi=%d blas=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
+  std::printf("baton %d.%d.%d kokkos=%d mpi=%d blas=%d torch=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
               BATON_VERSION_MINOR, BATON_VERSION_PATCH, BATON_HAS_KOKKOS(), BATON_HAS_MPI(),
-              BATON_HAS_BLAS(), BATON_HAS_CUDA(), BATON_HAS_NCCL());
+              BATON_HAS_BLAS(), BATON_HAS_TORCH(), BATON_HAS_CUDA(), BATON_HAS_NCCL());
 
   static_assert(baton::is_valid(baton::lower(baton::one_f_one_b::generate({2, 1, 4}))));
 
@@ -33,6 +36,12 @@ int main(int argc, char** argv) {
   layer.weight().value.fill(1.0f);
   const auto y = layer.apply(baton::host_tensor<float>({1, 3}, {1.0f, 2.0f, 3.0f}));
   if (y[0] != 6.0f || y[1] != 6.0f) return 1;
+
+#if BATON_HAS_TORCH()
+  // A torch::Tensor is a payload: split into microbatches through the installed adapter.
+  const auto torch_parts = baton::split_microbatches(torch::ones({5, 2}), 2);
+  if (torch_parts.size() != 2 || torch_parts[1].size(0) != 2) return 1;
+#endif
 
 #if BATON_HAS_KOKKOS()
   Kokkos::ScopeGuard kokkos(argc, argv);

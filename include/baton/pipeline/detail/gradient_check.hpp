@@ -33,7 +33,6 @@ std::string gradient_mismatch(const P& activation, const grad_t<P>& grad, std::s
   std::string problem;
   for_each_activation(activation, grad, [&](auto info, const auto& a, const auto& g) {
     if (!problem.empty()) return;
-    using value = typename payload_traits<std::remove_cvref_t<decltype(g)>>::value_type;
     // The words of a message are only built for a gradient that is wrong: this runs for every
     // gradient of every microbatch.
     const auto which = [&] {
@@ -51,20 +50,29 @@ std::string gradient_mismatch(const P& activation, const grad_t<P>& grad, std::s
                 shape_text(expected);
       return;
     }
+    const std::int64_t format = element_format_of(g);
+    const std::int64_t element_bytes = element_format_bytes(format);
+    const auto differs = [&] {
+      return " bytes per element: its element type (dtype) differs from the " + std::string(side) +
+             " activation's; return a gradient of the activation's element type";
+    };
+    if (format != element_format_of(a)) {  // only a run-time element type (torch's dtype) can differ here
+      problem = std::string(producer) + " returned " + which() + " of element format " + std::to_string(format) +
+                " where the activation's is " + std::to_string(element_format_of(a)) + ", at " +
+                std::to_string(element_bytes) + differs();
+      return;
+    }
     std::int64_t needed = 0;
-    constexpr auto element_bytes = static_cast<std::int64_t>(sizeof(value));
     if (!with_extents(g, [&](const auto& got) { return tensor_byte_count(got, element_bytes, needed); })) {
       // A shape whose byte count overflows: checked_element_count throws the message that says so.
-      needed = payload::checked_element_count(tensor_shape(g), which(), sizeof(value)) *
-               static_cast<std::int64_t>(sizeof(value));
+      needed = payload::checked_element_count(tensor_shape(g), which(), static_cast<std::size_t>(element_bytes)) *
+               element_bytes;
     }
     const auto held = tensor_bytes(g).size();
     if (held != static_cast<std::size_t>(needed)) {
       problem = std::string(producer) + " returned " + which() + " of shape " + shape_text(tensor_shape(g)) +
                 " whose storage holds " + std::to_string(held) + " bytes where " + std::to_string(needed) +
-                " are needed at " + std::to_string(sizeof(value)) +
-                " bytes per element: its element type (dtype) differs from the " + std::string(side) +
-                " activation's; return a gradient of the activation's element type";
+                " are needed at " + std::to_string(element_bytes) + differs();
     }
   });
   return problem;

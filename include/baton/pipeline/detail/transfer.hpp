@@ -47,7 +47,8 @@ inline constexpr std::size_t wire_inline_bytes = 2048;
 
 // The header message. Word layout: magic, call, sending stage, microbatch, direction
 // (0 activation, 1 gradient), tensor count, inline flag; then per tensor: rank, element
-// bytes, extents; then the inline data area.
+// format (element_format_of: bytes per element, and the run-time element type of a tensor
+// such as torch::Tensor), extents; then the inline data area.
 struct wire_header {
   static constexpr std::size_t fixed_words = 7;
   static constexpr std::size_t words_per_tensor = 2 + wire_max_rank;
@@ -88,7 +89,6 @@ void fill_header(wire_header& h, const P& p, const message_id& id) {
   h.words[4] = id.direction;
   std::size_t i = 0;
   for_each_tensor(p, [&](const auto& t) {
-    using leaf = std::remove_cvref_t<decltype(t)>;
     with_extents(t, [&](const auto& shape) {
       const auto rank = static_cast<std::size_t>(std::ranges::size(shape));
       if (i >= wire_max_tensors) {
@@ -102,7 +102,7 @@ void fill_header(wire_header& h, const P& p, const message_id& id) {
       }
       std::int64_t* w = h.words.data() + wire_header::fixed_words + i * wire_header::words_per_tensor;
       w[0] = static_cast<std::int64_t>(rank);
-      w[1] = static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type));
+      w[1] = element_format_of(t);
       std::size_t d = 0;
       for (auto e : shape) w[2 + d++] = static_cast<std::int64_t>(e);
     });
@@ -134,10 +134,9 @@ template <class P>
 void fill_payload_key(const P& p, pool_key& key) {
   key.clear();
   for_each_tensor(p, [&](const auto& t) {
-    using leaf = std::remove_cvref_t<decltype(t)>;
     with_extents(t, [&](const auto& shape) {
       key.push_back(static_cast<std::int64_t>(std::ranges::size(shape)));
-      key.push_back(static_cast<std::int64_t>(sizeof(typename payload_traits<leaf>::value_type)));
+      key.push_back(element_format_of(t));
       for (auto e : shape) key.push_back(static_cast<std::int64_t>(e));
     });
   });
@@ -151,12 +150,13 @@ P make_payload(const wire_header& h) {
     const std::int64_t* w = h.tensor_words(i);
     return std::span<const std::int64_t>(w + 2, static_cast<std::size_t>(w[0]));
   };
+  auto format_of = [&](std::size_t i) { return h.tensor_words(i)[1]; };
   if constexpr (is_record_v<P>) {
     P p{};
     std::size_t i = 0;
     for_each_tensor(p, [&](auto& t) {
       using leaf = std::remove_cvref_t<decltype(t)>;
-      if (i < n) t = payload_traits<leaf>::allocate(shape_of(i));
+      if (i < n) t = tensor_allocate<leaf>(shape_of(i), format_of(i));
       ++i;
     });
     if (i != n) {
@@ -170,7 +170,7 @@ P make_payload(const wire_header& h) {
                            " tensors where the stage expects one tensor: the ranks were built with different "
                            "stage types");
     }
-    return payload_traits<P>::allocate(shape_of(0));
+    return tensor_allocate<P>(shape_of(0), format_of(0));
   }
 }
 
@@ -179,14 +179,22 @@ template <class P>
 void scale_payload(P& p, double factor) {
   for_each_tensor(p, [&](auto& t) {
     using leaf = std::remove_cvref_t<decltype(t)>;
-    using value = typename payload_traits<leaf>::value_type;
-    static_assert(std::is_floating_point_v<value>,
-                  "baton pipeline: the loss gradient must hold floating-point tensors");
-    auto bytes = tensor_mutable_bytes(t);
-    auto* v = reinterpret_cast<value*>(bytes.data());
-    const std::size_t count = bytes.size() / sizeof(value);
-    const auto f = static_cast<value>(factor);
-    for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+    if constexpr (requires { payload_traits<leaf>::scale(t, factor); }) {
+      payload_traits<leaf>::scale(t, factor);
+    } else if constexpr (static_element_type<leaf>) {
+      using value = typename payload_traits<leaf>::value_type;
+      static_assert(std::is_floating_point_v<value>,
+                    "baton pipeline: the loss gradient must hold floating-point tensors");
+      auto bytes = tensor_mutable_bytes(t);
+      auto* v = reinterpret_cast<value*>(bytes.data());
+      const std::size_t count = bytes.size() / sizeof(value);
+      const auto f = static_cast<value>(factor);
+      for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+    } else {
+      static_assert(static_element_type<leaf>,
+                    "baton pipeline: a loss gradient whose element type is known only at run time needs "
+                    "`static void scale(T&, double)` in its payload_traits (the loss scaling)");
+    }
   });
 }
 
@@ -431,15 +439,16 @@ void check_header(const incoming<Request, P>& in) {
   std::int64_t total_bytes = 0;
   for (std::size_t i = 0; i < static_cast<std::size_t>(in.header.tensors()); ++i) {
     const std::int64_t* t = in.header.tensor_words(i);
-    if (t[0] < 0 || static_cast<std::size_t>(t[0]) > wire_max_rank || t[1] <= 0) {
+    const std::int64_t element_bytes = element_format_bytes(t[1]);
+    if (t[0] < 0 || static_cast<std::size_t>(t[0]) > wire_max_rank || t[1] <= 0 || element_bytes == 0) {
       throw pipeline_error(corrupt() + "tensor " + std::to_string(i) + " has rank " + std::to_string(t[0]) +
-                           " and element size " + std::to_string(t[1]) + "; the ranks do not run the same program");
+                           " and element format " + std::to_string(t[1]) + "; the ranks do not run the same program");
     }
     const std::span<const std::int64_t> shape(t + 2, static_cast<std::size_t>(t[0]));
     std::int64_t bytes = 0;
-    if (!tensor_byte_count(shape, t[1], bytes)) {
+    if (!tensor_byte_count(shape, element_bytes, bytes)) {
       try {
-        (void)payload::checked_element_count(shape, "tensor " + std::to_string(i), static_cast<std::size_t>(t[1]));
+        (void)payload::checked_element_count(shape, "tensor " + std::to_string(i), static_cast<std::size_t>(element_bytes));
       } catch (const payload_error& err) {
         throw pipeline_error(corrupt() + err.what());
       }
