@@ -4,8 +4,8 @@
 //
 // Tolerance: float 1e-5 of the largest magnitude (baton's reference backend accumulates in
 // double; what remains is float storage of inputs and results), double 1e-12.
+#include "torch_test_util.hpp"  // first: see the comment there
 #include "catch.hpp"
-#include "torch_test_util.hpp"
 
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>

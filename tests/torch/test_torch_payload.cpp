@@ -1,7 +1,7 @@
 // torch::Tensor as a payload: microbatch split and merge, dtypes carried across a stage
 // boundary, and the errors for tensors baton cannot move.
+#include "torch_test_util.hpp"  // first: see the comment there
 #include "catch.hpp"
-#include "torch_test_util.hpp"
 
 #include <baton/comm/local.hpp>
 #include <baton/payload.hpp>
@@ -10,6 +10,7 @@
 #include <baton/torch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -151,4 +152,44 @@ TEST_CASE("torch::Tensor: a gradient of another dtype than its activation is ref
   CHECK_THAT(messages[1], Catch::Contains("the loss returned the output gradient of element format") &&
                               Catch::Contains("element type (dtype) differs from the output activation's"));
   CHECK_FALSE(messages[0].empty());  // the other rank stops too, naming the failed peer
+}
+
+TEST_CASE("torch gradients: all-reduced over replicas and clipped by the norm over pipeline ranks",
+          "[torch][payload]") {
+  // Rank r's two parameters hold gradients (r + 1) x [1, 2, 3] and (r + 1) x [[4]]; a third
+  // parameter never got a gradient on either rank.
+  const auto make_params = [](int rank) {
+    std::vector<torch::Tensor> params{torch::zeros({3}).requires_grad_(), torch::zeros({1, 1}).requires_grad_(),
+                                      torch::zeros({2}).requires_grad_()};
+    params[0].mutable_grad() = torch::tensor({1.0f, 2.0f, 3.0f}) * (rank + 1);
+    params[1].mutable_grad() = torch::tensor({{4.0f}}) * (rank + 1);
+    return params;
+  };
+  std::vector<std::vector<torch::Tensor>> summed(2), averaged(2);
+  std::vector<double> norms(2);
+  std::vector<std::vector<torch::Tensor>> clipped(2);
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    one_torch_thread();
+    const auto r = static_cast<std::size_t>(comm.rank());
+    summed[r] = make_params(comm.rank());
+    baton::torch_all_reduce_gradients(summed[r], comm);
+    averaged[r] = make_params(comm.rank());
+    baton::torch_all_reduce_gradients(averaged[r], comm, baton::torch_gradient_reduction::mean);
+    clipped[r] = make_params(comm.rank());
+    norms[r] = baton::torch_clip_grad_norm(clipped[r], 1.0, 2.0, comm);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(torch::allclose(summed[r][0].grad(), torch::tensor({3.0f, 6.0f, 9.0f})));
+    CHECK(torch::allclose(summed[r][1].grad(), torch::tensor({{12.0f}})));
+    CHECK(torch::equal(summed[r][2].grad(), torch::zeros({2})));  // zero-filled, so every rank reduced the same sizes
+    CHECK(torch::allclose(averaged[r][0].grad(), torch::tensor({1.5f, 3.0f, 4.5f})));
+    // Norm over both ranks: sqrt((1 + 4 + 9 + 16) x (1 + 4)) = sqrt(150); each gradient scaled by 1 / norm.
+    CHECK(norms[r] == Approx(std::sqrt(150.0)));
+    const double scale = 1.0 / (std::sqrt(150.0) + 1e-6);
+    CHECK(torch::allclose(clipped[r][0].grad(), torch::tensor({1.0f, 2.0f, 3.0f}) * static_cast<float>(static_cast<double>(r + 1) * scale)));
+  }
+  std::vector<torch::Tensor> mixed{torch::zeros({1}, torch::kFloat).requires_grad_(),
+                                   torch::zeros({1}, torch::kDouble).requires_grad_()};
+  CHECK_THROWS_WITH(baton::torch_clip_grad_norm(mixed, 1.0, 2.0), Catch::Contains("mix float and double"));
 }

@@ -6,9 +6,10 @@
 // Tolerance: float, 1e-5 of the largest magnitude of each compared tensor. The pipeline adds
 // the same products as the unpipelined model, grouped by microbatch and scaled by 1/m instead
 // of averaged over all rows at once: a few float roundings apart.
+#include "torch_test_util.hpp"  // first: see the comment there
 #include "catch.hpp"
-#include "torch_test_util.hpp"
 
+#include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/pipeline.hpp>
 #include <baton/schedule.hpp>
@@ -240,11 +241,15 @@ struct hooked_blockImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     const int id = forwards++;
     x.register_hook([this, id](torch::Tensor) { ++fired[id]; });
-    return torch::tanh(linear->forward(x));
+    // An intermediate on the input path whose node also leads to the weights: split backward
+    // passes it in I (for dX) and needs its weight outputs in W.
+    torch::Tensor h = linear->forward(x);
+    h.register_hook([this, id](torch::Tensor) { ++fired_intermediate[id]; });
+    return torch::tanh(h);
   }
   torch::nn::Linear linear{nullptr};
   int forwards = 0;
-  std::map<int, int> fired;  // forward id -> times its hook ran
+  std::map<int, int> fired, fired_intermediate;  // forward id -> times its hook ran
 };
 TORCH_MODULE(hooked_block);
 
@@ -259,6 +264,7 @@ void check_hooks_once(int ranks) {
   std::vector<hooked_block> modules;
   for (int s = 0; s < shape.num_stages(); ++s) modules.emplace_back(200 + s);
   std::vector<std::map<int, int>> fired_after_step(static_cast<std::size_t>(steps * shape.num_stages()));
+  std::vector<std::map<int, int>> intermediate_after_step(fired_after_step.size());
   baton::run_local(ranks, [&](baton::local_communicator& comm) {
     one_torch_thread();
     auto exec = baton::make_pipeline<Policy, baton::uniform_stages<hooked_stage>>(
@@ -267,6 +273,8 @@ void check_hooks_once(int ranks) {
       exec.step(batch, target);
       exec.for_each_local_stage([&](int s, hooked_stage& st) {
         fired_after_step[static_cast<std::size_t>(step * shape.num_stages() + s)] = st.module()->fired;
+        intermediate_after_step[static_cast<std::size_t>(step * shape.num_stages() + s)] =
+            st.module()->fired_intermediate;
       });
     }
   });
@@ -275,10 +283,14 @@ void check_hooks_once(int ranks) {
       INFO("step " << step << ", stage " << s);
       const auto& fired = fired_after_step[static_cast<std::size_t>(step * shape.num_stages() + s)];
       // After step k: forwards 0 .. (k+1)m-1 each fired exactly once, none twice, none later.
-      CHECK(fired.size() == static_cast<std::size_t>((step + 1) * microbatches));
-      for (const auto& [id, count] : fired) {
-        INFO("forward " << id);
-        CHECK(count == 1);
+      const std::map<int, int>* both[] = {&fired,
+                                          &intermediate_after_step[static_cast<std::size_t>(step * shape.num_stages() + s)]};
+      for (const auto* hooks : both) {
+        CHECK(hooks->size() == static_cast<std::size_t>((step + 1) * microbatches));
+        for (const auto& [id, count] : *hooks) {
+          INFO("forward " << id << (hooks == &fired ? ", hook on the input" : ", hook on the intermediate"));
+          CHECK(count == 1);
+        }
       }
     }
   }
@@ -286,11 +298,117 @@ void check_hooks_once(int ranks) {
 
 }  // namespace
 
-TEST_CASE("torch_stage: a hook on a stage's input fires exactly once per microbatch per step (seed 002)",
+TEST_CASE("torch_stage: hooks on a stage's input and intermediates fire exactly once per microbatch per step (seed 002)",
           "[torch][pipeline][seed002]") {
   const int ranks = GENERATE(2, 4);
   SECTION("1F1B (full backward)") { check_hooks_once<baton::one_f_one_b>(ranks); }
   SECTION("ZBV (split backward)") { check_hooks_once<baton::zbv>(ranks); }
+}
+
+// ---- the weight half runs only the weights' part of the graph ------------------------------
+
+namespace {
+
+// reference_attention that counts its calls.
+struct counting_backend {
+  baton::reference_attention inner;
+  int forwards = 0, backwards = 0;
+  template <class... A>
+    requires requires(baton::reference_attention& b, A&&... a) { b.forward(std::forward<A>(a)...); }
+  void forward(A&&... a) {
+    ++forwards;
+    inner.forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+    requires requires(baton::reference_attention& b, A&&... a) { b.backward(std::forward<A>(a)...); }
+  void backward(A&&... a) {
+    ++backwards;
+    inner.backward(std::forward<A>(a)...);
+  }
+};
+
+constexpr std::int64_t attention_width = 8, attention_heads = 2, attention_seq = 6;
+
+// x + Wo attention(Wq x, Wk x, Wv x): the frontier of the weights is the four projections,
+// and the attention node lies on the input path only.
+struct attention_blockImpl : torch::nn::Module {
+  explicit attention_blockImpl(int seed) {
+    torch::manual_seed(seed);
+    wq = register_module("wq", torch::nn::Linear(attention_width, attention_width));
+    wk = register_module("wk", torch::nn::Linear(attention_width, attention_width));
+    wv = register_module("wv", torch::nn::Linear(attention_width, attention_width));
+    wo = register_module("wo", torch::nn::Linear(attention_width, attention_width));
+    attention = std::make_unique<baton::torch_cp_attention<counting_backend>>(backend);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const auto heads = [&](const torch::Tensor& t) {
+      return t.view({x.size(0), attention_seq, attention_heads, attention_width / attention_heads});
+    };
+    const torch::Tensor a = (*attention)(heads(wq(x)), heads(wk(x)), heads(wv(x)));
+    return x + wo(a.reshape({x.size(0), attention_seq, attention_width}));
+  }
+  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  counting_backend backend;
+  std::unique_ptr<baton::torch_cp_attention<counting_backend>> attention;
+};
+TORCH_MODULE(attention_block);
+
+using attention_stage = baton::torch_stage<attention_block>;
+
+template <class Policy>
+void check_attention_stages(int ranks) {
+  const int microbatches = 4;
+  const auto shape = baton::shape_for<Policy>(ranks, microbatches);
+  torch::manual_seed(9);
+  const torch::Tensor batch = torch::randn({8, attention_seq, attention_width});
+  const torch::Tensor target = torch::randn({8, attention_seq, attention_width});
+  std::vector<attention_block> blocks, reference;
+  for (int s = 0; s < shape.num_stages(); ++s) {
+    blocks.emplace_back(300 + s);
+    reference.emplace_back(300 + s);
+  }
+  std::optional<double> got;
+  std::mutex lock;
+  baton::run_local(ranks, [&](baton::local_communicator& comm) {
+    one_torch_thread();
+    auto exec = baton::make_pipeline<Policy, baton::uniform_stages<attention_stage>>(
+        comm, shape, [&](int s) { return attention_stage(blocks[static_cast<std::size_t>(s)]); }, mse);
+    const auto report = exec.step(batch, target);
+    std::lock_guard guard(lock);
+    if (report.loss) got = report.loss;
+  });
+  torch::Tensor h = batch;
+  for (auto& b : reference) h = b->forward(h);
+  torch::Tensor loss = torch::mse_loss(h, target);
+  loss.backward();
+  REQUIRE(got.has_value());
+  CHECK(relative_error(*got, loss.item<double>()) <= 1e-5);
+  for (std::size_t s = 0; s < blocks.size(); ++s) {
+    INFO("stage " << s);
+    // Attention ran forward and backward once per microbatch: W did not walk back through it.
+    CHECK(blocks[s]->backend.forwards == microbatches);
+    CHECK(blocks[s]->backend.backwards == microbatches);
+    // Against the stage's largest gradient: the key projection's bias has an exactly zero
+    // gradient (softmax ignores a shift shared by all keys), which leaves only rounding.
+    const auto mine = blocks[s]->parameters(), theirs = reference[s]->parameters();
+    double largest = 0;
+    for (const auto& p : theirs) largest = std::max(largest, p.grad().abs().max().item<double>());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      INFO("parameter " << i);
+      REQUIRE(mine[i].grad().defined());
+      CHECK(error_relative_to(mine[i].grad(), theirs[i].grad(), largest) <= 1e-5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("torch_stage: split backward runs each node once — attention stages under 1F1B, ZB1P and ZBV",
+          "[torch][pipeline]") {
+  const int ranks = GENERATE(2, 4);
+  SECTION("1F1B") { check_attention_stages<baton::one_f_one_b>(ranks); }
+  SECTION("ZB1P") { check_attention_stages<baton::zb1p>(ranks); }
+  SECTION("ZBV") { check_attention_stages<baton::zbv>(ranks); }
 }
 
 // ---- docs/torch.md's example, verbatim ------------------------------------------------------
@@ -299,7 +417,7 @@ namespace {
 
 // [doc:torch_block]
 struct blockImpl : torch::nn::Module {
-  explicit blockImpl(std::int64_t width) : linear(register_module("linear", torch::nn::Linear(width, width))) {}
+  explicit blockImpl(std::int64_t features) : linear(register_module("linear", torch::nn::Linear(features, features))) {}
   torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(linear(x)); }
   torch::nn::Linear linear;
 };
@@ -327,8 +445,8 @@ TEST_CASE("docs/torch.md: a ZBV pipeline of torch::nn blocks equals the unpipeli
   baton::run_local(ranks, [&](baton::local_communicator& comm) {
     one_torch_thread();
     // [doc:torch_pipeline]
-    auto loss = baton::torch_loss([](const torch::Tensor& y, const torch::Tensor& target) {
-      return torch::mse_loss(y, target);
+    auto loss = baton::torch_loss([](const torch::Tensor& y, const torch::Tensor& expected) {
+      return torch::mse_loss(y, expected);
     });
     // ZBV: two stages per rank in a V; stage s is blocks[s].
     auto exec = baton::make_pipeline<baton::zbv, baton::uniform_stages<block_stage>>(
@@ -351,4 +469,84 @@ TEST_CASE("docs/torch.md: a ZBV pipeline of torch::nn blocks equals the unpipeli
     CHECK(relative_error(blocks[s]->linear->weight.grad(), reference[s]->linear->weight.grad()) <= 1e-5);
     CHECK(relative_error(blocks[s]->linear->bias.grad(), reference[s]->linear->bias.grad()) <= 1e-5);
   }
+}
+
+// ---- records: a named activation and a constant field crossing the boundary -----------------
+
+namespace {
+
+using hidden_and_positions =
+    baton::record<baton::field<"hidden", torch::Tensor>, baton::field<"positions", baton::constant<torch::Tensor>>>;
+
+// Adds a term of the (integer) positions to the hidden state and passes them on.
+struct positional_blockImpl : torch::nn::Module {
+  explicit positional_blockImpl(int seed) {
+    torch::manual_seed(seed);
+    linear = register_module("linear", torch::nn::Linear(width, width));
+  }
+  hidden_and_positions forward(const hidden_and_positions& x) {
+    const torch::Tensor& positions = baton::get<"positions">(x).value;
+    torch::Tensor h = torch::tanh(linear(baton::get<"hidden">(x))) + 0.01 * positions.to(torch::kFloat);
+    return hidden_and_positions(h, baton::constant<torch::Tensor>(positions));
+  }
+  torch::nn::Linear linear{nullptr};
+};
+TORCH_MODULE(positional_block);
+
+// The last stage: reads the record, returns the prediction.
+struct head_blockImpl : torch::nn::Module {
+  explicit head_blockImpl(int seed) {
+    torch::manual_seed(seed);
+    linear = register_module("linear", torch::nn::Linear(width, width));
+  }
+  torch::Tensor forward(const hidden_and_positions& x) { return linear(baton::get<"hidden">(x)); }
+  torch::nn::Linear linear{nullptr};
+};
+TORCH_MODULE(head_block);
+
+using positional_stage = baton::torch_stage<positional_block, hidden_and_positions, hidden_and_positions>;
+using head_stage = baton::torch_stage<head_block, hidden_and_positions, torch::Tensor>;
+
+template <class Policy>
+void check_records() {
+  const int microbatches = 4;
+  torch::manual_seed(4);
+  const torch::Tensor hidden = torch::randn({8, width});
+  const torch::Tensor positions = torch::arange(8 * width, torch::kLong).view({8, width}) % 5;
+  const hidden_and_positions batch(hidden, baton::constant<torch::Tensor>(positions));
+  const torch::Tensor target = torch::randn({8, width});
+  positional_block first(400), first_reference(400);
+  head_block last(401), last_reference(401);
+  std::optional<double> got;
+  std::mutex lock;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    one_torch_thread();
+    auto exec = baton::make_pipeline<Policy, baton::stage_list<positional_stage, head_stage>>(
+        comm, baton::shape_for<Policy>(2, microbatches),
+        [&](auto index) {
+          if constexpr (decltype(index)::value == 0) {
+            return positional_stage(first);
+          } else {
+            return head_stage(last);
+          }
+        },
+        mse);
+    const auto report = exec.step(batch, target);
+    std::lock_guard guard(lock);
+    if (report.loss) got = report.loss;
+  });
+  torch::Tensor loss = torch::mse_loss(last_reference->forward(first_reference->forward(batch)), target);
+  loss.backward();
+  REQUIRE(got.has_value());
+  CHECK(relative_error(*got, loss.item<double>()) <= 1e-5);
+  CHECK(relative_error(first->linear->weight.grad(), first_reference->linear->weight.grad()) <= 1e-5);
+  CHECK(relative_error(last->linear->weight.grad(), last_reference->linear->weight.grad()) <= 1e-5);
+  CHECK(relative_error(first->linear->bias.grad(), first_reference->linear->bias.grad()) <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("torch_stage: records with an activation and a constant field cross stages", "[torch][pipeline]") {
+  SECTION("1F1B") { check_records<baton::one_f_one_b>(); }
+  SECTION("ZB1P") { check_records<baton::zb1p>(); }
 }

@@ -11,14 +11,17 @@
 //    autograd: gradients are asked for the activation fields only, so a mask object (seed
 //    000's BlockMask) is never asked for requires_grad;
 //  - backward_input = torch::autograd::grad(outputs, inputs, dY, retain_graph = true);
-//    backward_weight = grad of the same outputs with respect to the parameters, added to
-//    their .grad(); the graph is released after W (after B for a full backward).
+//    backward_weight runs only the part of the graph that leads to the weights and that I did
+//    not run, from the gradients I left at its frontier (detail/weight_pass.hpp), adding to
+//    the parameters' .grad(); I + W cost one backward, and every hook runs once. The graph
+//    is released after W (after B for a full backward).
 #pragma once
 
 #include <baton/payload/grad.hpp>
 #include <baton/payload/record.hpp>
 #include <baton/payload/visit.hpp>
 #include <baton/pipeline/stage.hpp>
+#include <baton/torch/detail/weight_pass.hpp>
 #include <baton/torch/payload.hpp>
 
 #include <torch/torch.h>
@@ -91,11 +94,10 @@ inline bool differentiable(const at::Tensor& t) { return t.defined() && at::isFl
 /// - `Side`: the per-microbatch side input (a mask object, a config): opaque, never sent,
 ///   never differentiated.
 ///
-/// It models `split_backward_stage`, so every built-in schedule runs it. backward_weight
-/// walks the graph from the outputs again (torch has no cheaper public way to reach the
-/// weights): the W half costs about as much as the I half. A tensor hook on an
-/// intermediate that both halves pass through runs in each; hooks on the module's inputs
-/// run once per microbatch, in backward_input (or backward).
+/// It models `split_backward_stage`, so every built-in schedule runs it. Every node of the
+/// microbatch's graph runs once over I and W together, and so does every tensor hook
+/// registered in forward: a hook on the module's input or on an intermediate on the input
+/// path runs in backward_input, one on a weight-only branch in backward_weight.
 template <class Module, class Input = at::Tensor, class Output = at::Tensor, class Side = no_side>
 class torch_stage {
   static_assert(detail::torch_adapter::all_torch_tensors<Input>() && detail::torch_adapter::all_torch_tensors<Output>(),
@@ -117,7 +119,8 @@ class torch_stage {
   struct saved {
     std::vector<at::Tensor> inputs;        // the differentiable input leaves, one per activation field
     std::vector<at::Tensor> outputs;       // the activation outputs, attached to the graph
-    std::vector<at::Tensor> output_grads;  // dY, kept from backward_input for backward_weight
+    std::vector<at::Tensor> output_grads;  // dY
+    detail::torch_adapter::weight_pass weights;  // the graph's weight half, between I and W
 
     /// Bytes of the inputs and outputs held (the graph's own saved tensors are not counted:
     /// LibTorch does not expose them).
@@ -177,30 +180,35 @@ class torch_stage {
     return y;
   }
 
-  /// dX only; keeps the graph and dY for backward_weight.
+  /// dX only. The graph stays, split at the weights' frontier for backward_weight
+  /// (detail/weight_pass.hpp).
   grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
     st.output_grads = copy_output_grads(dy);
-    return input_grads(st, run_grad(st, st.inputs, /*keep_graph=*/true));
+    const auto [roots, root_grads] = differentiable_outputs(st);
+    st.weights.prepare(roots, root_grads, st.inputs, trainable_parameters());
+    return input_grads(st, input_pass(st, roots, root_grads));
   }
 
-  /// Adds dW to the parameters' .grad() and releases the graph.
+  /// Adds dW to the parameters' .grad(), running only the nodes that lead to the weights and
+  /// were not done by backward_input, and releases the graph.
   void backward_weight(saved& st) {
-    auto params = trainable_parameters();
-    const auto grads = run_grad(st, params, /*keep_graph=*/false);
-    accumulate(params, grads);
+    st.weights.run();
     st = saved{};
   }
 
-  /// Both halves in one walk of the graph.
+  /// Both halves in one walk of the graph: dX, and dW added to the parameters' .grad().
   grad_t<input> backward(saved& st, const grad_t<output>& dy) {
     st.output_grads = copy_output_grads(dy);
-    auto params = trainable_parameters();
-    std::vector<at::Tensor> wanted = st.inputs;
-    wanted.insert(wanted.end(), params.begin(), params.end());
-    auto grads = run_grad(st, wanted, /*keep_graph=*/false);
-    const std::vector<at::Tensor> param_grads(grads.begin() + static_cast<std::ptrdiff_t>(st.inputs.size()), grads.end());
-    grads.resize(st.inputs.size());
-    accumulate(params, param_grads);
+    const auto [roots, root_grads] = differentiable_outputs(st);
+    std::vector<at::Tensor> targets;
+    for (const at::Tensor& leaf : st.inputs)
+      if (leaf.defined() && leaf.requires_grad()) targets.push_back(leaf);
+    for (const at::Tensor& p : trainable_parameters()) targets.push_back(p);
+    if (!roots.empty() && !targets.empty()) {
+      ::torch::autograd::backward(roots, root_grads, /*retain_graph=*/false, /*create_graph=*/false, targets);
+    }
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& leaf : st.inputs) grads.push_back(leaf.defined() && leaf.requires_grad() ? leaf.grad() : at::Tensor());
     auto dx = input_grads(st, grads);
     st = saved{};
     return dx;
@@ -222,42 +230,36 @@ class torch_stage {
     return out;
   }
 
-  // d(outputs)/d(wanted) · dY, one entry per wanted tensor (undefined where wanted is
-  // undefined or unreached).
-  std::vector<at::Tensor> run_grad(saved& st, const std::vector<at::Tensor>& wanted, bool keep_graph) {
-    std::vector<at::Tensor> roots, root_grads, targets;
-    std::vector<std::size_t> where;
+  // The outputs that require grad, with their gradients dY.
+  static std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> differentiable_outputs(const saved& st) {
+    std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> out;
     for (std::size_t i = 0; i < st.outputs.size(); ++i) {
       if (st.outputs[i].requires_grad()) {
-        roots.push_back(st.outputs[i]);
-        root_grads.push_back(st.output_grads.at(i));
+        out.first.push_back(st.outputs[i]);
+        out.second.push_back(st.output_grads.at(i));
       }
     }
-    for (std::size_t i = 0; i < wanted.size(); ++i) {
-      if (wanted[i].defined() && wanted[i].requires_grad()) {
-        targets.push_back(wanted[i]);
-        where.push_back(i);
-      }
-    }
-    std::vector<at::Tensor> out(wanted.size());
-    if (roots.empty() || targets.empty()) return out;
-    auto grads = ::torch::autograd::grad(roots, targets, root_grads, keep_graph, /*create_graph=*/false,
-                                         /*allow_unused=*/true);
-    for (std::size_t j = 0; j < grads.size(); ++j) out[where[j]] = grads[j];
     return out;
   }
 
-  void accumulate(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      at::Tensor& g = params[i].mutable_grad();
-      if (g.defined()) {
-        g.add_(grads[i]);
-      } else {
-        g = grads[i].detach().clone(at::MemoryFormat::Contiguous);
+  // d(outputs)/d(input leaves) · dY, one entry per input (undefined where the input is not
+  // differentiated or not reached); the graph is kept.
+  static std::vector<at::Tensor> input_pass(const saved& st, const std::vector<at::Tensor>& roots,
+                                            const std::vector<at::Tensor>& root_grads) {
+    std::vector<at::Tensor> targets;
+    std::vector<std::size_t> where;
+    for (std::size_t i = 0; i < st.inputs.size(); ++i) {
+      if (st.inputs[i].defined() && st.inputs[i].requires_grad()) {
+        targets.push_back(st.inputs[i]);
+        where.push_back(i);
       }
     }
+    std::vector<at::Tensor> out(st.inputs.size());
+    if (roots.empty() || targets.empty()) return out;
+    auto grads = ::torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                         /*allow_unused=*/true);
+    for (std::size_t j = 0; j < grads.size(); ++j) out[where[j]] = grads[j];
+    return out;
   }
 
   grad_t<input> input_grads(const saved& st, const std::vector<at::Tensor>& grads) {
