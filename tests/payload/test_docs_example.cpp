@@ -141,11 +141,9 @@ template <>
 struct baton::payload_traits<mylib::doc_mask> {
   static constexpr payload_role role = payload_role::opaque;
   static mylib::doc_mask split(const mylib::doc_mask& m, std::int64_t chunk, std::int64_t chunks) {
-    const auto sizes = baton::microbatch_sizes(static_cast<std::int64_t>(m.allowed_per_row.size()), chunks);
-    std::int64_t begin = 0;
-    for (std::int64_t c = 0; c < chunk; ++c) begin += sizes[static_cast<std::size_t>(c)];
-    const auto first = m.allowed_per_row.begin() + begin;
-    return {{first, first + sizes[static_cast<std::size_t>(chunk)]}};
+    const auto rows = baton::microbatch_bounds(static_cast<std::int64_t>(m.allowed_per_row.size()), chunks);
+    const auto first = m.allowed_per_row.begin() + rows[static_cast<std::size_t>(chunk)].begin;
+    return {{first, first + rows[static_cast<std::size_t>(chunk)].count}};
   }
   static mylib::doc_mask merge(std::span<const mylib::doc_mask> parts) {
     mylib::doc_mask out;

@@ -35,39 +35,6 @@ struct full_only_stage {
   baton::grad_t<input> backward(saved&, const baton::grad_t<output>& dy) { return dy; }
 };
 
-struct collected {
-  std::mutex m;
-  std::vector<std::string> messages;
-  explicit collected(int n) : messages(static_cast<std::size_t>(n)) {}
-  void put(int rank, const std::string& s) {
-    std::lock_guard lock(m);
-    messages[static_cast<std::size_t>(rank)] = s;
-  }
-};
-
-// Runs fn on n ranks, recording each rank's pipeline_error message; returns them.
-template <class F>
-std::vector<std::string> errors_of(int n, F fn) {
-  collected c(n);
-  baton::local_options opts;
-  opts.timeout = std::chrono::seconds(20);
-  try {
-    baton::run_local(
-        n,
-        [&](baton::local_communicator& comm) {
-          try {
-            fn(comm);
-          } catch (const baton::pipeline_error& e) {
-            c.put(comm.rank(), e.what());
-            throw;
-          }
-        },
-        opts);
-  } catch (const std::exception&) {
-  }
-  return c.messages;
-}
-
 }  // namespace
 
 TEST_CASE("a stage that throws ends the step on every rank, naming rank and action", "[pipeline][faults]") {

@@ -80,32 +80,6 @@ struct short_gradient_loss {
   }
 };
 
-// Runs fn on n ranks of the local world; returns each rank's pipeline_error message ("" when
-// that rank finished without one).
-template <class F>
-std::vector<std::string> errors_of(int n, F fn) {
-  std::mutex m;
-  std::vector<std::string> messages(static_cast<std::size_t>(n));
-  baton::local_options opts;
-  opts.timeout = std::chrono::seconds(20);
-  try {
-    baton::run_local(
-        n,
-        [&](baton::local_communicator& comm) {
-          try {
-            fn(comm);
-          } catch (const baton::pipeline_error& e) {
-            std::lock_guard lock(m);
-            messages[static_cast<std::size_t>(comm.rank())] = e.what();
-            throw;
-          }
-        },
-        opts);
-  } catch (const std::exception&) {
-  }
-  return messages;
-}
-
 }  // namespace
 
 TEST_CASE("a backward that returns a gradient of another shape is named with stage, microbatch and field",

@@ -15,8 +15,11 @@
 #include <baton/schedule.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -258,6 +261,32 @@ template <class T, class Side>
 void append_grad_spans(std::vector<std::span<T>>& spans, mlp_stage<T, Side>& st) {
   spans.emplace_back(st.dw.data(), static_cast<std::size_t>(st.dw.size()));
   spans.emplace_back(st.db.data(), static_cast<std::size_t>(st.db.size()));
+}
+
+// Runs fn on n ranks of the local world (20 s timeout); returns each rank's pipeline_error
+// message ("" when that rank finished without one).
+template <class F>
+std::vector<std::string> errors_of(int n, F fn) {
+  std::mutex m;
+  std::vector<std::string> messages(static_cast<std::size_t>(n));
+  baton::local_options opts;
+  opts.timeout = std::chrono::seconds(20);
+  try {
+    baton::run_local(
+        n,
+        [&](baton::local_communicator& comm) {
+          try {
+            fn(comm);
+          } catch (const baton::pipeline_error& e) {
+            std::lock_guard lock(m);
+            messages[static_cast<std::size_t>(comm.rank())] = e.what();
+            throw;
+          }
+        },
+        opts);
+  } catch (const std::exception&) {
+  }
+  return messages;
 }
 
 }  // namespace pipeline_test

@@ -99,32 +99,35 @@ void compare_shard(const shard_result& got, const full_sequence& f, const baton:
 
 double tolerance_of(torch::Dtype dtype) { return dtype == torch::kFloat ? 1e-5 : 1e-12; }
 
-template <class Mask>
-void check_ring(int ranks, baton::shard_layout layout, torch::Dtype dtype, bool causal) {
+// Every rank of a local world of `ranks` runs the strategy `make(comm, sharding)` on its shard
+// of one case; each shard is compared with the full-sequence attention.
+template <class Mask, class MakeStrategy>
+void check_strategy(int ranks, baton::shard_layout layout, torch::Dtype dtype, bool causal, MakeStrategy make) {
   const attention_case c;
   const auto f = make_case(c, dtype, causal);
   const baton::sequence_sharding sharding(layout, c.seq, ranks);
   std::vector<shard_result> results(static_cast<std::size_t>(ranks));
   baton::run_local(ranks, [&](baton::local_communicator& comm) {
     one_torch_thread();
-    baton::ring_attention ring(comm, baton::reference_attention{}, sharding);
-    results[static_cast<std::size_t>(comm.rank())] = run_shard(ring, Mask{}, f, sharding, comm.rank());
+    auto strategy = make(comm, sharding);
+    results[static_cast<std::size_t>(comm.rank())] = run_shard(strategy, Mask{}, f, sharding, comm.rank());
   });
   for (int r = 0; r < ranks; ++r) compare_shard(results[static_cast<std::size_t>(r)], f, sharding, r, tolerance_of(dtype));
 }
 
 template <class Mask>
-void check_ulysses(int ranks, torch::Dtype dtype, bool causal) {
-  const attention_case c;
-  const auto f = make_case(c, dtype, causal);
-  const baton::sequence_sharding sharding(baton::shard_layout::zigzag, c.seq, ranks);
-  std::vector<shard_result> results(static_cast<std::size_t>(ranks));
-  baton::run_local(ranks, [&](baton::local_communicator& comm) {
-    one_torch_thread();
-    baton::ulysses_attention ulysses(comm, baton::reference_attention{}, sharding);
-    results[static_cast<std::size_t>(comm.rank())] = run_shard(ulysses, Mask{}, f, sharding, comm.rank());
+void check_ring(int ranks, baton::shard_layout layout, torch::Dtype dtype, bool causal) {
+  check_strategy<Mask>(ranks, layout, dtype, causal, [](baton::local_communicator& comm, const auto& sharding) {
+    return baton::ring_attention(comm, baton::reference_attention{}, sharding);
   });
-  for (int r = 0; r < ranks; ++r) compare_shard(results[static_cast<std::size_t>(r)], f, sharding, r, tolerance_of(dtype));
+}
+
+template <class Mask>
+void check_ulysses(int ranks, torch::Dtype dtype, bool causal) {
+  check_strategy<Mask>(ranks, baton::shard_layout::zigzag, dtype, causal,
+                       [](baton::local_communicator& comm, const auto& sharding) {
+                         return baton::ulysses_attention(comm, baton::reference_attention{}, sharding);
+                       });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <baton/attention/error.hpp>
 #include <baton/attention/masks.hpp>
@@ -170,6 +171,15 @@ template <class T>
   bool finite = true;
   for (std::int64_t d = 0; d < dim; ++d) finite = finite && std::isfinite(static_cast<double>(t(b, s, h, d)));
   return finite;
+}
+
+/// bad[j] = whether key j of batch b, kv head hk has a non-finite value in k or in v (the
+/// non-finite rule's per-key test, done once per (batch, head) before a row loop).
+template <class TK, class TV>
+void mark_non_finite_keys(const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v, std::int64_t b, std::int64_t hk,
+                          std::int64_t seq_k, std::int64_t dim, std::vector<char>& bad) {
+  for (std::int64_t j = 0; j < seq_k; ++j)
+    bad[static_cast<std::size_t>(j)] = !row_finite(k, b, j, hk, dim) || !row_finite(v, b, j, hk, dim);
 }
 
 /// Compile-time check shared by backends: the mask argument models attention_mask. Each

@@ -42,8 +42,7 @@ struct reference_attention {
     for (std::int64_t b = 0; b < call.batch; ++b)
       for (std::int64_t h = 0; h < call.heads_q; ++h) {
         const std::int64_t hk = h / call.group();
-        for (std::int64_t j = 0; j < call.seq_k; ++j)
-          kv_bad[j] = !detail::attention::row_finite(k, b, j, hk, call.dim) || !detail::attention::row_finite(v, b, j, hk, call.dim);
+        detail::attention::mark_non_finite_keys(k, v, b, hk, call.seq_k, call.dim, kv_bad);
         for (std::int64_t i = 0; i < call.seq_q; ++i) {
           const bool q_bad = !detail::attention::row_finite(q, b, i, h, call.dim);
           // Non-finite rule (docs/attention.md): a non-finite q, k or v in an allowed pair, or
@@ -125,8 +124,7 @@ struct reference_attention {
     for (std::int64_t b = 0; b < call.batch; ++b)
       for (std::int64_t h = 0; h < call.heads_q; ++h) {
         const std::int64_t hk = h / call.group();
-        for (std::int64_t j = 0; j < call.seq_k; ++j)
-          kv_bad[j] = !detail::attention::row_finite(k, b, j, hk, call.dim) || !detail::attention::row_finite(v, b, j, hk, call.dim);
+        detail::attention::mark_non_finite_keys(k, v, b, hk, call.seq_k, call.dim, kv_bad);
         for (std::int64_t i = 0; i < call.seq_q; ++i) {
           const double row_lse = static_cast<double>(lse(b, h, i));
           if (std::isinf(row_lse) && row_lse < 0) continue;  // attends to nothing: no gradient
