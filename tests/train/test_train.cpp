@@ -2,7 +2,8 @@
 // the examples of docs/training.md and of baton/train/lm_trainer.hpp's comment (between the
 // doc markers; ctest -L docs checks that the documents show them verbatim).
 //
-// Each case trains 3 AdamW steps on a mesh of local ranks (threads) and on one rank
+// Each case trains 3 AdamW steps (2 in the sanitizer builds: BATON_TRAIN_PARITY_STEPS, see
+// CMakeLists.txt) on a mesh of local ranks (threads) and on one rank
 // (baton::train::lm_reference: one forward and backward of the whole global batch), and
 // compares after every step the loss and every parameter of the model, gathered from the
 // mesh. Tolerances, relative to the largest magnitude of the compared values:
@@ -14,6 +15,10 @@
 //    float cases use eps = 1e-5 (instead of torch's 1e-8), under which such an element moves
 //    by at most lr x noise / eps. Measured worst differences after 3 steps: 7e-7 with eps
 //    1e-5; 1.8e-5 with eps 1e-8, all of it in such elements (double: 3e-14 either way).
+#ifndef BATON_TRAIN_PARITY_STEPS
+#define BATON_TRAIN_PARITY_STEPS 3
+#endif
+
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/config.hpp>
@@ -91,7 +96,7 @@ struct comparison {
 // Trains the scenario on its mesh and on one rank; returns the losses and, per step, the worst
 // parameter difference relative to the largest parameter.
 template <class T, class Backend>
-comparison compare(const scenario& s, int steps = 3) {
+comparison compare(const scenario& s, int steps = BATON_TRAIN_PARITY_STEPS) {
   const train::lm_config config = small_config<T>(s.layers);
   const int world = s.parallelism.mesh.size();
   const std::int64_t rows = config.batch * s.parallelism.mesh.dp;
