@@ -33,9 +33,9 @@ inline std::vector<at::Tensor> gradient_buffers(const std::vector<at::Tensor>& p
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
   at::NoGradGuard no_grad;
-  for (const at::Tensor& p : params) {
-    at::Tensor& g = const_cast<at::Tensor&>(p).mutable_grad();
-    if (!g.defined()) g = at::zeros_like(p, at::MemoryFormat::Contiguous);
+  for (at::Tensor param : params) {  // a handle: its .grad() is the parameter's
+    at::Tensor& g = param.mutable_grad();
+    if (!g.defined()) g = at::zeros_like(param, at::MemoryFormat::Contiguous);
     if (!g.is_contiguous()) g = g.contiguous();
     if (!g.device().is_cpu()) {
       throw std::invalid_argument(std::string(caller) + ": a gradient is on " + g.device().str() +

@@ -117,13 +117,15 @@ class torch_stage {
 
   /// What one microbatch keeps from forward to backward: the graph hangs off `outputs`.
   struct saved {
-    std::vector<at::Tensor> inputs;        // the differentiable input leaves, one per activation field
+    // One per activation field: the leaf made for it, or the input itself when it is not
+    // differentiated (integer token ids; kept for its shape and dtype).
+    std::vector<at::Tensor> inputs;
     std::vector<at::Tensor> outputs;       // the activation outputs, attached to the graph
     std::vector<at::Tensor> output_grads;  // dY
     detail::torch_adapter::weight_pass weights;  // the graph's weight half, between I and W
 
-    /// Bytes of the inputs and outputs held (the graph's own saved tensors are not counted:
-    /// LibTorch does not expose them).
+    /// Bytes of the inputs, outputs and dY held (the graph's own saved tensors are not
+    /// counted: LibTorch does not expose them).
     [[nodiscard]] std::size_t bytes() const {
       std::size_t n = 0;
       for (const auto* list : {&inputs, &outputs, &output_grads})
