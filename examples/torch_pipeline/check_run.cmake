@@ -3,14 +3,20 @@
 #    its first's;
 #  - with MPIEXEC (the launch line): the same run as MPI processes (--comm mpi ARGS) prints the
 #    same losses, every step and every digit printed.
+# The "loss X" of every "step N | loss X" line of `text`, into `var`.
+function(step_losses var text)
+  string(REGEX MATCHALL "step +[0-9]+ \\| loss [0-9.]+" steps "${text}")
+  string(REGEX MATCHALL "loss [0-9.]+" losses "${steps}")
+  set(${var} "${losses}" PARENT_SCOPE)
+endfunction()
+
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 execute_process(COMMAND "${EXE}" --comm local ${args} RESULT_VARIABLE local_result OUTPUT_VARIABLE local_out
                 ERROR_VARIABLE local_err)
 if(NOT local_result EQUAL 0)
   message(FATAL_ERROR "local run: ${local_result}\n${local_out}${local_err}")
 endif()
-string(REGEX MATCHALL "step +[0-9]+ \\| loss [0-9.]+" local_steps "${local_out}")
-string(REGEX MATCHALL "loss [0-9.]+" local_losses "${local_steps}")
+step_losses(local_losses "${local_out}")
 list(LENGTH local_losses n)
 if(n LESS 2)
   message(FATAL_ERROR "expected at least 2 steps' losses, got ${n}:\n${local_out}${local_err}")
@@ -31,8 +37,7 @@ if(DEFINED MPIEXEC AND NOT MPIEXEC STREQUAL "")
   if(NOT mpi_result EQUAL 0)
     message(FATAL_ERROR "mpi run: ${mpi_result}\n${mpi_out}${mpi_err}")
   endif()
-  string(REGEX MATCHALL "step +[0-9]+ \\| loss [0-9.]+" mpi_steps "${mpi_out}")
-  string(REGEX MATCHALL "loss [0-9.]+" mpi_losses "${mpi_steps}")
+  step_losses(mpi_losses "${mpi_out}")
   if(NOT mpi_losses STREQUAL local_losses)
     message(FATAL_ERROR "the losses differ\nmpi:     ${mpi_losses}\nthreads: ${local_losses}")
   endif()
