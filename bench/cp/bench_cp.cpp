@@ -14,7 +14,16 @@
 // load average before and after. An efficiency above 1 would mean the baseline was timed in
 // a slow moment; pairing keeps both sides in the same moment.
 //
-//   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N]
+// A third mask, causal packed documents (lengths uniform in [64, S/4]), times the ring over
+// balanced_sharding (baton/cp/balance.hpp, blocks of S/64) and over zigzag against the same
+// baseline: ring2_efficiency_document and ring2_efficiency_document_zigzag.
+//
+//   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N] [--balance-only]
+//
+// After the timed figures (or alone, with --balance-only) it prints the balance figures of
+// baton/cp/balance.hpp: pure computation, no timing. balance_ratio_* = the most loaded
+// rank's attention cost / the average (1 = perfect), R = 8 ranks, 32768 tokens, blocks of 64,
+// costs from the masks' block classification (empty 0, full 1, partial 1).
 #include "bench_common.hpp"
 
 #include <baton/attention.hpp>
@@ -135,7 +144,7 @@ struct shards {
   std::vector<T> q, k, v, dout, out, dq, dk, dv;
   std::vector<L> lse;
 
-  shards(const problem& p, const baton::sequence_sharding& s, int me) : sl(s.local_len()) {
+  shards(const problem& p, const baton::sequence_sharding& s, int me) : sl(s.local_len(me)) {
     const std::vector<std::int64_t> qs{p.b, p.s, p.h, p.d}, kvs{p.b, p.s, p.hkv, p.d};
     q = baton::shard_sequence<T>(s, me, p.q, qs, 1);
     k = baton::shard_sequence<T>(s, me, p.k, kvs, 1);
@@ -163,6 +172,19 @@ struct shards {
   }
 };
 
+// Packed documents of lengths uniform in [64, longest] tokens (the last cut at seq_len).
+std::vector<std::int64_t> random_documents(std::int64_t seq_len, unsigned seed, std::int64_t longest = 4096) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<std::int64_t> length(64, std::max<std::int64_t>(64, longest));
+  std::vector<std::int64_t> ids;
+  std::int64_t doc = 0;
+  while (static_cast<std::int64_t>(ids.size()) < seq_len) {
+    const std::int64_t n = std::min(length(gen), seq_len - static_cast<std::int64_t>(ids.size()));
+    ids.insert(ids.end(), static_cast<std::size_t>(n), doc++);
+  }
+  return ids;
+}
+
 // One timed run: wall time on rank 0 from a barrier to a barrier, CPU time summed over ranks.
 struct sample {
   double seconds = 0;
@@ -175,11 +197,29 @@ struct mask_figures {
   std::array<std::int64_t, 2> ring_bytes{}, uly_bytes{};  // per rank, of its last run
 };
 
+// The document mask's figures: the baseline, and the ring over the balanced sharding and over
+// zigzag.
+struct document_figures {
+  bench::series single_s, balanced_s, zigzag_s, balanced_eff, zigzag_eff, balanced_work, zigzag_work;
+  double balance_ratio = 0, zigzag_ratio = 0;
+};
+
+// Causal documents of lengths uniform in [64, S/4] (several per sequence at any size), seed 1.
+baton::mask_intersection<baton::document_mask, baton::causal_mask> bench_documents(const problem& p) {
+  return baton::intersect(baton::document_mask(random_documents(p.s, 1, p.s / 4)), baton::causal_mask{});
+}
+// Blocks of the balanced sharding: S/64 tokens, so 64 blocks whatever S (32 per rank).
+std::int64_t balance_block(const problem& p) { return std::max<std::int64_t>(1, p.s / 64); }
+
 // Runs `pairs` pairs on 2 local ranks: per pair and mask, the one-rank baseline (rank 0; rank 1
 // waits asleep at the barrier), then ring, then Ulysses — or the reverse order on odd pairs.
-void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& causal) {
+void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& causal, document_figures& documents) {
   const baton::no_mask no_mask;
   const baton::causal_mask causal_mask;
+  const auto document_mask = bench_documents(p);
+  const baton::balanced_sharding_result plan = baton::balanced_sharding(document_mask, p.s, 2, balance_block(p));
+  documents.balance_ratio = plan.ratio;
+  documents.zigzag_ratio = plan.zigzag_ratio;
   std::array<std::array<double, 2>, 2> cpu{};  // [layer][rank] of the last run
   std::array<std::int64_t, 2> sent{};
   baton::run_local(2, [&](baton::local_communicator& local) {
@@ -188,8 +228,10 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
     std::int64_t& my_bytes = sent[static_cast<std::size_t>(me)];
     counting_comm comm{&local, &my_bytes};
     const baton::sequence_sharding contiguous(baton::shard_layout::contiguous, p.s, 2), zigzag(baton::shard_layout::zigzag, p.s, 2);
-    shards by_block(p, contiguous, me), by_zigzag(p, zigzag, me);
+    const baton::sequence_sharding balanced = plan.sharding();
+    shards by_block(p, contiguous, me), by_zigzag(p, zigzag, me), by_balance(p, balanced, me);
     baton::ring_attention ring_full(comm, backend_t{}, contiguous), ring_causal(comm, backend_t{}, zigzag);
+    baton::ring_attention ring_doc_balanced(comm, backend_t{}, balanced), ring_doc_zigzag(comm, backend_t{}, zigzag);
     baton::ulysses_attention uly_full(comm, backend_t{}, contiguous), uly_causal(comm, backend_t{}, zigzag);
     std::optional<single_rank> single;
     if (me == 0) single.emplace(p);
@@ -241,12 +283,102 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
       f.ring_work.add(base.cpu_seconds / r.cpu_seconds);
       f.uly_work.add(base.cpu_seconds / u.cpu_seconds);
     };
+    // The document mask: the baseline, the ring over the balanced sharding, over zigzag.
+    const auto documents_pair = [&](int pair, bool warmup) {
+      sample base, bal, zz;
+      const auto run_single = [&] {
+        base.seconds = timed(0, [&] {
+          if (me == 0) single->run(document_mask);
+        });
+        base.cpu_seconds = cpu[0][0];
+      };
+      const auto run_ring = [&](sample& out, shards& sh, auto& ring) {
+        out.seconds = timed(1, [&] { sh.run(p, ring, document_mask); });
+        out.cpu_seconds = cpu[1][0] + cpu[1][1];
+      };
+      if (pair % 2 == 0) {
+        run_single();
+        run_ring(bal, by_balance, ring_doc_balanced);
+        run_ring(zz, by_zigzag, ring_doc_zigzag);
+      } else {
+        run_ring(zz, by_zigzag, ring_doc_zigzag);
+        run_ring(bal, by_balance, ring_doc_balanced);
+        run_single();
+      }
+      if (warmup || me != 0) return;
+      documents.single_s.add(base.seconds);
+      documents.balanced_s.add(bal.seconds);
+      documents.zigzag_s.add(zz.seconds);
+      documents.balanced_eff.add(base.seconds / (2 * bal.seconds));
+      documents.zigzag_eff.add(base.seconds / (2 * zz.seconds));
+      documents.balanced_work.add(base.cpu_seconds / bal.cpu_seconds);
+      documents.zigzag_work.add(base.cpu_seconds / zz.cpu_seconds);
+    };
     // One untimed round first: packing buffers, Ulysses' head-sharded buffers, first touches.
     for (int pair = -1; pair < pairs; ++pair) {
       one_mask(pair, pair < 0, no_mask, by_block, ring_full, uly_full, full);
       one_mask(pair, pair < 0, causal_mask, by_zigzag, ring_causal, uly_causal, causal);
+      documents_pair(pair, pair < 0);
     }
   });
+}
+
+// The balance figures: how evenly balanced_sharding, zigzag and per-document zigzag spread
+// the attention cost over R = 8 ranks. Pure computation: it needs no timing and runs apart
+// from the timed part.
+void balance_figures() {
+  constexpr std::int64_t seq = 32768, block = 64;
+  constexpr int ranks = 8;
+  std::printf("# balance: S=%lld, R=%d, blocks of %lld tokens, cost weights full 1 partial 1; documents are causal "
+              "(document_mask x causal_mask), lengths uniform in [64, 4096]\n",
+              static_cast<long long>(seq), ranks, static_cast<long long>(block));
+  bench::series balanced_s, zigzag_s, per_doc_s;
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    const auto ids = random_documents(seq, seed);
+    const auto mask = baton::intersect(baton::document_mask(ids), baton::causal_mask{});
+    const auto r = baton::balanced_sharding(mask, seq, ranks, block);
+    const double per_doc = baton::balance_ratio(
+        baton::sharding_costs(mask, baton::per_document_zigzag_positions(ids, ranks, block), seq, block));
+    balanced_s.add(r.ratio);
+    zigzag_s.add(r.zigzag_ratio);
+    per_doc_s.add(per_doc);
+    if (seed != 1) continue;
+    const double per_doc_tokens =
+        baton::balance_ratio(baton::sharding_costs(mask, baton::per_document_zigzag_positions(ids, ranks), seq, block));
+    bench::print_value("balance_ratio_document_R8", r.ratio, "%.4f");
+    bench::print_value("balance_ratio_document_R8_zigzag", r.zigzag_ratio, "%.4f");
+    bench::print_value("balance_ratio_document_R8_per_document_zigzag", per_doc, "%.4f");
+    bench::print_value("balance_ratio_document_R8_per_document_zigzag_tokens", per_doc_tokens, "%.4f");
+    bench::print_value("balance_ratio_document_R8_guaranteed", r.guaranteed_ratio, "%.4f");
+    // Runs of consecutive blocks over all ranks (pieces a shard is gathered from), with and
+    // without the pass that swaps equal-cost blocks to join them.
+    const auto runs = [](const baton::balanced_sharding_result& b) {
+      std::int64_t count = 0;
+      for (const auto& mine : b.blocks)
+        for (std::size_t i = 0; i < mine.size(); ++i) count += i == 0 || mine[i] != mine[i - 1] + 1 ? 1 : 0;
+      return static_cast<double>(count);
+    };
+    baton::balance_options no_ties;
+    no_ties.contiguous_ties = false;
+    bench::print_value("balance_runs_document_R8", runs(r), "%.0f");
+    bench::print_value("balance_runs_document_R8_without_tie_swaps", runs(baton::balanced_sharding(mask, seq, ranks, block, no_ties)),
+                       "%.0f");
+  }
+  bench::print("balance_ratio_document_R8_seeds", balanced_s, "%.4f");
+  bench::print("balance_ratio_document_R8_zigzag_seeds", zigzag_s, "%.4f");
+  bench::print("balance_ratio_document_R8_per_document_zigzag_seeds", per_doc_s, "%.4f");
+
+  const auto sliding = baton::balanced_sharding(baton::sliding_window_mask{4096, 0}, seq, ranks, block);
+  bench::print_value("balance_ratio_sliding_R8", sliding.ratio, "%.4f");
+  bench::print_value("balance_ratio_sliding_R8_zigzag", sliding.zigzag_ratio, "%.4f");
+  const auto causal = baton::balanced_sharding(baton::causal_mask{}, seq, ranks, block);
+  bench::print_value("balance_ratio_causal_R8", causal.ratio, "%.4f");
+  bench::print_value("balance_ratio_causal_R8_zigzag", causal.zigzag_ratio, "%.4f");
+  // 3 sliding-window layers per global causal layer: the sum balanced at once.
+  const std::vector<baton::attention_cost> model{{baton::sliding_window_mask{4096, 0}, 3}, {baton::causal_mask{}, 1}};
+  const auto mixed = baton::balanced_sharding(model, seq, ranks, block);
+  bench::print_value("balance_ratio_sliding3_causal1_R8", mixed.ratio, "%.4f");
+  bench::print_value("balance_ratio_sliding3_causal1_R8_zigzag", mixed.zigzag_ratio, "%.4f");
 }
 
 }  // namespace
@@ -256,7 +388,7 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
 #endif
   problem p;
-  bool quick = false;
+  bool quick = false, balance_only = false;
   const int pairs = bench::pairs_from_args(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -265,6 +397,12 @@ int main(int argc, char** argv) {
     else if (a == "--seq") p.s = next();
     else if (a == "--heads") p.h = p.hkv = next();
     else if (a == "--dim") p.d = next();
+    else if (a == "--balance-only") balance_only = true;
+  }
+  if (balance_only) {
+    bench::print_build();
+    balance_figures();
+    return 0;
   }
 #if !BATON_HAS_KOKKOS()
   if (p.s > 1024) p.s = 1024;  // the reference backend is O(S^2 D) in double, one thread
@@ -295,7 +433,8 @@ int main(int argc, char** argv) {
       + off * rows * e * ((hd + 2 * kvd + hd + hd) + hl + (hd + 2 * kvd));  // backward: q,k,v,out,dout,lse in; dq,dk,dv back
 
   mask_figures full, causal;
-  run_pairs(p, pairs, full, causal);
+  document_figures documents;
+  run_pairs(p, pairs, full, causal, documents);
 
   bench::print("single_full_seconds", full.single_s);
   bench::print("single_causal_seconds", causal.single_s);
@@ -313,6 +452,17 @@ int main(int argc, char** argv) {
   bench::print("ring2_work_efficiency_causal", causal.ring_work, "%.3f");
   bench::print("ulysses2_work_efficiency_full", full.uly_work, "%.3f");
   bench::print("ulysses2_work_efficiency_causal", causal.uly_work, "%.3f");
+  // Causal documents (lengths uniform in [64, S/4], seed 1): ring over balanced_sharding
+  // (blocks of S/64) against ring over zigzag, each against the same one-rank baseline.
+  bench::print_value("document_balance_ratio_R2", documents.balance_ratio, "%.4f");
+  bench::print_value("document_balance_ratio_R2_zigzag", documents.zigzag_ratio, "%.4f");
+  bench::print("single_document_seconds", documents.single_s);
+  bench::print("ring2_document_seconds", documents.balanced_s);
+  bench::print("ring2_document_zigzag_seconds", documents.zigzag_s);
+  bench::print("ring2_efficiency_document", documents.balanced_eff, "%.3f");
+  bench::print("ring2_efficiency_document_zigzag", documents.zigzag_eff, "%.3f");
+  bench::print("ring2_work_efficiency_document", documents.balanced_work, "%.3f");
+  bench::print("ring2_work_efficiency_document_zigzag", documents.zigzag_work, "%.3f");
   const auto most = [](const std::array<std::int64_t, 2>& b) { return static_cast<double>(std::max(b[0], b[1])); };
   bench::print_value("ring_bytes_per_rank", most(full.ring_bytes), "%.0f");
   bench::print_value("ring_bytes_vs_theory", most(full.ring_bytes) / ring_theory);
@@ -321,5 +471,6 @@ int main(int argc, char** argv) {
   bench::print_value("ulysses_bytes_vs_theory", most(full.uly_bytes) / ulysses_theory);
   bench::print_value("ulysses_bytes_vs_theory_causal", most(causal.uly_bytes) / ulysses_theory);
   bench::print_load("after");
+  balance_figures();  // after the timed part and its load reading: it must not disturb them
   return 0;
 }

@@ -3,6 +3,7 @@
 // both (hybrid). Gradients match attention over the whole sequence on one rank.
 //
 //   sequence_sharding, shard_layout, shard_sequence / unshard_sequence   (cp/sharding.hpp)
+//   balanced_sharding, block_costs, attention_cost, zigzag_positions       (cp/balance.hpp)
 //   merge_attention_partial, cp_accumulator_t                             (cp/merge.hpp)
 //   ring_attention                                                        (cp/ring.hpp)
 //   ulysses_attention                                                     (cp/ulysses.hpp)
@@ -11,6 +12,7 @@
 //   cp_error                                                              (cp/error.hpp)
 #pragma once
 
+#include <baton/cp/balance.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/hybrid.hpp>
 #include <baton/cp/merge.hpp>

@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cp_test {
@@ -110,7 +111,7 @@ void run_rank(Attention& attn, const baton::sequence_sharding& sharding, int ran
               const Mask& mask, tensors<T>& result, double scale) {
   using L = baton::lse_t<T>;
   const dims& d = p.d;
-  const std::int64_t sl = sharding.local_len();
+  const std::int64_t sl = sharding.local_len(rank);
   const std::vector<std::int64_t> qshape{d.batch, d.seq, d.heads_q, d.dim}, kvshape{d.batch, d.seq, d.heads_kv, d.dim},
       lshape{d.batch, d.heads_q, d.seq};
   const auto q = baton::shard_sequence<T>(sharding, rank, p.q, qshape, 1);
@@ -135,28 +136,35 @@ void run_rank(Attention& attn, const baton::sequence_sharding& sharding, int ran
   baton::unshard_sequence<T>(sharding, rank, dv, kvshape, 1, result.dv);
 }
 
-// Runs the configuration on the local world with `backend` (copied to every rank) and
-// returns out, lse, dq, dk, dv in full order.
+// Runs the configuration on the local world with `backend` (copied to every rank) over
+// `sharding` (which must match c's degrees) and returns out, lse, dq, dk, dv in full order.
 template <class T, class Mask, class Backend = baton::reference_attention>
-tensors<T> run_cp(const config& c, const problem<T>& p, const Mask& mask, double scale = 0, Backend backend = {}) {
+tensors<T> run_cp_sharded(const config& c, const baton::sequence_sharding& sharding, const problem<T>& p,
+                          const Mask& mask, double scale = 0, Backend backend = {}) {
   tensors<T> result(p.d);
   baton::run_local(c.world(), [&](baton::local_communicator& comm) {
     if (c.m == mode::ring) {
-      const baton::sequence_sharding sharding(c.layout, p.d.seq, c.degree);
       baton::ring_attention attn(comm, backend, sharding);
       run_rank<T>(attn, sharding, attn.shard_index(), p, mask, result, scale);
     } else if (c.m == mode::ulysses) {
-      const baton::sequence_sharding sharding(c.layout, p.d.seq, c.degree);
       baton::ulysses_attention attn(comm, backend, sharding);
       run_rank<T>(attn, sharding, attn.shard_index(), p, mask, result, scale);
     } else {
       auto mesh = baton::make_cp_mesh(comm, c.degree, c.inner_degree);
-      const baton::sequence_sharding sharding(c.layout, p.d.seq, c.degree, c.inner_degree);
       baton::hybrid_attention attn(mesh, backend, sharding);
       run_rank<T>(attn, sharding, attn.shard_index(), p, mask, result, scale);
     }
   });
   return result;
+}
+
+// The same over c's layout.
+template <class T, class Mask, class Backend = baton::reference_attention>
+tensors<T> run_cp(const config& c, const problem<T>& p, const Mask& mask, double scale = 0, Backend backend = {}) {
+  const baton::sequence_sharding sharding =
+      c.m == mode::hybrid ? baton::sequence_sharding(c.layout, p.d.seq, c.degree, c.inner_degree)
+                          : baton::sequence_sharding(c.layout, p.d.seq, c.degree);
+  return run_cp_sharded<T>(c, sharding, p, mask, scale, std::move(backend));
 }
 
 // Relative L2 error ||got - want|| / ||want||, in long double. Entries where want is -inf

@@ -129,7 +129,7 @@ TEST_CASE("docs: padding example", "[cp][docs][reliability]") {
   for (std::size_t i = 0; i < q_full.size(); ++i) q_full[i] = std::sin(0.3f * static_cast<float>(i));
   std::vector<float> out_padded(1 * 36 * 4 * 8);
   // [doc:padding]
-  const std::int64_t real = 33;  // 33 tokens over 2 (ring) x 2 (Ulysses): refused, pad to 36
+  const std::int64_t real = 33;  // 33 tokens over 2 (ring) x 2 (Ulysses): pad to 36 for equal shards
   const std::int64_t padded = baton::sequence_sharding::padded_length(baton::shard_layout::zigzag, real, 2, 2);
   baton::sequence_sharding sharding(baton::shard_layout::zigzag, padded, 2, 2);
   const std::vector<std::int64_t> shape{1, real, 4, 8};  // [batch, seq, heads, dim]

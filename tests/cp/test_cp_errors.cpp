@@ -61,45 +61,55 @@ struct shard {
 
 }  // namespace
 
-TEST_CASE("errors: a sequence length the layout cannot divide fails on every rank", "[cp][errors]") {
+TEST_CASE("errors: a shard of the wrong length for its rank fails on every rank, naming local_len(rank)",
+          "[cp][errors]") {
+  // 37 tokens over 4 zigzag ranks: 9, 9, 9 and 10. Every rank passes 9: rank 3 is wrong.
   every_rank_says(cp_errors(4,
                             [](baton::local_communicator& comm) {
-                              const baton::sequence_sharding s(shard_layout::zigzag, 36, comm.size());
-                              shard sh(1, 36 / 4, 2, 2, 3);
+                              const baton::sequence_sharding s(shard_layout::zigzag, 37, comm.size());
+                              shard sh(1, 9, 2, 2, 3);
                               baton::ring_attention attn(comm, baton::reference_attention{}, s);
                               sh.forward(attn);
                             }),
-                  "not divisible by 8");
+                  "rank 3: the local shard holds 9 tokens but the sequence_sharding gives this rank 10 "
+                  "(sequence_sharding::local_len(rank) for this rank)");
 }
 
-TEST_CASE("errors: heads the Ulysses degree cannot divide fail on every rank", "[cp][errors]") {
-  every_rank_says(cp_errors(4,
+TEST_CASE("errors: ranks that built different custom shardings of the same sizes all stop", "[cp][errors]") {
+  every_rank_says(cp_errors(2,
                             [](baton::local_communicator& comm) {
-                              const baton::sequence_sharding s(shard_layout::contiguous, 16, comm.size());
-                              shard sh(1, 4, 6, 2, 3);
-                              baton::ulysses_attention attn(comm, baton::reference_attention{}, s);
+                              const std::vector<std::vector<std::int64_t>> mine =
+                                  comm.rank() == 0 ? std::vector<std::vector<std::int64_t>>{{0, 1, 2}, {3, 4, 5}}
+                                                   : std::vector<std::vector<std::int64_t>>{{0, 1, 5}, {2, 3, 4}};
+                              const baton::sequence_sharding s(mine);
+                              shard sh(1, 3, 2, 2, 3);
+                              baton::ring_attention attn(comm, baton::reference_attention{}, s);
                               sh.forward(attn);
                             }),
-                  "query heads (6) are not divisible by the Ulysses degree 4");
-  // kv heads that neither divide nor are divisible by the degree
+                  "pass different sequence shardings");
+}
+
+TEST_CASE("errors: kv heads that do not divide the query heads fail on every rank", "[cp][errors]") {
+  // Any head count splits over the Ulysses degree (unevenly where it must: test_cp_lengths);
+  // GQA's own rule is what remains.
   every_rank_says(cp_errors(2,
                             [](baton::local_communicator& comm) {
                               const baton::sequence_sharding s(shard_layout::contiguous, 8, comm.size());
-                              shard sh(1, 4, 12, 3, 3);
+                              shard sh(1, 4, 6, 4, 3);
                               baton::ulysses_attention attn(comm, baton::reference_attention{}, s);
                               sh.forward(attn);
                             }),
-                  "allow neither");
+                  "q has 6 heads and k/v 4");
   // and through the hybrid's Ulysses groups
   every_rank_says(cp_errors(4,
                             [](baton::local_communicator& comm) {
                               auto mesh = baton::make_cp_mesh(comm, 2, 2);
                               const baton::sequence_sharding s(shard_layout::zigzag, 16, 2, 2);
-                              shard sh(1, 4, 3, 3, 3);
+                              shard sh(1, 4, 3, 2, 3);
                               baton::hybrid_attention attn(mesh, baton::reference_attention{}, s);
                               sh.forward(attn);
                             }),
-                  "not divisible by the Ulysses degree 2");
+                  "q has 3 heads and k/v 2");
 }
 
 TEST_CASE("errors: ranks with different shard shapes all stop, naming the odd rank", "[cp][errors]") {

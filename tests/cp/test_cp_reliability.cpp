@@ -23,51 +23,36 @@ using baton::shard_layout;
 
 namespace {
 
-bool accepted(shard_layout layout, std::int64_t n, int degree, int inner) {
-  try {
-    (void)sequence_sharding(layout, n, degree, inner);
-    return true;
-  } catch (const baton::cp_error&) {
-    return false;
-  }
-}
-
-std::int64_t advised(const std::string& message) {
-  const std::string key = "pad the sequence to ";
-  const auto at = message.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stoll(message.substr(at + key.size()));
+// A length the layout splits evenly (every rank the same number of tokens).
+bool even(shard_layout layout, std::int64_t n, int degree, int inner) {
+  return sequence_sharding(layout, n, degree, inner).is_even();
 }
 
 }  // namespace
 
 // ---- item 7 --------------------------------------------------------------------------------
 
-TEST_CASE("padding advice: the advised length is the smallest one accepted, for every layout x degree x inner degree",
+TEST_CASE("padding advice: padded_length is the smallest length split evenly, for every layout x degree x inner "
+          "degree (any length is accepted)",
           "[cp][sharding][reliability]") {
-  // The motivating case: 33 over 2 x 2 was told 34, which is then refused ("pad to 36").
-  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::contiguous, 33, 2, 2), Catch::Contains("pad the sequence to 36"));
-  REQUIRE_NOTHROW(sequence_sharding(shard_layout::contiguous, 36, 2, 2));
-  std::int64_t refused = 0;
+  // Any length shards now (issue 17); padded_length remains for code that wants equal shards.
+  REQUIRE_NOTHROW(sequence_sharding(shard_layout::contiguous, 33, 2, 2));
+  REQUIRE(sequence_sharding::padded_length(shard_layout::contiguous, 33, 2, 2) == 36);
+  std::int64_t uneven = 0;
   for (shard_layout layout : {shard_layout::contiguous, shard_layout::zigzag, shard_layout::striped})
     for (int degree = 1; degree <= 8; ++degree)
       for (int inner = 1; inner <= 8; ++inner)
         for (std::int64_t n = 1; n <= 140; ++n) {
           const std::int64_t padded = sequence_sharding::padded_length(layout, n, degree, inner);
           INFO(to_string(layout) << " " << n << " over " << degree << " x " << inner << ": padded_length " << padded);
-          REQUIRE(accepted(layout, padded, degree, inner));
-          for (std::int64_t m = n; m < padded; ++m) REQUIRE_FALSE(accepted(layout, m, degree, inner));
-          if (padded == n) continue;
-          ++refused;
-          try {
-            (void)sequence_sharding(layout, n, degree, inner);
-            FAIL("accepted a length padded_length would pad");
-          } catch (const baton::cp_error& e) {
-            INFO(e.what());
-            REQUIRE(advised(e.what()) == padded);
-          }
+          REQUIRE(even(layout, padded, degree, inner));
+          // contiguous and striped split evenly exactly at multiples of R x U; zigzag also at
+          // some other lengths (6 over 2: chunks 2 2 1 1 give both ranks 3), so the advice is a
+          // sufficient length for it, not the only one
+          if (padded != n && layout != shard_layout::zigzag) REQUIRE_FALSE(even(layout, n, degree, inner));
+          if (padded != n) ++uneven;
         }
-  CHECK(refused > 10000);
+  CHECK(uneven > 10000);
 }
 
 namespace {

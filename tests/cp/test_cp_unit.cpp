@@ -69,11 +69,11 @@ TEST_CASE("sharding: the inner (Ulysses) split keeps the group's local order", "
   REQUIRE(st.global_positions(3) == std::vector<std::int64_t>{9, 11, 13, 15});
 }
 
-TEST_CASE("sharding: lengths the layout cannot divide are errors that say what to pad to", "[cp][sharding][errors]") {
-  REQUIRE_THROWS_AS(sequence_sharding(shard_layout::zigzag, 30, 4), baton::cp_error);
-  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::zigzag, 30, 4), Catch::Contains("pad the sequence to 32"));
-  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::contiguous, 10, 3), Catch::Contains("not divisible by 3"));
-  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::striped, 12, 2, 4), Catch::Contains("inner (Ulysses) degree 4"));
+TEST_CASE("sharding: bad degrees and lengths are errors; local_len() of an uneven sharding names local_len(rank)",
+          "[cp][sharding][errors]") {
+  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::zigzag, 30, 4).local_len(), Catch::Contains("local_len(rank)"));
+  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::contiguous, 10, 3).group_len(), Catch::Contains("group_len(group)"));
+  REQUIRE_THROWS_WITH(sequence_sharding(shard_layout::custom, 10, 2), Catch::Contains("built from its positions"));
   REQUIRE_THROWS_AS(sequence_sharding(shard_layout::contiguous, 12, 0), baton::cp_error);
   REQUIRE_THROWS_AS(sequence_sharding(shard_layout::contiguous, 0, 2), baton::cp_error);
   REQUIRE_NOTHROW(sequence_sharding(shard_layout::zigzag, 24, 3));
@@ -273,9 +273,10 @@ TEST_CASE("Ulysses layout: heads <-> sequence round-trips, GQA replicas are summ
   using namespace baton::detail::cp;
   REQUIRE(check_head_split(8, 2, 4).empty());  // replicated: 2 kv heads to 4 ranks
   REQUIRE(check_head_split(8, 2, 2).empty());
-  REQUIRE_FALSE(check_head_split(6, 2, 4).empty());  // q heads
-  REQUIRE_FALSE(check_head_split(12, 3, 2).empty());  // kv heads: neither divides
-  const head_split rep{2, 4};
+  REQUIRE(check_head_split(6, 2, 4).empty());   // q heads uneven: 2 2 1 1
+  REQUIRE(check_head_split(12, 3, 2).empty());  // kv heads: neither divides, so dealt per query head
+  REQUIRE_FALSE(check_head_split(6, 4, 2).empty());  // GQA needs kv | q
+  const head_split rep = split_heads(8, 2, 4).kv;
   REQUIRE(rep.replicated());
   REQUIRE((rep.first(0) == 0 && rep.first(1) == 0 && rep.first(2) == 1 && rep.first(3) == 1));
   // query heads of rank j (8/4 = 2 per rank, group of 4 q heads per kv head) use kv head j*2/4
@@ -284,7 +285,7 @@ TEST_CASE("Ulysses layout: heads <-> sequence round-trips, GQA replicas are summ
 
   // P ranks each hold [b, sl, H, x]; simulate the all-to-all by moving blocks by hand
   const std::int64_t P = 4, b = 2, sl = 3, H = 2, x = 5;
-  const head_split split{H, P};
+  const head_split split = split_heads(8, H, P).kv;  // replicated
   const std::int64_t hc = split.per_rank();
   std::vector<std::vector<double>> local(P), send(P);
   for (std::int64_t r = 0; r < P; ++r) {
@@ -327,4 +328,142 @@ TEST_CASE("Ulysses layout: heads <-> sequence round-trips, GQA replicas are summ
     // each of the 2 kv heads was replicated to 2 ranks: the inverse sums the 2 copies
     for (std::size_t e = 0; e < result.size(); ++e) REQUIRE(result[e] == 2 * local[i][e]);
   }
+}
+
+// ---- issue 17: any length, custom shardings ------------------------------------------------
+
+namespace {
+
+// n items in `parts` runs, the first n % parts one longer: an independent statement of the
+// rule the layouts use where the length does not divide.
+std::int64_t run_start(std::int64_t n, std::int64_t parts, std::int64_t i) {
+  std::int64_t start = 0;
+  for (std::int64_t j = 0; j < i; ++j) start += n / parts + (j < n % parts ? 1 : 0);
+  return start;
+}
+std::int64_t run_count(std::int64_t n, std::int64_t parts, std::int64_t i) { return n / parts + (i < n % parts ? 1 : 0); }
+
+std::vector<std::int64_t> expected_group(shard_layout layout, std::int64_t n, int degree, int g) {
+  std::vector<std::int64_t> out;
+  const auto run = [&](std::int64_t parts, std::int64_t i) {
+    for (std::int64_t t = 0; t < run_count(n, parts, i); ++t) out.push_back(run_start(n, parts, i) + t);
+  };
+  if (layout == shard_layout::contiguous) run(degree, g);
+  if (layout == shard_layout::zigzag) {
+    run(2 * degree, g);
+    run(2 * degree, 2 * degree - 1 - g);
+  }
+  if (layout == shard_layout::striped)
+    for (std::int64_t p = g; p < n; p += degree) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sharding: any length, every layout and inner degree: a partition with the stated runs, shards within one "
+          "chunk of each other",
+          "[cp][sharding]") {
+  for (shard_layout layout : {shard_layout::contiguous, shard_layout::zigzag, shard_layout::striped})
+    for (int degree = 1; degree <= 5; ++degree)
+      for (int inner = 1; inner <= 3; ++inner)
+        for (std::int64_t n = 1; n <= 67; ++n) {
+          INFO(to_string(layout) << " " << n << " over " << degree << " x " << inner);
+          const sequence_sharding s(layout, n, degree, inner);
+          std::vector<int> seen(static_cast<std::size_t>(n), 0);
+          std::int64_t lo = n, hi = 0, group_lo = n, group_hi = 0;
+          for (int g = 0; g < degree; ++g) {
+            const auto want = expected_group(layout, n, degree, g);
+            REQUIRE(s.group_positions(g) == want);
+            REQUIRE(s.group_len(g) == static_cast<std::int64_t>(want.size()));
+            group_lo = std::min(group_lo, s.group_len(g));
+            group_hi = std::max(group_hi, s.group_len(g));
+            // the inner ranks split the group's list in order, the first ones one longer
+            for (int u = 0; u < inner; ++u) {
+              const int rank = g * inner + u;
+              const auto mine = s.global_positions(rank);
+              REQUIRE(static_cast<std::int64_t>(mine.size()) == s.local_len(rank));
+              REQUIRE(s.local_len(rank) == run_count(s.group_len(g), inner, u));
+              REQUIRE(s.offset_in_group(rank) == run_start(s.group_len(g), inner, u));
+              for (std::size_t i = 0; i < mine.size(); ++i) {
+                REQUIRE(mine[i] == want[static_cast<std::size_t>(s.offset_in_group(rank)) + i]);
+                ++seen[static_cast<std::size_t>(mine[i])];
+              }
+              lo = std::min(lo, s.local_len(rank));
+              hi = std::max(hi, s.local_len(rank));
+              REQUIRE(s.max_local_len() >= s.local_len(rank));
+            }
+          }
+          REQUIRE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+          REQUIRE(s.is_even() == (lo == hi));
+          // groups: one token apart (zigzag's two chunks each carry at most one extra token,
+          // and only one of them does when the other's partner lacks it); ranks within a group
+          // one apart, so ranks at most two apart in all
+          REQUIRE(group_hi - group_lo <= 1);
+          REQUIRE(hi - lo <= (inner > 1 ? 2 : 1));
+          REQUIRE(s.max_group_len() == group_hi);
+        }
+}
+
+TEST_CASE("sharding: a custom sharding from position lists; runs are compressed; bad lists are named",
+          "[cp][sharding]") {
+  const sequence_sharding s(std::vector<std::vector<std::int64_t>>{{0, 1, 2, 7, 8}, {3, 4, 5, 6, 9}});
+  REQUIRE(s.layout() == shard_layout::custom);
+  REQUIRE(s.seq_len() == 10);
+  REQUIRE(s.degree() == 2);
+  REQUIRE(s.group_pieces(0) == std::vector<shard_piece>{{0, 0, 3, 1}, {3, 7, 2, 1}});
+  REQUIRE(s.group_pieces(1) == std::vector<shard_piece>{{0, 3, 4, 1}, {4, 9, 1, 1}});
+  // an inner split of a custom group
+  const sequence_sharding h(std::vector<std::vector<std::int64_t>>{{5, 0, 1}, {2, 3, 4}}, 2);
+  REQUIRE(h.global_positions(0) == std::vector<std::int64_t>{5, 0});
+  REQUIRE(h.global_positions(1) == std::vector<std::int64_t>{1});
+  REQUIRE(h.global_positions(3) == std::vector<std::int64_t>{4});
+  // empty groups are allowed (a rank may hold no token)
+  REQUIRE(sequence_sharding(std::vector<std::vector<std::int64_t>>{{0, 1}, {}}).local_len(1) == 0);
+  // the fingerprint tells apart shardings of the same sizes and layout kind
+  const sequence_sharding other(std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}});
+  REQUIRE(other.fingerprint() != s.fingerprint());
+  REQUIRE(sequence_sharding(shard_layout::contiguous, 10, 2).fingerprint() != other.fingerprint());
+  REQUIRE_THROWS_WITH(sequence_sharding(std::vector<std::vector<std::int64_t>>{{0, 1}, {1, 3}}),
+                      Catch::Contains("position 1 is listed by group 0 and again by group 1"));
+  REQUIRE_THROWS_WITH(sequence_sharding(std::vector<std::vector<std::int64_t>>{{0, 4}, {1, 2}}),
+                      Catch::Contains("lists position 4, outside [0, 4)"));
+  REQUIRE_THROWS_WITH(sequence_sharding(std::vector<std::vector<std::int64_t>>{{}, {}}),
+                      Catch::Contains("at least one position"));
+  REQUIRE_THROWS_AS(sequence_sharding(std::vector<std::vector<std::int64_t>>{}), baton::cp_error);
+}
+
+TEST_CASE("Ulysses layout: uneven head groups and kv heads dealt per query head", "[cp][ulysses]") {
+  using namespace baton::detail::cp;
+  using m = head_split::mode;
+  // 6 query heads over 4 ranks: 2 2 1 1; kv heads (2, groups of 3) follow each query head
+  const head_splits a = split_heads(6, 2, 4);
+  REQUIRE(a.q.how == m::uneven);
+  REQUIRE(a.kv.how == m::per_query);
+  std::vector<std::int64_t> q_of, kv_of;
+  for (std::int64_t j = 0; j < 4; ++j) {
+    REQUIRE(a.q.count(j) == (j < 2 ? 2 : 1));
+    REQUIRE(a.kv.count(j) == a.q.count(j));
+    for (std::int64_t i = 0; i < a.q.count(j); ++i) {
+      q_of.push_back(a.q.source(j, i));
+      kv_of.push_back(a.kv.source(j, i));
+    }
+  }
+  REQUIRE(q_of == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5});  // every query head once, in order
+  for (std::size_t i = 0; i < q_of.size(); ++i) REQUIRE(kv_of[i] == q_of[i] / 3);  // its own kv head
+  REQUIRE(a.kv.sums());
+  // MHA with uneven heads: kv split like q, nothing repeated
+  const head_splits b = split_heads(5, 5, 3);
+  REQUIRE(b.kv.how == m::uneven);
+  REQUIRE_FALSE(b.kv.sums());
+  REQUIRE((b.q.count(0) == 2 && b.q.count(1) == 2 && b.q.count(2) == 1));
+  // more ranks than heads: some get none
+  const head_splits c = split_heads(2, 1, 4);
+  REQUIRE((c.q.count(0) == 1 && c.q.count(1) == 1 && c.q.count(2) == 0 && c.q.count(3) == 0));
+  // even q, kv neither dividing nor divisible (12 q, 3 kv over 2): per query head, uniform
+  const head_splits d = split_heads(12, 3, 2);
+  REQUIRE(d.q.how == m::even);
+  REQUIRE(d.kv.how == m::per_query);
+  REQUIRE(d.kv.uniform());
+  for (std::int64_t j = 0; j < 2; ++j)
+    for (std::int64_t i = 0; i < 6; ++i) REQUIRE(d.kv.source(j, i) == (6 * j + i) / 4);
 }

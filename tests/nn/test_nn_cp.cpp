@@ -414,7 +414,8 @@ TEST_CASE("nn CP: an input whose sequence length is not the sharding's local len
       CHECK_THROWS_AS(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), baton::cp_error);
       CHECK_THROWS_WITH(std::rethrow_exception(errors[static_cast<std::size_t>(r)]),
                         Contains("the input holds 24 tokens of the sequence but the context-parallel sharding "
-                                 "(contiguous, 24 tokens over 2 ranks) gives each rank 12; expected input [batch, 12, "
+                                 "(contiguous, 24 tokens over 2 ranks) gives this rank (shard 0) 12 tokens; "
+                                 "expected input [batch, 12, "
                                  "32], this rank's shard of the sequence"));
     }
   }

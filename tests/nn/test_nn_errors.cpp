@@ -118,9 +118,12 @@ TEST_CASE("nn errors: a missing or wrong position side input is named", "[nn][er
                     "has the input's shape)");
 }
 
-TEST_CASE("nn errors: a sequence the layout cannot divide is named with the length to pad to", "[nn][errors]") {
-  CHECK_THROWS_WITH(baton::sequence_sharding(baton::shard_layout::zigzag, 10, 4),
-                    Contains("sequence length 10 is not divisible by 8") && Contains("pad the sequence to 16"));
+TEST_CASE("nn errors: a sequence no layout divides shards unevenly, and asking for one shard length says which",
+          "[nn][errors]") {
+  const baton::sequence_sharding sharding(baton::shard_layout::zigzag, 10, 4);  // chunks 2 2 1 1 1 1 1 1
+  CHECK(sharding.local_len(0) == 3);
+  CHECK(sharding.local_len(3) == 2);
+  CHECK_THROWS_WITH(sharding.local_len(), Contains("different lengths") && Contains("local_len(rank)"));
 }
 
 TEST_CASE("nn sequence_info: splits its document ids along the batch like the microbatches", "[nn]") {

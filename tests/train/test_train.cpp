@@ -86,6 +86,7 @@ struct scenario {
   baton::program schedule;
   std::int64_t layers = 8;
   bool packed = false;
+  std::int64_t seq = 16;  // tokens per row
 };
 
 struct comparison {
@@ -97,7 +98,8 @@ struct comparison {
 // parameter difference relative to the largest parameter.
 template <class T, class Backend>
 comparison compare(const scenario& s, int steps = BATON_TRAIN_PARITY_STEPS) {
-  const train::lm_config config = small_config<T>(s.layers);
+  train::lm_config config = small_config<T>(s.layers);
+  config.seq = s.seq;
   const int world = s.parallelism.mesh.size();
   const std::int64_t rows = config.batch * s.parallelism.mesh.dp;
   std::vector<train::lm_batch> batches;
@@ -201,6 +203,11 @@ std::vector<scenario> scenarios() {
                         "1F0,1F1,1I0,1F2,1I1,1W0,1F3,1I2,1W1,1I3,1W2,1W3\n"
                         "2F0,2I0,2F1,2I1,2W0,2F2,2I2,2W1,2F3,2I3,2W2,2W3\n"),
        6},
+      // Issue 17: lengths no layout divides and head counts the degree does not divide.
+      {"pp2 x cp3 1F1B, ring zigzag, 17 tokens (shards 6 6 5)",
+       {{.pp = 2, .cp_ring = 3}, cp_mode::ring, shard_layout::zigzag}, schedule_of<baton::one_f_one_b>(2), 8, false, 17},
+      {"cp3 Ulysses striped, 19 tokens, 4 heads over 3 ranks (2 1 1)",
+       {{.pp = 1, .cp_ulysses = 3}, cp_mode::ulysses, shard_layout::striped}, schedule_of<baton::gpipe>(1), 8, false, 19},
   };
 }
 
@@ -231,16 +238,10 @@ TEST_CASE("train: a bad configuration stops every rank before any work, naming w
   six.layers = 6;
   cases.push_back({"layers", "6 layers cannot be split evenly into the schedule's 4 stages", six,
                    {{.pp = 2, .cp_ring = 2}, cp_mode::ring, shard_layout::zigzag}, schedule_of<baton::zbv>(2), 4});
-  auto odd_seq = config;
-  odd_seq.seq = 18;
-  cases.push_back({"seq", "sequence length 18", odd_seq,
+  auto no_seq = config;
+  no_seq.seq = 0;
+  cases.push_back({"seq", "sequence length 0", no_seq,
                    {{.pp = 2, .cp_ring = 2}, cp_mode::ring, shard_layout::zigzag}, schedule_of<baton::zbv>(2), 4});
-  auto three_heads = config;
-  three_heads.model.d_model = 12;
-  three_heads.model.heads = 3;
-  three_heads.model.kv_heads = 3;
-  cases.push_back({"heads", "Ulysses over 2 ranks needs heads (3) divisible by 2", three_heads,
-                   {{.pp = 2, .cp_ulysses = 2}, cp_mode::ulysses, shard_layout::contiguous}, schedule_of<baton::zbv>(2), 4});
   cases.push_back({"cp", "cp mode ring shards over cp_ring only", config,
                    {{.pp = 1, .cp_ring = 2, .cp_ulysses = 2}, cp_mode::ring, shard_layout::zigzag},
                    schedule_of<baton::gpipe>(1), 4});

@@ -120,7 +120,6 @@ class hybrid_attention
     detail::cp::ring_geometry rg;
     for (int r = 0; r < ring_->size(); ++r) rg.pieces.push_back(sharding_.group_pieces(r));
     rg.batch = g.batch;
-    rg.seq = g.seq();
     rg.heads_q = g.heads_q();
     rg.heads_kv = g.heads_kv();
     rg.dim = g.dim;
@@ -139,7 +138,7 @@ class hybrid_attention
                   std::to_string(ring_->size()) + " x " + std::to_string(ulysses_->size()) +
                   "; build it as sequence_sharding(layout, seq_len, ring.size(), ulysses.size())"
             : std::string(),
-        check_local(s, sharding_.local_len()), tensor_problem,
+        check_local(s, sharding_.local_len(shard_index())), tensor_problem,
         check_head_split(s.heads_q, s.heads_kv, ulysses_->size()), check_mask(mask, sharding_.seq_len())});
     agree_on_call<T>(backward ? "baton::hybrid_attention::backward" : "baton::hybrid_attention::forward",
                      backward ? op_hybrid_backward : op_hybrid_forward, s, sharding_, ring_->size() * ulysses_->size(),
@@ -152,7 +151,7 @@ class hybrid_attention
                        settle_ring(*ring_);
                        settle_all_to_all(*ulysses_);
                      });
-    return ulysses_geometry_of(s, ulysses_->size());
+    return ulysses_geometry_of(s, sharding_, ring_->rank() * ulysses_->size(), ulysses_->size(), ulysses_->rank());
   }
 
   template <class T, class Mask>
@@ -161,7 +160,10 @@ class hybrid_attention
                    double scale) {
     using namespace detail::cp;
     const ulysses_gathered<T> x = gather_for_forward<T>(*ulysses_, ws_, g, q, k, v);
-    ring_forward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse, scale);
+    // A ring's members share their Ulysses rank, so they hold the same heads: where that is
+    // none (more Ulysses ranks than heads), the whole ring skips together.
+    if (g.heads_q() > 0)
+      ring_forward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse, scale);
     scatter_out_lse<T>(*ulysses_, ws_, g, x, out, lse);
   }
 
@@ -172,7 +174,8 @@ class hybrid_attention
                     tensor_view<T, 4> dv, double scale) {
     using namespace detail::cp;
     const ulysses_gathered<T> x = gather_for_backward<T>(*ulysses_, ws_, g, q, k, v, out, lse, dout);
-    ring_backward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
+    if (g.heads_q() > 0)
+      ring_backward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
                      tensor_view<const lse_t<T>, 3>(x.lse), x.dout, mask, x.dq, x.dk, x.dv, scale);
     scatter_grads<T>(*ulysses_, ws_, g, x, dq, dk, dv);
   }

@@ -23,11 +23,14 @@ namespace baton {
 
 /// Ring attention over any ring_communicator and any attention backend.
 ///
-/// Every rank holds the shard `sharding.pieces(rank)` of q, k, v ([batch, seq/R, heads, dim])
+/// Every rank holds the shard `sharding.pieces(rank)` of q, k, v ([batch, local_len(rank),
+/// heads, dim]; shards may differ in length, see sequence_sharding)
 /// and gets out and lse for its queries, exactly as attention over the whole sequence would
 /// give them (masks see global positions). backward returns dq for its queries and dk, dv
 /// for its own keys. Requirements: `sharding.degree()` equals the ring size, inner degree 1;
-/// every rank calls forward / backward together with shards of the same shape. Bad input on
+/// every rank calls forward / backward together with shards of the same batch, heads and dim.
+/// A ring step at which no rank's queries need the block held (e.g. beyond a sliding window)
+/// is skipped by every rank: no compute and no transfer. Bad input on
 /// any rank makes every rank throw cp_error before any data moves.
 ///
 /// Example, on every rank of `comm`, with q, k, v, dout views of this rank's shard and out,
@@ -69,7 +72,7 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
                   " ranks but the ring communicator has " + std::to_string(ring_->size()) +
                   "; build the sharding with degree = the ring's size()"
             : std::string(),
-        check_local(s, sharding_.local_len()), tensor_problem, check_mask(mask, sharding_.seq_len())});
+        check_local(s, sharding_.local_len(ring_->rank())), tensor_problem, check_mask(mask, sharding_.seq_len())});
     agree_on_call<T>(backward ? "baton::ring_attention::backward" : "baton::ring_attention::forward",
                      backward ? op_ring_backward : op_ring_forward, s, sharding_, ring_->size(), ring_->rank(), problem,
                      mask, scale,
@@ -80,7 +83,6 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
     ring_geometry g;
     for (int r = 0; r < ring_->size(); ++r) g.pieces.push_back(sharding_.pieces(r));
     g.batch = s.batch;
-    g.seq = s.seq;
     g.heads_q = s.heads_q;
     g.heads_kv = s.heads_kv;
     g.dim = s.dim;

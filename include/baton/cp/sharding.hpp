@@ -21,21 +21,26 @@
 
 namespace baton {
 
-/// How a sequence of S tokens is cut over R ranks (L = S / R tokens each).
-///  - contiguous: rank r holds [r L, (r+1) L). Simple; unbalanced under a causal mask (the last
-///    rank does R times the work of the first).
-///  - zigzag: the sequence is cut into 2R chunks of L/2; rank r holds chunks r and 2R-1-r, so
-///    under a causal mask every rank does the same work, and in a ring every step after the
-///    first is exactly half a block. Needs S divisible by 2R.
+/// How a sequence of S tokens is cut over R ranks. Any S >= 1 works with every layout: where
+/// R (or 2R) does not divide S, the first shards hold one token more than the last, and a
+/// shard may be empty (S < R). Nothing is padded; results equal the unsharded computation.
+///  - contiguous: rank r holds one run of about S / R tokens, in order. Simple; unbalanced
+///    under a causal mask (the last rank does R times the work of the first).
+///  - zigzag: the sequence is cut into 2R chunks of about S / 2R; rank r holds chunks r and
+///    2R-1-r, so under a causal mask every rank does the same work, and in a ring every step
+///    after the first is about half a block.
 ///  - striped: rank r holds r, r+R, r+2R, ... (round robin). Balanced under a causal mask at
 ///    token granularity; the per-step work is close to (not exactly) half a block.
-enum class shard_layout { contiguous, zigzag, striped };
+///  - custom: any partition of the positions, given as a list per rank (what
+///    balanced_sharding in baton/cp/balance.hpp computes from a mask's cost).
+enum class shard_layout { contiguous, zigzag, striped, custom };
 
 constexpr std::string_view to_string(shard_layout layout) noexcept {
   switch (layout) {
     case shard_layout::contiguous: return "contiguous";
     case shard_layout::zigzag: return "zigzag";
     case shard_layout::striped: return "striped";
+    case shard_layout::custom: return "custom";
   }
   return "unknown";
 }
@@ -55,59 +60,100 @@ struct shard_piece {
 
 /// The layout of one sequence over `degree x inner_degree` ranks.
 ///
-/// The layout (contiguous / zigzag / striped) cuts the sequence over `degree` groups; each
-/// group's shard, in its local order, is then split contiguously over `inner_degree`
-/// consecutive ranks. Rank = group * inner_degree + inner_rank. For a pure ring or pure
-/// Ulysses, inner_degree is 1 and degree is the world size. For hybrid attention (Ulysses
-/// inside, ring outside), degree is the ring degree and inner_degree the Ulysses degree: the
-/// Ulysses all-to-all re-assembles exactly the group's shard, which the ring then balances.
+/// The layout (contiguous / zigzag / striped / custom) cuts the sequence over `degree`
+/// groups; each group's shard, in its local order, is then split contiguously over
+/// `inner_degree` consecutive ranks (the first ones taking one token more where the count does
+/// not divide). Rank = group * inner_degree + inner_rank. For a pure ring or pure Ulysses,
+/// inner_degree is 1 and degree is the world size. For hybrid attention (Ulysses inside, ring
+/// outside), degree is the ring degree and inner_degree the Ulysses degree: the Ulysses
+/// all-to-all re-assembles exactly the group's shard, which the ring then balances.
+///
+/// Shards may differ in length (by one token for contiguous and striped, by at most one chunk
+/// token for zigzag; anything for custom): each rank passes tensors of local_len(rank)
+/// tokens. The CP algorithms size their transfers by max_local_len() internally.
 class sequence_sharding {
  public:
-  /// Throws cp_error naming the sizes to change when seq_len is not divisible as the layout
-  /// needs (S % R for contiguous and striped, S % 2R for zigzag, and the group shard by
-  /// inner_degree).
+  /// Throws cp_error for a degree below 1, a length below 1, or layout == custom (which is
+  /// built from its positions, by the constructor below).
   sequence_sharding(shard_layout layout, std::int64_t seq_len, int degree, int inner_degree = 1)
       : layout_(layout), seq_len_(seq_len), degree_(degree), inner_(inner_degree) {
-    if (degree < 1 || inner_degree < 1) {
-      throw cp_error("sequence_sharding: degree (" + std::to_string(degree) + ") and inner degree (" +
-                     std::to_string(inner_degree) + ") must be at least 1");
-    }
+    check_degrees(degree, inner_degree);
     if (seq_len < 1) {
       throw cp_error("sequence_sharding: sequence length " + std::to_string(seq_len) + " must be positive");
     }
-    const std::int64_t unit = (layout == shard_layout::zigzag ? 2 : 1) * std::int64_t{degree};
-    // The advice is the smallest length that is accepted as a whole (this check and the
-    // inner degree's below), not only the one that passes the first check.
-    const std::int64_t padded = padded_length(layout, seq_len, degree, inner_degree);
-    if (seq_len % unit != 0) {
-      throw cp_error("sequence_sharding: sequence length " + std::to_string(seq_len) +
-                     " is not divisible by " + std::to_string(unit) + " as the " +
-                     std::string(to_string(layout)) + " layout over " + std::to_string(degree) +
-                     " rank(s) needs" +
-                     (layout == shard_layout::zigzag ? " (2 chunks per rank: r and 2R-1-r)" : "") +
-                     (inner_degree > 1 ? " (and each group's shard by the inner degree " + std::to_string(inner_degree) + ")"
-                                       : std::string()) +
-                     "; pad the sequence to " + std::to_string(padded) +
-                     " and mask the padding (sequence_sharding::padded_length, baton::pad_sequence and baton::padding_mask do both)");
+    const std::int64_t r = degree;
+    groups_.resize(static_cast<std::size_t>(degree));
+    for (int g = 0; g < degree; ++g) {
+      auto& pieces = groups_[static_cast<std::size_t>(g)];
+      const auto add = [&](std::int64_t first, std::int64_t count, std::int64_t stride) {
+        if (count <= 0) return;
+        const std::int64_t offset = pieces.empty() ? 0 : pieces.back().local_offset + pieces.back().count;
+        pieces.push_back(shard_piece{offset, first, count, stride});
+      };
+      switch (layout) {
+        case shard_layout::contiguous: add(even_start(seq_len, r, g), even_count(seq_len, r, g), 1); break;
+        case shard_layout::zigzag:
+          add(even_start(seq_len, 2 * r, g), even_count(seq_len, 2 * r, g), 1);
+          add(even_start(seq_len, 2 * r, 2 * r - 1 - g), even_count(seq_len, 2 * r, 2 * r - 1 - g), 1);
+          break;
+        case shard_layout::striped: add(g, g < seq_len ? (seq_len - g + r - 1) / r : 0, r); break;
+        case shard_layout::custom:
+          throw cp_error("sequence_sharding: a custom sharding is built from its positions: "
+                         "sequence_sharding(std::vector<std::vector<std::int64_t>> positions_per_group, inner_degree), "
+                         "or balanced_sharding(...).sharding()");
+      }
     }
-    if ((seq_len / degree) % inner_degree != 0) {
-      throw cp_error("sequence_sharding: each of the " + std::to_string(degree) + " group shard(s) holds " +
-                     std::to_string(seq_len / degree) + " tokens, which the inner (Ulysses) degree " +
-                     std::to_string(inner_degree) + " does not divide; pad the sequence to " +
-                     std::to_string(padded) +
-                     " and mask the padding (sequence_sharding::padded_length, baton::pad_sequence and baton::padding_mask do both)");
-    }
+    finish();
   }
 
-  /// The smallest sequence length >= seq_len (and >= 1) that sequence_sharding(layout, length,
-  /// degree, inner_degree) accepts: a multiple of degree x lcm(inner_degree, 2) for zigzag and
-  /// of degree x inner_degree otherwise. Throws cp_error for a degree below 1.
+  /// A custom sharding: `positions_per_group[g]` lists the global positions group g holds,
+  /// in its local order (any order; runs of consecutive positions make cheaper copies and
+  /// fewer attention calls). Together they must hold every position of [0, S) exactly once,
+  /// S being the total count. Each group's list is split over `inner_degree` ranks as for the
+  /// other layouts. Throws cp_error naming a missing, repeated or negative position.
+  explicit sequence_sharding(const std::vector<std::vector<std::int64_t>>& positions_per_group, int inner_degree = 1)
+      : layout_(shard_layout::custom),
+        seq_len_(0),
+        degree_(static_cast<int>(positions_per_group.size())),
+        inner_(inner_degree) {
+    check_degrees(degree_, inner_degree);
+    for (const auto& list : positions_per_group) seq_len_ += static_cast<std::int64_t>(list.size());
+    if (seq_len_ < 1) throw cp_error("sequence_sharding: a custom sharding must hold at least one position");
+    std::vector<int> owner(static_cast<std::size_t>(seq_len_), -1);
+    groups_.resize(positions_per_group.size());
+    for (int g = 0; g < degree_; ++g) {
+      auto& pieces = groups_[static_cast<std::size_t>(g)];
+      std::int64_t offset = 0;
+      for (const std::int64_t pos : positions_per_group[static_cast<std::size_t>(g)]) {
+        if (pos < 0 || pos >= seq_len_) {
+          throw cp_error("sequence_sharding: group " + std::to_string(g) + " lists position " + std::to_string(pos) +
+                         ", outside [0, " + std::to_string(seq_len_) +
+                         ") (the groups hold that many positions in all); list every position of the sequence once");
+        }
+        int& who = owner[static_cast<std::size_t>(pos)];
+        if (who >= 0) {
+          throw cp_error("sequence_sharding: position " + std::to_string(pos) + " is listed by group " +
+                         std::to_string(who) + " and again by group " + std::to_string(g) +
+                         "; list every position of the sequence exactly once");
+        }
+        who = g;
+        if (!pieces.empty() && pieces.back().first + pieces.back().count == pos)
+          ++pieces.back().count;
+        else
+          pieces.push_back(shard_piece{offset, pos, 1, 1});
+        ++offset;
+      }
+    }
+    finish();
+  }
+
+  /// The smallest sequence length >= seq_len (and >= 1) that divides evenly for the layout:
+  /// a multiple of degree x lcm(inner_degree, 2) for zigzag and of degree x inner_degree
+  /// otherwise. No layout needs it any more (any length works); it remains for code that
+  /// wants shards of equal length, e.g. for a fixed tensor shape on every rank.
   [[nodiscard]] static std::int64_t padded_length(shard_layout layout, std::int64_t seq_len, int degree,
                                                   int inner_degree = 1) {
-    if (degree < 1 || inner_degree < 1) {
-      throw cp_error("sequence_sharding: degree (" + std::to_string(degree) + ") and inner degree (" +
-                     std::to_string(inner_degree) + ") must be at least 1");
-    }
+    check_degrees(degree, inner_degree);
     const std::int64_t multiple =
         std::int64_t{degree} * std::lcm(std::int64_t{inner_degree}, std::int64_t{layout == shard_layout::zigzag ? 2 : 1});
     const std::int64_t n = std::max<std::int64_t>(seq_len, 1);
@@ -120,36 +166,71 @@ class sequence_sharding {
   int inner_degree() const noexcept { return inner_; }
   /// Number of ranks the sequence is spread over (degree x inner_degree).
   int ranks() const noexcept { return degree_ * inner_; }
-  /// Tokens per rank.
-  std::int64_t local_len() const noexcept { return seq_len_ / ranks(); }
-  /// Tokens per group (the shard a ring step moves in hybrid attention).
-  std::int64_t group_len() const noexcept { return seq_len_ / degree_; }
+  /// True when every rank holds the same number of tokens.
+  bool is_even() const noexcept { return max_local_len() * ranks() == seq_len_; }
+
+  /// Tokens rank holds.
+  std::int64_t local_len(int rank) const {
+    check_index(rank, ranks(), "rank");
+    return inner_count(group_len(rank / inner_), rank % inner_);
+  }
+  /// The largest shard: what a transfer between ranks is sized by.
+  std::int64_t max_local_len() const noexcept {
+    std::int64_t m = 0;
+    for (int g = 0; g < degree_; ++g) m = std::max(m, inner_count(group_len_unchecked(g), 0));
+    return m;
+  }
+  /// Tokens per rank of an even sharding; throws cp_error when shards differ (use
+  /// local_len(rank) then).
+  std::int64_t local_len() const {
+    if (!is_even()) {
+      throw cp_error("sequence_sharding::local_len(): the " + std::string(to_string(layout_)) + " sharding of " +
+                     std::to_string(seq_len_) + " tokens over " + std::to_string(ranks()) +
+                     " ranks gives shards of different lengths; ask for one rank's, local_len(rank)");
+    }
+    return seq_len_ / ranks();
+  }
+
+  /// Tokens group holds (the shard a ring step moves in hybrid attention).
+  std::int64_t group_len(int group) const {
+    check_index(group, degree_, "group");
+    return group_len_unchecked(group);
+  }
+  std::int64_t max_group_len() const noexcept {
+    std::int64_t m = 0;
+    for (int g = 0; g < degree_; ++g) m = std::max(m, group_len_unchecked(g));
+    return m;
+  }
+  /// Tokens per group of a sharding whose groups are equal; throws cp_error otherwise.
+  std::int64_t group_len() const {
+    if (max_group_len() * degree_ != seq_len_) {
+      throw cp_error("sequence_sharding::group_len(): the groups hold different numbers of tokens; ask for one "
+                     "group's, group_len(group)");
+    }
+    return seq_len_ / degree_;
+  }
+  /// Where rank's tokens start within its group's shard (the inner ranks split it in order).
+  std::int64_t offset_in_group(int rank) const {
+    check_index(rank, ranks(), "rank");
+    const std::int64_t len = group_len_unchecked(rank / inner_);
+    std::int64_t offset = 0;
+    for (int i = 0; i < rank % inner_; ++i) offset += inner_count(len, i);
+    return offset;
+  }
 
   /// The pieces of group g's shard (before the inner split), in local order.
   std::vector<shard_piece> group_pieces(int group) const {
     check_index(group, degree_, "group");
-    const std::int64_t len = group_len();
-    switch (layout_) {
-      case shard_layout::contiguous: return {shard_piece{0, group * len, len, 1}};
-      case shard_layout::zigzag: {
-        const std::int64_t chunk = len / 2;
-        return {shard_piece{0, group * chunk, chunk, 1},
-                shard_piece{chunk, (2 * std::int64_t{degree_} - 1 - group) * chunk, chunk, 1}};
-      }
-      case shard_layout::striped: return {shard_piece{0, group, len, degree_}};
-    }
-    return {};
+    return groups_[static_cast<std::size_t>(group)];
   }
 
   /// The pieces of rank's shard, in local order.
   std::vector<shard_piece> pieces(int rank) const {
     check_index(rank, ranks(), "rank");
-    const int group = rank / inner_;
-    const std::int64_t len = local_len();
-    const std::int64_t begin = (rank % inner_) * len;
-    const std::int64_t end = begin + len;
+    const std::int64_t begin = offset_in_group(rank);
+    const std::int64_t end = begin + local_len(rank);
     std::vector<shard_piece> out;
-    for (const shard_piece& p : group_pieces(group)) {
+    for (const shard_piece& p : groups_[static_cast<std::size_t>(rank / inner_)]) {
       const std::int64_t lo = std::max(begin, p.local_offset);
       const std::int64_t hi = std::min(end, p.local_offset + p.count);
       if (lo < hi) {
@@ -162,7 +243,7 @@ class sequence_sharding {
   /// The global positions rank holds, in local order.
   std::vector<std::int64_t> global_positions(int rank) const {
     std::vector<std::int64_t> out;
-    out.reserve(static_cast<std::size_t>(local_len()));
+    out.reserve(static_cast<std::size_t>(local_len(rank)));
     for (const shard_piece& p : pieces(rank)) {
       for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
     }
@@ -172,20 +253,68 @@ class sequence_sharding {
   /// The global positions group holds (the concatenation of its inner ranks' positions).
   std::vector<std::int64_t> group_positions(int group) const {
     std::vector<std::int64_t> out;
-    out.reserve(static_cast<std::size_t>(group_len()));
+    out.reserve(static_cast<std::size_t>(group_len(group)));
     for (const shard_piece& p : group_pieces(group)) {
       for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
     }
     return out;
   }
 
+  /// A hash of the whole layout (every piece), for ranks to check they agree.
+  std::int64_t fingerprint() const noexcept {
+    std::uint64_t h = 0x73686172646e67ull;
+    const auto mix = [&h](std::int64_t x) {
+      h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h *= 0xbf58476d1ce4e5b9ull;
+      h ^= h >> 31;
+    };
+    mix(static_cast<std::int64_t>(layout_));
+    mix(seq_len_);
+    mix(degree_);
+    mix(inner_);
+    for (const auto& g : groups_) {
+      mix(static_cast<std::int64_t>(g.size()));
+      for (const shard_piece& p : g) {
+        mix(p.first);
+        mix(p.count);
+        mix(p.stride);
+      }
+    }
+    return static_cast<std::int64_t>(h >> 1);
+  }
+
   friend bool operator==(const sequence_sharding&, const sequence_sharding&) = default;
 
  private:
+  static void check_degrees(int degree, int inner_degree) {
+    if (degree < 1 || inner_degree < 1) {
+      throw cp_error("sequence_sharding: degree (" + std::to_string(degree) + ") and inner degree (" +
+                     std::to_string(inner_degree) + ") must be at least 1");
+    }
+  }
   static void check_index(int i, int n, const char* what) {
     if (i < 0 || i >= n) {
       throw cp_error(std::string("sequence_sharding: ") + what + " " + std::to_string(i) + " is out of range [0, " +
                      std::to_string(n) + ")");
+    }
+  }
+  // n items cut into `parts` runs as evenly as possible, the first n % parts one longer.
+  static constexpr std::int64_t even_count(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
+    return n / parts + (i < n % parts ? 1 : 0);
+  }
+  static constexpr std::int64_t even_start(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
+    return i * (n / parts) + std::min(i, n % parts);
+  }
+  std::int64_t inner_count(std::int64_t group_len, int inner_rank) const noexcept {
+    return even_count(group_len, inner_, inner_rank);
+  }
+  std::int64_t group_len_unchecked(int group) const noexcept { return group_lens_[static_cast<std::size_t>(group)]; }
+  void finish() {
+    group_lens_.clear();
+    for (const auto& g : groups_) {
+      std::int64_t n = 0;
+      for (const shard_piece& p : g) n += p.count;
+      group_lens_.push_back(n);
     }
   }
 
@@ -193,6 +322,8 @@ class sequence_sharding {
   std::int64_t seq_len_;
   int degree_;
   int inner_;
+  std::vector<std::vector<shard_piece>> groups_;  // each group's pieces, in its local order
+  std::vector<std::int64_t> group_lens_;
 };
 
 namespace detail::cp {
@@ -223,7 +354,7 @@ inline seq_axis_split split_at_seq_axis(std::span<const std::int64_t> shape, int
 template <class T>
 void copy_shard(const sequence_sharding& sharding, int rank, const seq_axis_split& full, T* full_data, T* local_data,
                 bool to_local) {
-  const std::int64_t local_len = sharding.local_len();
+  const std::int64_t local_len = sharding.local_len(rank);
   const auto pieces = sharding.pieces(rank);
   for (std::int64_t o = 0; o < full.outer; ++o) {
     T* f = full_data + o * full.seq * full.inner;
@@ -247,7 +378,7 @@ void copy_shard(const sequence_sharding& sharding, int rank, const seq_axis_spli
 }
 
 template <class T>
-seq_axis_split check_shard_args(const sequence_sharding& sharding, std::size_t full_size, std::size_t local_size,
+seq_axis_split check_shard_args(const sequence_sharding& sharding, int rank, std::size_t full_size, std::size_t local_size,
                                 std::span<const std::int64_t> full_shape, int seq_axis, const char* who) {
   const seq_axis_split s = split_at_seq_axis(full_shape, seq_axis, who);
   if (s.seq != sharding.seq_len()) {
@@ -256,14 +387,14 @@ seq_axis_split check_shard_args(const sequence_sharding& sharding, std::size_t f
                    std::to_string(sharding.seq_len()) + " tokens");
   }
   const std::int64_t full_elems = s.outer * s.seq * s.inner;
-  const std::int64_t local_elems = s.outer * sharding.local_len() * s.inner;
+  const std::int64_t local_elems = s.outer * sharding.local_len(rank) * s.inner;
   if (static_cast<std::int64_t>(full_size) != full_elems) {
     throw cp_error(std::string(who) + ": the full tensor holds " + std::to_string(full_size) +
                    " elements but its shape " + shape_text(full_shape) + " needs " + std::to_string(full_elems));
   }
   if (static_cast<std::int64_t>(local_size) != local_elems) {
     throw cp_error(std::string(who) + ": the shard holds " + std::to_string(local_size) + " elements but needs " +
-                   std::to_string(local_elems) + " (the full shape with " + std::to_string(sharding.local_len()) +
+                   std::to_string(local_elems) + " (the full shape with " + std::to_string(sharding.local_len(rank)) +
                    " tokens on axis " + std::to_string(seq_axis) + ")");
   }
   return s;
@@ -272,11 +403,11 @@ seq_axis_split check_shard_args(const sequence_sharding& sharding, std::size_t f
 }  // namespace detail::cp
 
 /// Copies rank's shard of a full row-major tensor (any rank, sequence on `seq_axis`) into
-/// `local` (the same shape with local_len() tokens on that axis), in the shard's local order.
+/// `local` (the same shape with local_len(rank) tokens on that axis), in the shard's local order.
 template <class T>
 void shard_sequence(const sequence_sharding& sharding, int rank, std::span<const T> full,
                     std::span<const std::int64_t> full_shape, int seq_axis, std::span<T> local) {
-  const auto s = detail::cp::check_shard_args<T>(sharding, full.size(), local.size(), full_shape, seq_axis,
+  const auto s = detail::cp::check_shard_args<T>(sharding, rank, full.size(), local.size(), full_shape, seq_axis,
                                                  "shard_sequence");
   detail::cp::copy_shard(sharding, rank, s, const_cast<T*>(full.data()), local.data(), true);
 }
@@ -286,7 +417,7 @@ template <class T>
 std::vector<T> shard_sequence(const sequence_sharding& sharding, int rank, std::span<const T> full,
                               std::span<const std::int64_t> full_shape, int seq_axis) {
   const auto s = detail::cp::split_at_seq_axis(full_shape, seq_axis, "shard_sequence");
-  std::vector<T> local(static_cast<std::size_t>(s.outer * sharding.local_len() * s.inner));
+  std::vector<T> local(static_cast<std::size_t>(s.outer * sharding.local_len(rank) * s.inner));
   shard_sequence<T>(sharding, rank, full, full_shape, seq_axis, std::span<T>(local));
   return local;
 }
@@ -297,7 +428,7 @@ std::vector<T> shard_sequence(const sequence_sharding& sharding, int rank, std::
 template <class T>
 void unshard_sequence(const sequence_sharding& sharding, int rank, std::span<const T> local,
                       std::span<const std::int64_t> full_shape, int seq_axis, std::span<T> full) {
-  const auto s = detail::cp::check_shard_args<T>(sharding, full.size(), local.size(), full_shape, seq_axis,
+  const auto s = detail::cp::check_shard_args<T>(sharding, rank, full.size(), local.size(), full_shape, seq_axis,
                                                  "unshard_sequence");
   detail::cp::copy_shard(sharding, rank, s, full.data(), const_cast<T*>(local.data()), false);
 }

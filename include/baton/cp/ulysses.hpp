@@ -28,48 +28,96 @@ namespace detail::cp {
 
 // The head-sharded problem a rank attends after the exchange.
 struct ulysses_geometry {
-  std::int64_t batch = 0, seq_local = 0, parts = 1, dim = 0;
+  std::int64_t batch = 0, dim = 0;
+  exchange_shape exchange;  // every group rank's shard length, and this rank
   head_split q_split, kv_split;
-  std::int64_t seq() const noexcept { return parts * seq_local; }
-  std::int64_t heads_q() const noexcept { return q_split.per_rank(); }
-  std::int64_t heads_kv() const noexcept { return kv_split.per_rank(); }
+  std::int64_t parts() const noexcept { return static_cast<std::int64_t>(exchange.lens.size()); }
+  std::int64_t seq_local() const noexcept { return exchange.lens[static_cast<std::size_t>(exchange.rank)]; }
+  std::int64_t seq() const noexcept { return exchange.total(); }
+  std::int64_t heads_q() const noexcept { return q_split.count(exchange.rank); }
+  std::int64_t heads_kv() const noexcept { return kv_split.count(exchange.rank); }
 };
 
-inline ulysses_geometry ulysses_geometry_of(const local_shape& s, std::int64_t parts) {
-  return {s.batch, s.seq, parts, s.dim, head_split{s.heads_q, parts}, head_split{s.heads_kv, parts}};
+// `first_rank`: the sharding rank of the group's rank 0 (ranks first_rank .. + parts - 1
+// form the group, in order).
+inline ulysses_geometry ulysses_geometry_of(const local_shape& s, const sequence_sharding& sharding, int first_rank,
+                                            int parts, int rank) {
+  ulysses_geometry g;
+  g.batch = s.batch;
+  g.dim = s.dim;
+  for (int i = 0; i < parts; ++i) g.exchange.lens.push_back(sharding.local_len(first_rank + i));
+  g.exchange.rank = rank;
+  const head_splits splits = split_heads(s.heads_q, s.heads_kv, parts);
+  g.q_split = splits.q;
+  g.kv_split = splits.kv;
+  return g;
 }
 
-// Gathers every tensor of one exchange straight into its head-sharded buffer (see
-// heads_from_sequence_into) and returns out, lse or the gradients the same way. The LSE
-// (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp.
+// One tensor, sequence -> heads, into the head-sharded buffer dst [b, seq, count(me), x]: in
+// place when the shards and head groups are equal, else through the general exchange.
+template <class T, class Comm>
+void gather_heads(Comm& comm, const ulysses_geometry& g, const view4<const T>& src, const head_split& split, T* dst,
+                  scratch_buffer& send, scratch_buffer& recv) {
+  if (in_place_exchange(g.exchange, split)) {
+    heads_from_sequence_into<T>(comm, src, split, dst, send);
+    return;
+  }
+  heads_from_sequence_general<T>(comm, g.exchange, src, split,
+                                 bshd(dst, g.batch, g.seq(), split.count(g.exchange.rank), src.ext[3]), send, recv);
+}
+
+// One tensor, heads -> sequence, from the head-sharded src [b, seq, count(me), x].
+template <class T, class Comm>
+void scatter_heads(Comm& comm, const ulysses_geometry& g, const T* src, const head_split& split, const view4<T>& dst,
+                   scratch_buffer& send, scratch_buffer& recv) {
+  if (in_place_exchange(g.exchange, split)) {
+    sequence_from_heads_from<T>(comm, src, split, dst, recv);
+    return;
+  }
+  sequence_from_heads_general<T>(comm, g.exchange, bshd(src, g.batch, g.seq(), split.count(g.exchange.rank), dst.ext[3]),
+                                 split, dst, send, recv);
+}
+
 template <class T, class Comm>
 void gather_qkv(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch_buffer& scratch) {
-  heads_from_sequence_into<T>(comm, as_view4(q), g.q_split, gq, scratch);
-  heads_from_sequence_into<T>(comm, as_view4(k), g.kv_split, gk, scratch);
-  heads_from_sequence_into<T>(comm, as_view4(v), g.kv_split, gv, scratch);
+                tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch_buffer& send, scratch_buffer& recv) {
+  gather_heads<T>(comm, g, as_view4(q), g.q_split, gq, send, recv);
+  gather_heads<T>(comm, g, as_view4(k), g.kv_split, gk, send, recv);
+  gather_heads<T>(comm, g, as_view4(v), g.kv_split, gv, send, recv);
+}
+
+// The LSE (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp when the
+// shards are even.
+template <class T, class Comm>
+void gather_lse(Comm& comm, const ulysses_geometry& g, tensor_view<const lse_t<T>, 3> lse, lse_t<T>* glse,
+                scratch_buffer& send, scratch_buffer& recv) {
+  using L = lse_t<T>;
+  const auto dst = lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq()));
+  if (in_place_exchange(g.exchange, g.q_split)) {
+    const std::array<heads_part<L>, 1> lse_part{{{lse_as_view4(lse), g.q_split, dst}}};
+    heads_from_sequence<L>(comm, std::span<const heads_part<L>>(lse_part));
+    return;
+  }
+  heads_from_sequence_general<L>(comm, g.exchange, lse_as_view4(lse), g.q_split, dst, send, recv);
 }
 
 template <class T, class Comm>
-void gather_lse(Comm& comm, const ulysses_geometry& g, tensor_view<const lse_t<T>, 3> lse, lse_t<T>* glse) {
+void scatter_lse(Comm& comm, const ulysses_geometry& g, lse_t<T>* glse, tensor_view<lse_t<T>, 3> lse,
+                 scratch_buffer& send, scratch_buffer& recv) {
   using L = lse_t<T>;
-  const std::array<heads_part<L>, 1> lse_part{
-      {{lse_as_view4(lse), g.q_split, lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq()))}}};
-  heads_from_sequence<L>(comm, std::span<const heads_part<L>>(lse_part));
-}
-
-template <class T, class Comm>
-void scatter_lse(Comm& comm, const ulysses_geometry& g, lse_t<T>* glse, tensor_view<lse_t<T>, 3> lse) {
-  using L = lse_t<T>;
-  const std::array<sequence_part<L>, 1> lse_part{
-      {{lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq())).as_const(), g.q_split, lse_as_view4(lse)}}};
-  sequence_from_heads<L>(comm, std::span<const sequence_part<L>>(lse_part));
+  const auto src = lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq())).as_const();
+  if (in_place_exchange(g.exchange, g.q_split)) {
+    const std::array<sequence_part<L>, 1> lse_part{{{src, g.q_split, lse_as_view4(lse)}}};
+    sequence_from_heads<L>(comm, std::span<const sequence_part<L>>(lse_part));
+    return;
+  }
+  sequence_from_heads_general<L>(comm, g.exchange, src, g.q_split, lse_as_view4(lse), send, recv);
 }
 
 // The head-sharded side of a Ulysses exchange, kept between calls: the gathered tensors,
 // their gradients, the LSE and the send/receive scratch of the exchanges.
 struct ulysses_workspace {
-  enum slot : std::size_t { q, k, v, out, dout, dq, dk, dv, lse, exchange, count };
+  enum slot : std::size_t { q, k, v, out, dout, dq, dk, dv, lse, exchange, exchange_recv, count };
   std::array<scratch_buffer, count> slots;
 
   template <class E>
@@ -123,7 +171,8 @@ template <class T, class Comm>
 ulysses_gathered<T> gather_for_forward(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g,
                                        tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v) {
   const ulysses_gathered<T> x = gathered_views<T>(ws, g, false);
-  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, ws.slots[ulysses_workspace::exchange]);
+  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, ws.slots[ulysses_workspace::exchange],
+                ws.slots[ulysses_workspace::exchange_recv]);
   return x;
 }
 
@@ -134,11 +183,12 @@ ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace& ws, const
                                         tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
                                         tensor_view<const T, 4> dout) {
   const ulysses_gathered<T> x = gathered_views<T>(ws, g, true);
-  scratch_buffer& exchange = ws.slots[ulysses_workspace::exchange];
-  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, exchange);
-  heads_from_sequence_into<T>(comm, as_view4(out), g.q_split, x.out.data, exchange);
-  heads_from_sequence_into<T>(comm, as_view4(dout), g.q_split, x.dout.data, exchange);
-  gather_lse<T>(comm, g, lse, x.lse.data);
+  scratch_buffer& send = ws.slots[ulysses_workspace::exchange];
+  scratch_buffer& recv = ws.slots[ulysses_workspace::exchange_recv];
+  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, send, recv);
+  gather_heads<T>(comm, g, as_view4(out), g.q_split, x.out.data, send, recv);
+  gather_heads<T>(comm, g, as_view4(dout), g.q_split, x.dout.data, send, recv);
+  gather_lse<T>(comm, g, lse, x.lse.data, send, recv);
   return x;
 }
 
@@ -146,28 +196,34 @@ ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace& ws, const
 template <class T, class Comm>
 void scatter_out_lse(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
                      tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse) {
-  sequence_from_heads_from<T>(comm, x.out.data, g.q_split, as_view4(out), ws.slots[ulysses_workspace::exchange]);
-  scatter_lse<T>(comm, g, x.lse.data, lse);
+  scratch_buffer& send = ws.slots[ulysses_workspace::exchange];
+  scratch_buffer& recv = ws.slots[ulysses_workspace::exchange_recv];
+  scatter_heads<T>(comm, g, x.out.data, g.q_split, as_view4(out), send, recv);
+  scatter_lse<T>(comm, g, x.lse.data, lse, send, recv);
 }
 
 // The backward's dq, dk, dv.
 template <class T, class Comm>
 void scatter_grads(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
                    tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv) {
-  scratch_buffer& exchange = ws.slots[ulysses_workspace::exchange];
-  sequence_from_heads_from<T>(comm, x.dq.data, g.q_split, as_view4(dq), exchange);
-  sequence_from_heads_from<T>(comm, x.dk.data, g.kv_split, as_view4(dk), exchange);
-  sequence_from_heads_from<T>(comm, x.dv.data, g.kv_split, as_view4(dv), exchange);
+  scratch_buffer& send = ws.slots[ulysses_workspace::exchange];
+  scratch_buffer& recv = ws.slots[ulysses_workspace::exchange_recv];
+  scatter_heads<T>(comm, g, x.dq.data, g.q_split, as_view4(dq), send, recv);
+  scatter_heads<T>(comm, g, x.dk.data, g.kv_split, as_view4(dk), send, recv);
+  scatter_heads<T>(comm, g, x.dv.data, g.kv_split, as_view4(dv), send, recv);
 }
 
-// The pieces of the gathered sequence: rank i's pieces, shifted to rows [i s_local, ...).
+// The pieces of the gathered sequence: rank i's pieces, shifted past ranks 0 .. i-1's tokens.
 inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& sharding, int first_rank, int count) {
   std::vector<shard_piece> out;
-  for (int i = 0; i < count; ++i)
+  std::int64_t offset = 0;
+  for (int i = 0; i < count; ++i) {
     for (shard_piece p : sharding.pieces(first_rank + i)) {
-      p.local_offset += i * sharding.local_len();
+      p.local_offset += offset;
       out.push_back(p);
     }
+    offset += sharding.local_len(first_rank + i);
+  }
   return out;
 }
 
@@ -227,7 +283,8 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
                   " ranks but the Ulysses communicator has " + std::to_string(comm_->size()) +
                   "; build the sharding with degree = the communicator's size()"
             : std::string(),
-        check_local(s, sharding_.local_len()), tensor_problem, check_head_split(s.heads_q, s.heads_kv, comm_->size()),
+        check_local(s, sharding_.local_len(comm_->rank())), tensor_problem,
+        check_head_split(s.heads_q, s.heads_kv, comm_->size()),
         check_mask(mask, sharding_.seq_len())});
     agree_on_call<T>(backward ? "baton::ulysses_attention::backward" : "baton::ulysses_attention::forward",
                      backward ? op_ulysses_backward : op_ulysses_forward, s, sharding_, comm_->size(), comm_->rank(),
@@ -235,7 +292,7 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
                        return all_to_all_gather(*comm_, std::span<const call_descriptor>(&mine, 1));
                      },
                      [&] { settle_all_to_all(*comm_); });
-    return ulysses_geometry_of(s, comm_->size());
+    return ulysses_geometry_of(s, sharding_, 0, comm_->size(), comm_->rank());
   }
 
   // After the exchange a rank holds the whole sequence (every rank's shard, in rank order).
@@ -254,7 +311,8 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
     using namespace detail::cp;
     const ulysses_gathered<T> x = gather_for_forward<T>(*comm_, ws_, g, q, k, v);
     std::vector<std::int64_t> storage;
-    backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, scale));
+    if (g.heads_q() > 0)  // more ranks than heads: this one holds none
+      backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, scale));
     scatter_out_lse<T>(*comm_, ws_, g, x, out, lse);
   }
 
@@ -266,7 +324,8 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
     using namespace detail::cp;
     const ulysses_gathered<T> x = gather_for_backward<T>(*comm_, ws_, g, q, k, v, out, lse, dout);
     std::vector<std::int64_t> storage;
-    backend_.backward(in(x.q), in(x.k), in(x.v), in(x.out), tensor_view<const lse_t<T>, 3>(x.lse), in(x.dout), mask,
+    if (g.heads_q() > 0)
+      backend_.backward(in(x.q), in(x.k), in(x.v), in(x.out), tensor_view<const lse_t<T>, 3>(x.lse), in(x.dout), mask,
                       x.dq, x.dk, x.dv, gathered_params(storage, scale));
     scatter_grads<T>(*comm_, ws_, g, x, dq, dk, dv);
   }

@@ -227,12 +227,13 @@ class self_attention {
     if (sharded) {
       const sequence_sharding& sharding = *sharded;
       const int shard = detail::shard_index_of(strategy_);
-      if (seq != sharding.local_len())
+      const std::int64_t local_len = sharding.local_len(shard);
+      if (seq != local_len)
         return problem_text(who, "the input holds " + std::to_string(seq) + " tokens of the sequence but the "
                                  "context-parallel sharding (" + std::string(to_string(sharding.layout())) + ", " +
                                  std::to_string(sharding.seq_len()) + " tokens over " + std::to_string(sharding.ranks()) +
-                                 " ranks) gives each rank " + std::to_string(sharding.local_len()) +
-                                 "; expected input [batch, " + std::to_string(sharding.local_len()) + ", " +
+                                 " ranks) gives this rank (shard " + std::to_string(shard) + ") " + std::to_string(local_len) + " tokens" +
+                                 "; expected input [batch, " + std::to_string(local_len) + ", " +
                                  std::to_string(d_model) + "], this rank's shard of the sequence");
       shard_hint = "; build it with sequence_info::shard(sharding, " + std::to_string(shard) + ")";
     } else {

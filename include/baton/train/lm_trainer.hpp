@@ -49,7 +49,7 @@
 namespace baton::train {
 
 /// A configuration that cannot run: `setting()` names what to change ("mesh", "cp",
-/// "schedule", "model", "heads", "layers", "seq", "batch", "microbatches"), the message says
+/// "schedule", "model", "layers", "seq", "batch", "microbatches"), the message says
 /// how. Every rank checks the same configuration the same way, so every rank throws it
 /// before any work.
 class config_error : public std::invalid_argument {
@@ -126,13 +126,7 @@ inline void check_config(const lm_config& c, const lm_parallelism& p, int world_
   } catch (const cp_error& e) {
     throw config_error("seq", std::string("sequence length ") + std::to_string(c.seq) + ": " + e.what());
   }
-  if (p.cp == nn::cp_mode::ulysses || p.cp == nn::cp_mode::hybrid) {
-    const std::int64_t u = m.cp_ulysses;
-    if (model.heads % u != 0 || (model.kv_heads % u != 0 && u % model.kv_heads != 0))
-      throw config_error("heads", "Ulysses over " + std::to_string(u) + " ranks needs heads (" + std::to_string(model.heads) +
-                                      ") divisible by " + std::to_string(u) + " and kv heads (" +
-                                      std::to_string(model.kv_heads) + ") divisible by it or dividing it");
-  }
+  // Any head count splits over the Ulysses degree (unevenly where it must; baton/cp/ulysses.hpp).
   if (c.batch < schedule.microbatches)
     throw config_error("batch", "a batch of " + std::to_string(c.batch) + " rows per replica cannot be cut into " +
                                     std::to_string(schedule.microbatches) +

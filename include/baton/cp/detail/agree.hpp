@@ -30,7 +30,7 @@ inline constexpr int tag_settle = 0x4353;
 struct call_descriptor {
   enum field : std::size_t {
     magic, operation, failed, batch, seq_local, heads_q, heads_kv, head_dim, seq_len, layout, degree, inner_degree,
-    element_size, world_size, rank, lse_element_size, mask_fingerprint, softmax_scale, fields
+    element_size, world_size, rank, lse_element_size, mask_fingerprint, softmax_scale, sharding_fingerprint, fields
   };
   static constexpr std::size_t message_words = 48;  // 384 bytes of the failing rank's message
   static constexpr std::size_t words = fields + message_words;
@@ -105,14 +105,17 @@ inline void agree_or_throw(const std::string& who, std::span<const call_descript
                      " are in different context-parallel operations (forward vs backward, or ring vs Ulysses); every rank "
                      "must make the same collective calls in the same order");
     }
-    for (d::field f : {d::batch, d::seq_local, d::heads_q, d::heads_kv, d::head_dim}) {
+    // The sequence extent may differ: shards of an uneven sharding do, and each rank checked
+    // its own against sharding.local_len(rank) before the gather.
+    for (d::field f : {d::batch, d::heads_q, d::heads_kv, d::head_dim}) {
       if ((*c)[f] != first[f]) {
         throw cp_error(who + ": ranks hold shards of different shapes: rank " + std::to_string(first[d::rank]) + " has " +
                        shape_summary(first) + ", rank " + std::to_string((*c)[d::rank]) + " has " + shape_summary(*c) +
-                       "; every rank must pass a shard of the same shape (seq = sequence length / ranks)");
+                       "; every rank must pass the same batch, heads and head dim (only the sequence extent differs, by "
+                       "the sharding)");
       }
     }
-    for (d::field f : {d::seq_len, d::layout, d::degree, d::inner_degree, d::world_size}) {
+    for (d::field f : {d::seq_len, d::layout, d::degree, d::inner_degree, d::world_size, d::sharding_fingerprint}) {
       if ((*c)[f] != first[f]) {
         throw cp_error(who + ": ranks " + std::to_string(first[d::rank]) + " and " + std::to_string((*c)[d::rank]) +
                        " pass different sequence shardings or communicator sizes; build the same sequence_sharding on "

@@ -47,6 +47,7 @@ call_descriptor describe(operation_code op, const local_shape& s, const sequence
   d[f::layout] = static_cast<std::int64_t>(sharding.layout());
   d[f::degree] = sharding.degree();
   d[f::inner_degree] = sharding.inner_degree();
+  d[f::sharding_fingerprint] = sharding.fingerprint();
   d[f::element_size] = sizeof(T);
   d[f::lse_element_size] = sizeof(lse_t<T>);
   d[f::world_size] = world_size;

@@ -6,6 +6,7 @@
 #include <baton/cp/detail/ulysses_layout.hpp>
 #include <baton/cp/merge.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -136,6 +137,109 @@ void sequence_from_heads_from(Comm& comm, const T* src, const head_split& split,
     comm.all_to_all(std::span<const T>(src + b * ranks * block, count), recv);
     unpack_heads_part<A>(recv.data(), block, 0, split, dst.batch_slice(b));
   }
+}
+
+// The general exchange, for shards of different lengths or heads dealt unevenly (see
+// head_split): one all-to-all whose blocks are all sized for the longest shard and the most
+// heads, [b][max_len][max_heads][x], the unused rows and heads left zero. The receiving side
+// copies out only what it needs, so the padding never reaches a result.
+struct exchange_shape {
+  std::vector<std::int64_t> lens;  // tokens each rank of the group holds
+  std::int64_t rank = 0;           // this rank in the group
+
+  std::int64_t max_len() const noexcept {
+    std::int64_t m = 0;
+    for (std::int64_t l : lens) m = std::max(m, l);
+    return m;
+  }
+  std::int64_t total() const noexcept {
+    std::int64_t n = 0;
+    for (std::int64_t l : lens) n += l;
+    return n;
+  }
+  std::int64_t offset(std::int64_t i) const noexcept {
+    std::int64_t n = 0;
+    for (std::int64_t j = 0; j < i; ++j) n += lens[static_cast<std::size_t>(j)];
+    return n;
+  }
+  bool even() const noexcept { return max_len() * static_cast<std::int64_t>(lens.size()) == total(); }
+};
+
+// The exchanges can take the in-place paths above: equal shards and contiguous, equal head
+// groups.
+inline bool in_place_exchange(const exchange_shape& e, const head_split& split) noexcept {
+  return e.even() && (split.how == head_split::mode::even || split.how == head_split::mode::replicated);
+}
+
+// Sequence-sharded src [b, lens[me], H, x] -> head-sharded dst [b, sum(lens), count(me), x].
+template <class T, class Comm>
+void heads_from_sequence_general(Comm& comm, const exchange_shape& e, const view4<const T>& src, const head_split& split,
+                                 const view4<T>& dst, scratch_buffer& send_scratch, scratch_buffer& recv_scratch) {
+  const std::int64_t ranks = comm.size(), me = e.rank, b = src.ext[0], x = src.ext[3];
+  const std::int64_t rows = e.max_len(), heads = split.max_count();
+  const std::int64_t block = b * rows * heads * x;
+  const auto count = static_cast<std::size_t>(ranks * block);
+  const std::span<T> send = send_scratch.get<T>(count), recv = recv_scratch.get<T>(count);
+  std::fill(send.begin(), send.end(), T(0));
+  const std::int64_t mine = e.lens[static_cast<std::size_t>(me)];
+  for (std::int64_t j = 0; j < ranks; ++j)
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t t = 0; t < mine; ++t)
+        for (std::int64_t i = 0; i < split.count(j); ++i) {
+          T* out = send.data() + j * block + ((bi * rows + t) * heads + i) * x;
+          const std::int64_t h = split.source(j, i);
+          for (std::int64_t c = 0; c < x; ++c) out[c] = src(bi, t, h, c);
+        }
+  comm.all_to_all(std::span<const T>(send), recv);
+  for (std::int64_t i = 0; i < ranks; ++i) {
+    const std::int64_t at = e.offset(i);
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t t = 0; t < e.lens[static_cast<std::size_t>(i)]; ++t)
+        for (std::int64_t h = 0; h < split.count(me); ++h) {
+          const T* in = recv.data() + i * block + ((bi * rows + t) * heads + h) * x;
+          for (std::int64_t c = 0; c < x; ++c) dst(bi, at + t, h, c) = in[c];
+        }
+  }
+}
+
+// The inverse: head-sharded src [b, sum(lens), count(me), x] -> sequence-sharded dst
+// [b, lens[me], H, x]. A head dealt to several (rank, local head) is summed over them in
+// rank order in accumulator type A (gradients of repeated kv heads); every other head is
+// copied through A(0) + v, as the in-place path does, so both give the same bits.
+template <class T, class Comm>
+void sequence_from_heads_general(Comm& comm, const exchange_shape& e, const view4<const T>& src, const head_split& split,
+                                 const view4<T>& dst, scratch_buffer& send_scratch, scratch_buffer& recv_scratch) {
+  using A = cp_accumulator_t<T>;
+  const std::int64_t ranks = comm.size(), me = e.rank, b = dst.ext[0], x = dst.ext[3], all_heads = dst.ext[2];
+  const std::int64_t rows = e.max_len(), heads = split.max_count();
+  const std::int64_t block = b * rows * heads * x;
+  const auto count = static_cast<std::size_t>(ranks * block);
+  const std::span<T> send = send_scratch.get<T>(count), recv = recv_scratch.get<T>(count);
+  std::fill(send.begin(), send.end(), T(0));
+  for (std::int64_t j = 0; j < ranks; ++j) {
+    const std::int64_t at = e.offset(j);
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t t = 0; t < e.lens[static_cast<std::size_t>(j)]; ++t)
+        for (std::int64_t h = 0; h < split.count(me); ++h) {
+          T* out = send.data() + j * block + ((bi * rows + t) * heads + h) * x;
+          for (std::int64_t c = 0; c < x; ++c) out[c] = src(bi, at + t, h, c);
+        }
+  }
+  comm.all_to_all(std::span<const T>(send), recv);
+  const std::int64_t mine = e.lens[static_cast<std::size_t>(me)];
+  std::vector<A> sum(static_cast<std::size_t>(all_heads * x));
+  for (std::int64_t bi = 0; bi < b; ++bi)
+    for (std::int64_t t = 0; t < mine; ++t) {
+      std::fill(sum.begin(), sum.end(), A(0));
+      for (std::int64_t j = 0; j < ranks; ++j)
+        for (std::int64_t i = 0; i < split.count(j); ++i) {
+          const T* in = recv.data() + j * block + ((bi * rows + t) * heads + i) * x;
+          A* acc = sum.data() + split.source(j, i) * x;
+          for (std::int64_t c = 0; c < x; ++c) acc[c] += static_cast<A>(in[c]);
+        }
+      for (std::int64_t h = 0; h < all_heads; ++h)
+        for (std::int64_t c = 0; c < x; ++c) dst(bi, t, h, c) = static_cast<T>(sum[static_cast<std::size_t>(h * x + c)]);
+    }
 }
 
 }  // namespace baton::detail::cp

@@ -1,10 +1,11 @@
 // baton/cp/detail/ulysses_layout.hpp — the data movement around Ulysses' all-to-all:
 // [b, s/P, h, d] (sequence sharded) <-> [b, s, h/P, d] (heads sharded), as pack / unpack of
-// contiguous per-rank blocks, plus the head-split rule (with kv-head replication for GQA).
+// contiguous per-rank blocks, plus the head-split rule (even, uneven, kv-head replication).
 #pragma once
 
 #include <baton/cp/error.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -54,32 +55,84 @@ view4<T> lse_as_bshd(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexc
   return {p, {b, s, h, 1}, {h * s, 1, s, 1}};
 }
 
-// How `heads` heads are dealt to `parts` ranks. Divisible: rank j gets heads
-// [j h/P, (j+1) h/P). Replicated (only allowed for kv heads, when h divides P): each kv head
-// is repeated P/h times and rank j gets the single head j h / P — exactly the kv head its
-// query heads [j hq/P, (j+1) hq/P) use, since hq/P divides hq/h.
+// How a tensor's `heads` heads are dealt to `parts` ranks: rank j gets count(j) heads, its
+// local head i being the tensor's head source(j, i).
+//  - even: heads divisible by parts; rank j gets [j h/P, (j+1) h/P).
+//  - replicated (kv heads only, when h divides P and the query heads are even): each kv head
+//    is repeated P/h times and rank j gets the single head j h / P — exactly the kv head its
+//    query heads [j hq/P, (j+1) hq/P) use, since hq/P divides hq/h.
+//  - uneven (query heads not divisible by P): the first h % P ranks get one head more; a
+//    rank may get none (h < P).
+//  - per_query (kv heads whose split cannot follow the query heads' otherwise): rank j gets,
+//    for each of its query heads, that head's kv head — so locally it is plain multi-head
+//    attention, and a kv head shared by several of its query heads is repeated. The
+//    gradients of repeated heads are summed back (exact).
 struct head_split {
+  enum class mode : std::uint8_t { even, replicated, uneven, per_query };
   std::int64_t heads = 1;
   std::int64_t parts = 1;
+  mode how = mode::even;
+  std::int64_t q_heads = 0;  // per_query: the query heads, dealt unevenly or evenly
 
-  bool replicated() const noexcept { return heads < parts; }
-  std::int64_t per_rank() const noexcept { return replicated() ? 1 : heads / parts; }
-  std::int64_t first(std::int64_t rank) const noexcept { return replicated() ? rank * heads / parts : rank * per_rank(); }
+  std::int64_t count(std::int64_t rank) const noexcept {
+    switch (how) {
+      case mode::even: return heads / parts;
+      case mode::replicated: return 1;
+      case mode::uneven: return heads / parts + (rank < heads % parts ? 1 : 0);
+      case mode::per_query: return q_heads / parts + (rank < q_heads % parts ? 1 : 0);
+    }
+    return 0;
+  }
+  std::int64_t max_count() const noexcept { return count(0); }
+  // Every rank gets the same number of heads.
+  bool uniform() const noexcept { return count(0) == count(parts - 1); }
+  // Some head goes to more than one (rank, local head): its gradients are summed.
+  bool sums() const noexcept { return how == mode::replicated || (how == mode::per_query && q_heads > heads); }
+  std::int64_t source(std::int64_t rank, std::int64_t i) const noexcept {
+    switch (how) {
+      case mode::even: return rank * (heads / parts) + i;
+      case mode::replicated: return rank * heads / parts;
+      case mode::uneven: return rank * (heads / parts) + std::min(rank, heads % parts) + i;
+      case mode::per_query: {
+        const std::int64_t q = rank * (q_heads / parts) + std::min(rank, q_heads % parts) + i;
+        return q / (q_heads / heads);
+      }
+    }
+    return 0;
+  }
+  // The first head of a rank whose heads are one contiguous run (every mode but per_query).
+  std::int64_t first(std::int64_t rank) const noexcept { return source(rank, 0); }
+  bool replicated() const noexcept { return how == mode::replicated; }
+  // Heads per rank when uniform.
+  std::int64_t per_rank() const noexcept { return count(0); }
 };
 
-// Empty when fine, else why not (the caller prefixes who and which rank).
+struct head_splits {
+  head_split q, kv;
+};
+
+// The query and kv splits for hq query and hkv kv heads over P ranks (check_head_split first).
+inline head_splits split_heads(std::int64_t q_heads, std::int64_t kv_heads, std::int64_t parts) {
+  using m = head_split::mode;
+  head_splits s;
+  s.q = head_split{q_heads, parts, q_heads % parts == 0 ? m::even : m::uneven, 0};
+  if (q_heads % parts == 0 && kv_heads % parts == 0)
+    s.kv = head_split{kv_heads, parts, m::even, 0};
+  else if (q_heads % parts == 0 && parts % kv_heads == 0)
+    s.kv = head_split{kv_heads, parts, m::replicated, 0};
+  else if (kv_heads == q_heads)
+    s.kv = head_split{kv_heads, parts, m::uneven, 0};
+  else
+    s.kv = head_split{kv_heads, parts, m::per_query, q_heads};
+  return s;
+}
+
+// Empty when fine, else why not (the caller prefixes who and which rank). Any head counts
+// split (unevenly where they must, see head_split); only GQA's own rule remains.
 inline std::string check_head_split(std::int64_t q_heads, std::int64_t kv_heads, std::int64_t parts) {
-  if (q_heads % parts != 0) {
-    return "query heads (" + std::to_string(q_heads) + ") are not divisible by the Ulysses degree " + std::to_string(parts) +
-           "; use a Ulysses degree that divides the head count, or the ring for the rest (hybrid attention)";
-  }
-  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+  if (parts < 1) return "the Ulysses degree must be at least 1";
+  if (kv_heads < 1 || q_heads < 1 || q_heads % kv_heads != 0) {
     return "key/value heads (" + std::to_string(kv_heads) + ") must divide the query heads (" + std::to_string(q_heads) + ")";
-  }
-  if (kv_heads % parts != 0 && parts % kv_heads != 0) {
-    return "key/value heads (" + std::to_string(kv_heads) + ") must be divisible by the Ulysses degree " + std::to_string(parts) +
-           ", or divide it (then each kv head is replicated to degree/kv_heads ranks); " + std::to_string(kv_heads) +
-           " and " + std::to_string(parts) + " allow neither";
   }
   return {};
 }

@@ -76,8 +76,8 @@ inline std::string check_local(const local_shape& s, std::int64_t expected_seq) 
            "; the query heads must be a multiple of the key/value heads (GQA/MQA)";
   }
   if (s.seq != expected_seq) {
-    return "the local shard holds " + std::to_string(s.seq) + " tokens but the sequence_sharding gives each rank " +
-           std::to_string(expected_seq) + " (sequence length / ranks)";
+    return "the local shard holds " + std::to_string(s.seq) + " tokens but the sequence_sharding gives this rank " +
+           std::to_string(expected_seq) + " (sequence_sharding::local_len(rank) for this rank)";
   }
   return {};
 }
