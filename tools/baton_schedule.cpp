@@ -6,6 +6,7 @@
 //   baton-schedule lower     my_schedule.csv > with_comms.csv
 //   baton-schedule svg       --policy dual_pipe_v --ranks 4 --microbatches 8 --out dpv.svg
 //   baton-schedule trace     --policy zb1p --ranks 4 --microbatches 8 --out zb1p.json
+//   baton-schedule synthesize --ranks 4 --microbatches 8 --memory-cap 4 [--costs costs.json] [--csv plan.csv]
 //   baton-schedule --help    (or -h, or help: this usage on standard output, exit 0)
 #include <baton/schedule.hpp>
 
@@ -33,6 +34,10 @@ commands:
               with --policy all, a markdown table over every built-in policy
   svg         write an SVG Gantt chart
   trace       write a Chrome/Perfetto trace (JSON)
+  synthesize  plan a schedule for --ranks, --microbatches (--stages-per-rank, --placement) and
+              the costs, under --memory-cap; prints its makespan, a lower bound no schedule
+              beats, their ratio (the gap), peak memory per rank and the best built-in policy
+              under the same cap; --csv FILE writes the plan (torch's compute-only CSV)
 
 schedule (a policy, or a CSV file given as FILE or --csv FILE, in torch's format: its
 compute-only and runtime files, UNSHARD/RESHARD/REDUCE_GRAD and OVERLAP_F_B cells included):
@@ -49,6 +54,11 @@ cost model (simulate, svg, trace):
   --tcomm T              time per message between ranks (default 0)
   --costs-per-stage      the times above are per stage; by default they are one rank's share
                          of the model, divided evenly among that rank's stages
+  --costs FILE           (synthesize) per-stage costs from a JSON cost file
+                         (baton/schedule/cost_file.hpp), instead of the flags above
+  --memory-cap X         (synthesize) the most live activation a rank may hold, in the cost
+                         model's unit (activation 1 per microbatch-stage by default, times
+                         1 / stages per rank unless --costs-per-stage or --costs)
 
 output:
   --out FILE             write there instead of standard output
@@ -94,6 +104,8 @@ struct options {
   bool help = false;  // --help / -h / the command "help": print usage(), exit 0
   std::string out_path;
   std::string title;
+  std::string costs_path;
+  std::optional<double> memory_cap;
 };
 
 int to_int(const std::string& flag, const std::string& text) {
@@ -160,6 +172,8 @@ options parse(int argc, char** argv) {
     else if (arg == "--tw") o.tw = to_cost(arg, value());
     else if (arg == "--tcomm") o.tcomm = to_cost(arg, value());
     else if (arg == "--costs-per-stage") o.per_stage = true;
+    else if (arg == "--costs") o.costs_path = value();
+    else if (arg == "--memory-cap") o.memory_cap = to_cost(arg, value());
     else if (arg == "--lowered") o.lowered = true;
     else if (arg == "--out") o.out_path = value();
     else if (arg == "--title") o.title = value();
@@ -272,7 +286,53 @@ std::string table_of_all(const options& o) {
   return out;
 }
 
+// The planner: synthesize a program, print how good it is, write it with --csv.
+std::string synthesize_report(const options& o) {
+  if (!o.ranks || !o.microbatches) throw usage_error("synthesize needs --ranks and --microbatches");
+  if (!o.memory_cap) throw usage_error("synthesize needs --memory-cap (use a large number for no cap)");
+  baton::schedule_shape shape{*o.ranks, o.stages_per_rank.value_or(1), *o.microbatches, baton::placement::loop};
+  shape.place = o.place.value_or(shape.stages_per_rank == 2 ? baton::placement::v : baton::placement::loop);
+  baton::cost_model costs;
+  if (!o.costs_path.empty()) {
+    costs = baton::load_cost_file(o.costs_path).costs;
+  } else {
+    costs = costs_for(o, shape);
+  }
+  const baton::synthesis_result plan = baton::synthesize(shape, costs, *o.memory_cap);
+  if (!o.csv_path.empty()) {
+    std::ofstream out(o.csv_path, std::ios::binary);
+    if (!out) throw baton::schedule_error("cannot open '" + o.csv_path + "' for writing");
+    out << baton::to_csv(plan.prog);
+    if (!out) throw baton::schedule_error("writing '" + o.csv_path + "' failed");
+  }
+  std::string text = "schedule:       synthesized: " + plan.method + "\n";
+  text += "shape:          " + shape_text(shape) + "\n";
+  text += "memory cap:     " + fixed(*o.memory_cap, 4) + "\n";
+  text += "makespan:       " + fixed(plan.makespan, 4) + "\n";
+  text += "lower bound:    " + fixed(plan.lower_bound, 4) + "  (no schedule of this shape can be faster)\n";
+  text += "gap:            " + fixed(plan.gap, 4) + "  (makespan / lower bound)\n";
+  text += std::string("proven optimal: ") + (plan.proven_optimal ? "yes" : "no") + "\n";
+  if (plan.best_builtin.empty()) {
+    text += "best built-in:  none fits the memory cap\n";
+  } else {
+    text += "best built-in:  " + plan.best_builtin + ", makespan " + fixed(plan.best_builtin_makespan, 4) +
+            "  (synthesized / best built-in: " + fixed(plan.makespan / plan.best_builtin_makespan, 4) + ")\n";
+  }
+  text += "rank   peak memory\n";
+  for (std::size_t r = 0; r < plan.peak_memory.size(); ++r) {
+    char line[64];
+    std::snprintf(line, sizeof line, "%-6zu %.4f\n", r, plan.peak_memory[r]);
+    text += line;
+  }
+  if (!o.csv_path.empty()) text += "wrote:          " + o.csv_path + "\n";
+  return text;
+}
+
 int run(const options& o) {
+  if (o.command == "synthesize") {
+    emit(o, synthesize_report(o));
+    return 0;
+  }
   if (o.command == "simulate" && baton::detail::schedule::same_name(o.policy, "all")) {
     emit(o, table_of_all(o));
     return 0;

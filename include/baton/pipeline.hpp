@@ -9,6 +9,7 @@
 //   pipeline_options, step_report        what an executor is given and what a call reports
 //   clip_grad_norm                       gradient-norm clipping over sharded parameters
 //   action_time, measured_cost_model     measured action costs, as a cost model for the simulator
+//   fit_cost_model                       per-stage medians over a few steps, for the planner (a cost_file)
 //
 // See docs/pipeline.md.
 #pragma once
@@ -17,6 +18,7 @@
 #include <baton/pipeline/clip.hpp>
 #include <baton/pipeline/error.hpp>
 #include <baton/pipeline/executor.hpp>
+#include <baton/pipeline/measure_costs.hpp>
 #include <baton/pipeline/options.hpp>
 #include <baton/pipeline/stage.hpp>
 #include <baton/pipeline/timing.hpp>

@@ -6,6 +6,8 @@
 #include "catch.hpp"
 #include "parity_support.hpp"
 
+#include <baton/schedule/controllable_v.hpp>
+
 #include <map>
 #include <utility>
 
@@ -83,6 +85,10 @@ TEMPLATE_TEST_CASE("every built-in schedule matches the sequential run on the lo
   SECTION("interleaved zero bubble") { check_policy<baton::interleaved_zero_bubble, T>(ranks, m); }
   SECTION("ZBV") { check_policy<baton::zbv, T>(ranks, m); }
   SECTION("DualPipeV") { check_policy<baton::dual_pipe_v, T>(ranks, m); }
+  // Memory-capped V schedules: at 4 ranks the cap (6 stage-activations) binds, so the
+  // executor's peak of saved states is checked against a schedule shaped by the cap.
+  SECTION("V-Half") { check_policy<baton::v_half, T>(ranks, m); }
+  SECTION("V-Min") { check_policy<baton::v_min, T>(ranks, m); }
   SECTION("CSV with separate I and W") {
     const auto prog = ranks == 2 ? baton::parse_csv(csv_two_ranks)
                                  : baton::parse_csv(baton::to_csv(baton::zb1p::generate({ranks, 1, m})));

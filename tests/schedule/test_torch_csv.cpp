@@ -383,7 +383,7 @@ TEST_CASE("the registry names torch's names only, and marks baton's own", "[sche
     }
     CHECK(baton::find_policy(info.name) == &info);
   }
-  CHECK(baton_only == std::vector<std::string_view>{"zb1p", "forward_only"});
+  CHECK(baton_only == std::vector<std::string_view>{"zb1p", "forward_only", "v_half", "v_min"});
   CHECK(baton::find_policy("") == nullptr);
   CHECK(baton::find_policy("ZB1P") == baton::find_policy("zb1p"));  // baton's name, any case
   CHECK(baton::find_policy("PipelineScheduleMulti") == nullptr);    // torch's base class: no schedule of its own

@@ -5,6 +5,7 @@
 // for has an empty torch_name, and `origin` says where it comes from.
 #pragma once
 
+#include <baton/schedule/controllable_v.hpp>
 #include <baton/schedule/policies.hpp>
 
 #include <array>
@@ -38,7 +39,7 @@ constexpr policy_info info_of(std::string_view name, std::string_view torch_name
 // The torch names are keys of get_schedule_class's map in torch/distributed/pipelining/
 // schedules.py (commit 00722e648b740f91d0e71494baa17891749fd291), which also names the base
 // classes PipelineScheduleSingle and PipelineScheduleMulti (no schedule of their own).
-inline constexpr std::array<policy_info, 9> builtin_policies{{
+inline constexpr std::array<policy_info, 11> builtin_policies{{
     detail::schedule::info_of<gpipe>("gpipe", "GPipe", "torch's ScheduleGPipe"),
     detail::schedule::info_of<one_f_one_b>("one_f_one_b", "1F1B", "torch's Schedule1F1B"),
     detail::schedule::info_of<interleaved_1f1b>("interleaved_1f1b", "Interleaved1F1B", "torch's ScheduleInterleaved1F1B"),
@@ -50,6 +51,10 @@ inline constexpr std::array<policy_info, 9> builtin_policies{{
     detail::schedule::info_of<dual_pipe_v>("dual_pipe_v", "DualPipeV", "torch's ScheduleDualPipeV"),
     detail::schedule::info_of<forward_only>("forward_only", "",
                                          "torch's _ScheduleForwardOnly, which get_schedule_class does not name"),
+    detail::schedule::info_of<v_half>(
+        "v_half", "", "V-Half of Qi et al. 2024, Pipeline Parallelism with Controllable Memory; not in torch"),
+    detail::schedule::info_of<v_min>(
+        "v_min", "", "V-Min of Qi et al. 2024, Pipeline Parallelism with Controllable Memory; not in torch"),
 }};
 
 namespace detail::schedule {

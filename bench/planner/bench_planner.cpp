@@ -1,0 +1,144 @@
+// How good the planner's programs are, and what planning costs.
+//
+//   bench_planner [--pairs N]
+//
+// Quality (deterministic: the same on every machine):
+//   synth_gap_p8_m32                 makespan / lower bound, uniform costs (T_F = T_I = T_W),
+//                                    memory cap = 1F1B's peak; 1 means provably optimal
+//   synth_vs_best_builtin_p8_m32     synthesized makespan / the best built-in's under the same cap
+//   synth_gap_p8_m32_cap7, _cap5     the same with a cap of 7 and 5 microbatches (no built-in of
+//                                    one stage per rank fits: their ratio has no denominator)
+//   synth_gap_p16_m64                p = 16, m = 64, 1F1B's cap
+//   synth_gap_v_p8_m32               V shape (2 stages per rank), cap = ZBV's peak
+//   synth_vs_best_builtin_v_p8_m32   against zbv, dual_pipe_v and the other V built-ins
+//   synth_vs_1f1b_uneven_p4_m16      stage costs 0.5, 1, 1, 1.5 (embedding, blocks, head),
+//   synth_vs_zb1p_uneven_p4_m16      cap = 1F1B's peak
+//   partition_vs_even_cut_p4_m16     partition + synthesize / zb1p on a cut by layer count, for
+//                                    32 layers (embedding 0.2, 30 blocks, head 4.8 blocks)
+//   partition_vs_1f1b_even_cut_p4_m16  the same against 1F1B
+// Cost (timed, interleaved pairs against one simulate() of zb1p's program of the same shape,
+// the unit of the search's work):
+//   synth_seconds_p8_m32, synth_seconds_p16_m64     median (min, max, n) of synthesize() at 1F1B's
+//                                                   cap (short: zb1p reaches the bound, the
+//                                                   search stops there)
+//   synth_seconds_p8_m32_cap7, ..._p16_m64_cap15    one microbatch less: the whole search runs
+//   synth_vs_simulate_*                             per pair: synthesize / one simulation
+#include "bench_common.hpp"
+
+#include <baton/schedule.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+double best_builtin(const baton::schedule_shape& shape, const baton::cost_model& costs, double cap) {
+  double best = 1e300;
+  for (const auto& info : baton::builtin_policies) {
+    try {
+      const auto prog = info.generate(shape);
+      if (baton::is_forward_only(prog)) continue;
+      const auto sim = baton::simulate(prog, costs);
+      if (sim.peak_activation() <= cap + 1e-9) best = std::min(best, sim.makespan);
+    } catch (const baton::schedule_error&) {
+    }
+  }
+  return best;
+}
+
+void time_synthesis(const std::string& suffix, const baton::schedule_shape& shape, const baton::cost_model& costs,
+                    double cap, int pairs) {
+  const auto reference = baton::zb1p::generate(shape);
+  bench::series synth_seconds, ratio;
+  volatile double sink = 0;
+  bench::interleave(
+      pairs,
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        sink = sink + baton::simulate(reference, costs).makespan;
+        return bench::seconds_since(start);
+      },
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        sink = sink + baton::synthesize(shape, costs, cap).makespan;
+        return bench::seconds_since(start);
+      },
+      [&](int, double simulate_seconds, double synthesize_seconds) {
+        synth_seconds.add(synthesize_seconds);
+        ratio.add(synthesize_seconds / simulate_seconds);
+      });
+  bench::print("synth_seconds_" + suffix, synth_seconds);
+  bench::print("synth_vs_simulate_" + suffix, ratio, "%.0f");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int pairs = bench::pairs_from_args(argc, argv, 5);
+  bench::print_build();
+  bench::print_load("before");
+  const auto uniform = baton::cost_model::uniform(1, 1, 1);
+
+  {
+    const baton::schedule_shape shape{8, 1, 32};
+    const double cap = baton::simulate(baton::one_f_one_b::generate(shape), uniform).peak_activation();
+    const auto plan = baton::synthesize(shape, uniform, cap);
+    bench::print_value("synth_gap_p8_m32", plan.gap);
+    bench::print_value("synth_vs_best_builtin_p8_m32", plan.makespan / best_builtin(shape, uniform, cap));
+    bench::print_value("synth_gap_p8_m32_cap7", baton::synthesize(shape, uniform, 7).gap);
+    bench::print_value("synth_gap_p8_m32_cap5", baton::synthesize(shape, uniform, 5).gap);
+    time_synthesis("p8_m32", shape, uniform, cap, pairs);
+    time_synthesis("p8_m32_cap7", shape, uniform, 7, pairs);
+  }
+  {
+    const baton::schedule_shape shape{16, 1, 64};
+    const double cap = baton::simulate(baton::one_f_one_b::generate(shape), uniform).peak_activation();
+    bench::print_value("synth_gap_p16_m64", baton::synthesize(shape, uniform, cap).gap);
+    time_synthesis("p16_m64", shape, uniform, cap, pairs);
+    time_synthesis("p16_m64_cap15", shape, uniform, 15, pairs);
+  }
+  {
+    const baton::schedule_shape shape{8, 2, 32, baton::placement::v};
+    const auto costs = uniform.per_rank_share(2);
+    const double cap = baton::simulate(baton::zbv::generate(shape), costs).peak_activation();
+    const auto plan = baton::synthesize(shape, costs, cap);
+    bench::print_value("synth_gap_v_p8_m32", plan.gap);
+    bench::print_value("synth_vs_best_builtin_v_p8_m32", plan.makespan / best_builtin(shape, costs, cap));
+  }
+  {
+    baton::cost_model costs;
+    costs.forward = costs.backward_input = costs.backward_weight = {0.5, 1.0, 1.0, 1.5};
+    costs.backward = {1.0, 2.0, 2.0, 3.0};
+    const baton::schedule_shape shape{4, 1, 16};
+    const auto one_f_one_b = baton::simulate(baton::one_f_one_b::generate(shape), costs);
+    const double zb1p = baton::simulate(baton::zb1p::generate(shape), costs).makespan;
+    const auto plan = baton::synthesize(shape, costs, one_f_one_b.peak_activation());
+    bench::print_value("synth_vs_1f1b_uneven_p4_m16", plan.makespan / one_f_one_b.makespan);
+    bench::print_value("synth_vs_zb1p_uneven_p4_m16", plan.makespan / zb1p);
+    bench::print_value("synth_gap_uneven_p4_m16", plan.gap);
+  }
+  {
+    std::vector<baton::layer_cost> layers{{0.2, 0.2, 0.2}};
+    std::vector<double> memory{0.2};
+    for (int i = 0; i < 30; ++i) {
+      layers.push_back({1, 1, 1});
+      memory.push_back(1);
+    }
+    layers.push_back({4.8, 4.8, 4.8});
+    memory.push_back(2);
+    const baton::schedule_shape shape{4, 1, 16};
+    const auto even = baton::stage_costs(layers, memory, {0, 8, 16, 24, 32});
+    const auto one_f_one_b = baton::simulate(baton::one_f_one_b::generate(shape), even);
+    const double zb1p = baton::simulate(baton::zb1p::generate(shape), even).makespan;
+    const double cap = one_f_one_b.peak_activation();
+    const auto cut = baton::partition(layers, memory, 4, 1, cap, 16);
+    const auto plan = baton::synthesize(shape, cut.costs, cap);
+    bench::print_value("partition_vs_even_cut_p4_m16", plan.makespan / zb1p);
+    bench::print_value("partition_vs_1f1b_even_cut_p4_m16", plan.makespan / one_f_one_b.makespan);
+    bench::print_value("partition_gap_p4_m16", plan.gap);
+  }
+  bench::print_load("after");
+  return 0;
+}
