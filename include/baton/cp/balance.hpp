@@ -405,18 +405,13 @@ inline void append_range(std::vector<std::int64_t>& out, std::int64_t begin, std
   for (std::int64_t p = begin; p < end; ++p) out.push_back(p);
 }
 
-// Where run i of n items cut into `parts` runs starts: sequence_sharding's rule (the first
-// n % parts runs one longer), so that these cuts are its layouts at token granularity.
-constexpr std::int64_t even_edge(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
-  return i * (n / parts) + std::min(i, n % parts);
-}
 
 // Zigzag over [0, seq_len) with chunk edges rounded to `granule` (1: token granularity, the
-// positions of sequence_sharding(shard_layout::zigzag, seq_len, ranks)).
+// positions of sequence_sharding(shard_layout::zigzag, seq_len, ranks): the same run rule).
 [[nodiscard]] inline std::vector<std::vector<std::int64_t>> zigzag_cut(std::int64_t seq_len, int ranks,
                                                                        std::int64_t granule) {
   const std::int64_t chunks = 2 * std::int64_t{ranks};
-  const auto edge = [&](std::int64_t c) { return round_edge(even_edge(seq_len, chunks, c), granule, seq_len); };
+  const auto edge = [&](std::int64_t c) { return round_edge(even_run_start(seq_len, chunks, c), granule, seq_len); };
   std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     auto& mine = out[static_cast<std::size_t>(r)];
@@ -428,7 +423,7 @@ constexpr std::int64_t even_edge(std::int64_t n, std::int64_t parts, std::int64_
 
 [[nodiscard]] inline std::vector<std::vector<std::int64_t>> contiguous_cut(std::int64_t seq_len, int ranks,
                                                                            std::int64_t granule) {
-  const auto edge = [&](std::int64_t r) { return round_edge(even_edge(seq_len, ranks, r), granule, seq_len); };
+  const auto edge = [&](std::int64_t r) { return round_edge(even_run_start(seq_len, ranks, r), granule, seq_len); };
   std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) append_range(out[static_cast<std::size_t>(r)], edge(r), edge(r + 1));
   return out;
@@ -539,7 +534,7 @@ inline void validate_costs(const char* who, std::span<const attention_cost> mask
     while (end < seq_len && segment_ids[static_cast<std::size_t>(end)] == segment_ids[static_cast<std::size_t>(begin)]) ++end;
     const std::int64_t length = end - begin;
     const auto edge = [&](std::int64_t c) {
-      return detail::cp::balance::round_edge(begin + detail::cp::balance::even_edge(length, chunks, c), block, seq_len);
+      return detail::cp::balance::round_edge(begin + detail::cp::even_run_start(length, chunks, c), block, seq_len);
     };
     for (int r = 0; r < ranks; ++r) {
       auto& mine = out[static_cast<std::size_t>(r)];

@@ -21,6 +21,19 @@
 
 namespace baton {
 
+namespace detail::cp {
+
+// n items cut into `parts` runs as evenly as possible, the first n % parts one longer: the
+// rule of every layout where the length does not divide (and of balance.hpp's comparisons).
+constexpr std::int64_t even_run_count(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
+  return n / parts + (i < n % parts ? 1 : 0);
+}
+constexpr std::int64_t even_run_start(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
+  return i * (n / parts) + (i < n % parts ? i : n % parts);
+}
+
+}  // namespace detail::cp
+
 /// How a sequence of S tokens is cut over R ranks. Any S >= 1 works with every layout: where
 /// R (or 2R) does not divide S, the first shards hold one token more than the last, and a
 /// shard may be empty (S < R). Nothing is padded; results equal the unsharded computation.
@@ -298,12 +311,11 @@ class sequence_sharding {
                      std::to_string(n) + ")");
     }
   }
-  // n items cut into `parts` runs as evenly as possible, the first n % parts one longer.
   static constexpr std::int64_t even_count(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
-    return n / parts + (i < n % parts ? 1 : 0);
+    return detail::cp::even_run_count(n, parts, i);
   }
   static constexpr std::int64_t even_start(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
-    return i * (n / parts) + std::min(i, n % parts);
+    return detail::cp::even_run_start(n, parts, i);
   }
   std::int64_t inner_count(std::int64_t group_len, int inner_rank) const noexcept {
     return even_count(group_len, inner_, inner_rank);
