@@ -4,6 +4,7 @@
 #include "catch.hpp"
 
 #include <baton/attention.hpp>
+#include <baton/attention/cuda/emulated.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/attention/kokkos.hpp>
 #endif
@@ -189,6 +190,26 @@ TEST_CASE("docs/attention.md examples", "[attention][docs]") {
       CHECK(std::abs(dk[i] - dk_whole[i]) < 1e-12);
       CHECK(std::abs(dv[i] - dv_whole[i]) < 1e-12);
     }
+  }
+
+  SECTION("the CUDA kernels on the CPU (baton/attention/cuda/emulated.hpp)") {
+    // [doc:cuda-emulated]
+    // The CUDA kernels' own source, run on the CPU (for tests: far too slow for anything else).
+    const std::int64_t n = 40, heads = 2, dim = 64;
+    std::vector<baton::bfloat16> q(n * heads * dim, baton::bfloat16(0.5f)), k = q, v = q, out(q.size());
+    std::vector<float> lse(heads * n);
+    baton::cuda_attention_emulated attention;
+    attention.forward(baton::make_tensor_view<const baton::bfloat16>(q.data(), {1, n, heads, dim}),
+                      baton::make_tensor_view<const baton::bfloat16>(k.data(), {1, n, heads, dim}),
+                      baton::make_tensor_view<const baton::bfloat16>(v.data(), {1, n, heads, dim}),
+                      baton::causal_mask{}, baton::make_tensor_view(out.data(), {1, n, heads, dim}),
+                      baton::make_tensor_view(lse.data(), {1, heads, n}));
+    // [/doc:cuda-emulated]
+    // Every score is 0.5 * 0.5 * 64 / sqrt(64) = 2, so query i averages keys 0..i: out = 0.5
+    // (exact in bf16) and lse = 2 + log(i + 1).
+    CHECK(baton::detail::cuda::to_float(out.back()) == 0.5f);
+    CHECK(std::abs(lse[static_cast<std::size_t>(heads * n - 1)] - (2.0f + std::log(40.0f))) < 1e-5f);
+    CHECK(std::abs(lse[0] - 2.0f) < 1e-5f);
   }
 
   SECTION("a user-defined mask") {

@@ -62,9 +62,11 @@ struct tensor_view {
   }
 
   /// A view of T converts to a view of const T (outputs can be passed where inputs are read).
-  constexpr operator tensor_view<const T, N>() const noexcept
-    requires(!std::is_const_v<T>)
-  {
+  /// A template, so that a view of const T has no conversion to its own type, which nvcc
+  /// warns about (#554) even when a constraint removes it.
+  template <class U>
+    requires(std::is_same_v<U, T> && !std::is_const_v<T>)
+  constexpr operator tensor_view<const U, N>() const noexcept {
     return {data, extents, strides};
   }
 };

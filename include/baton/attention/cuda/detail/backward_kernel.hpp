@@ -1,0 +1,698 @@
+// baton/attention/cuda/detail/backward_kernel.hpp — the bodies of the three backward passes
+// (see backward_args.hpp), written once over the SIMT layer (simt.hpp): the device runs them
+// per thread (backward.cuh), the CPU tests run them per block in lockstep (emulate_backward,
+// below), with the same tensor-core fragment layouts (mma.hpp).
+//
+// The tile passes are one body, KeyPass choosing the roles (FlashAttention-2's backward):
+//
+//                     key pass (dK, dV)                 query pass (dQ)
+//   owned tile        K, V rows of tile_k keys          Q, dO rows of tile_q queries
+//   visited tiles     Q, dO of each query head of the   K, V of the query tile's
+//                     group, each non-empty query tile  non-empty key tiles
+//   phase 1           S^T = K Q^T, dP^T = V dO^T        S = Q K^T, dP = dO V^T
+//   elementwise       P = exp2(S scale log2e - lse log2e), dS = P (dP - D), into shared memory
+//   phase 2           dV += P^T dO, dK += dS^T Q        dQ += dS K
+//   epilogue          dK *= scale; store (or add) dK, dV; dQ likewise
+//
+// Warp (r, s) of a block (r = warp % row_blocks, s = warp / row_blocks) computes phase 1 for
+// owned rows 16r..16r+15 and visited columns s * slice_cols.., then, after a barrier, phase
+// 2 for the same rows and head-dim columns 64 s..64 s + 63, whose accumulators it keeps in
+// registers for the whole block. Every sum runs in one fixed order (heads of the group
+// ascending, tiles ascending, columns ascending inside the mma): bit-identical reruns.
+// Visited tiles move by cp.async; where two fit in shared memory (backward_pass_layout::
+// stages) the next visit's rows and per-row facts are loaded while this one is computed.
+//
+// Tensor cores: 16-bit storage uses mma.m16n8k16 with ldmatrix fragments (P and dS rounded to
+// the storage type, as FlashAttention-2); float storage uses m16n8k8 tf32 as 3xTF32 with
+// fragments read element by element, P and dS kept in fp32.
+//
+// Non-finite rule (docs/attention.md): the pre-pass marks each query row without gradient
+// (lse -inf), live, or poisoning (lse NaN/+inf, q/out/dout non-finite) and each key whose k or
+// v is non-finite. A row or key that is not live-and-finite is zero-filled in shared memory
+// and its P forced to 0, so no NaN enters any product; an allowed pair of a row with
+// gradient and a poisoning row or bad key marks the owned row, whose gradient is written NaN.
+#pragma once
+
+#include <baton/attention/cuda/detail/backward_args.hpp>
+#include <baton/attention/cuda/detail/mma.hpp>
+#include <baton/attention/cuda/detail/simt.hpp>
+#include <baton/attention/cuda/plan.hpp>
+#include <baton/attention/cuda/storage.hpp>
+#include <baton/attention/error.hpp>
+#include <baton/attention/masks.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace baton::detail::cuda {
+
+namespace backward_detail {
+inline constexpr float log2e = 1.4426950408889634f;
+inline constexpr int prepass_threads = 256;
+}  // namespace backward_detail
+
+/// Shared-memory row pitch (elements) of a tile row of `columns` elements: 16 bytes more, so
+/// the 8 rows one ldmatrix (or one fragment load) reads fall in different banks, while every
+/// row still starts 16-byte aligned (cp.async and ldmatrix need it).
+template <class S>
+[[nodiscard]] constexpr int smem_pitch(int columns) noexcept {
+  return columns + static_cast<int>(16 / sizeof(S));
+}
+
+/// The shape of one tile pass for (storage, head dim): threads, per-warp slices, and the
+/// byte offsets of its shared memory.
+template <class S, int Dim, bool KeyPass>
+struct backward_pass_layout {
+  static_assert(cuda_storage<S>, "baton cuda attention: the storage type must be float, bfloat16 or float16");
+  static_assert(Dim == 64 || Dim == 128 || Dim == 256, "baton cuda attention: head dims 64, 128, 256");
+  static constexpr bool tf32 = std::is_same_v<S, float>;
+  static constexpr backward_shape shape = backward_shape_for<S>(Dim);
+  static constexpr int owned = KeyPass ? shape.tile_k : shape.tile_q;
+  static constexpr int visited = KeyPass ? shape.tile_q : shape.tile_k;
+  static constexpr int splits = shape.splits;
+  static constexpr int row_blocks = owned / 16;
+  static constexpr int warps = row_blocks * splits;
+  static constexpr int threads = warps * simt::warp_size;
+  static constexpr int slice_cols = visited / splits;  // phase-1 columns per warp
+  static constexpr int slice_tiles = slice_cols / 8;   // n8 tiles of phase 1
+  static constexpr int dim_cols = Dim / splits;        // phase-2 head-dim columns per warp
+  static constexpr int dim_tiles = dim_cols / 8;       // n8 tiles of phase 2 (8)
+  static_assert(slice_cols % 8 == 0 && (tf32 || slice_tiles % 2 == 0),
+                "each warp's visited columns must be whole n8 tiles (pairs of them for ldmatrix)");
+  static_assert(dim_cols == 64, "each warp accumulates 64 head-dim columns");
+  static_assert(visited % (tf32 ? 8 : 16) == 0, "the visited tile is whole mma k-steps");
+
+  static constexpr std::uint32_t element = sizeof(S);
+  static constexpr std::uint32_t pitch_d = static_cast<std::uint32_t>(smem_pitch<S>(Dim));      // elements
+  static constexpr std::uint32_t pitch_v = static_cast<std::uint32_t>(smem_pitch<S>(visited));  // elements
+  static constexpr int queries = KeyPass ? visited : owned;  // rows whose lse, D, state are staged
+  static constexpr int keys = KeyPass ? owned : visited;     // keys whose flags are staged
+
+  // Visited tiles are double-buffered (the next one's cp.async copies run during this one's
+  // products) where two fit an A100's 163 KiB; otherwise single.
+  static constexpr std::uint32_t tile_bytes(int rows) { return static_cast<std::uint32_t>(rows) * pitch_d * element; }
+  static constexpr std::uint32_t single_stage_bytes =
+      2 * tile_bytes(owned) + 2 * tile_bytes(visited) + 2 * owned * pitch_v * element + 12 * queries + 4 * keys +
+      4 * owned * splits;
+  static constexpr int stages =
+      single_stage_bytes + 2 * tile_bytes(visited) + 12 * queries + 4 * keys <= 163 * 1024 ? 2 : 1;
+
+  // Byte offsets, each 16-byte aligned.
+  static constexpr std::uint32_t owned1 = 0;                        // K or Q
+  static constexpr std::uint32_t owned2 = owned1 + tile_bytes(owned);  // V or dO
+  static constexpr std::uint32_t visited_base = owned2 + tile_bytes(owned);
+  /// Stage st's visited tiles: Q or K (visited1), dO or V (visited2).
+  static constexpr std::uint32_t visited1(int st) { return visited_base + 2 * static_cast<std::uint32_t>(st) * tile_bytes(visited); }
+  static constexpr std::uint32_t visited2(int st) { return visited1(st) + tile_bytes(visited); }
+  static constexpr std::uint32_t p = visited_base + 2 * stages * tile_bytes(visited);  // P, [owned][visited]
+  static constexpr std::uint32_t ds = p + owned * pitch_v * element;                 // dS, [owned][visited]
+  // Per-row facts, one set per stage (the owned tile's facts live in stage 0): per query lse
+  // log2e (+inf: P = 0), D and row_state; per key 0 usable, 1 non-finite, 2 past the end.
+  static constexpr std::uint32_t facts = ds + owned * pitch_v * element;
+  static constexpr std::uint32_t facts_bytes = 12 * queries + 4 * keys;
+  static constexpr std::uint32_t lse2(int st) { return facts + static_cast<std::uint32_t>(st) * facts_bytes; }
+  static constexpr std::uint32_t delta(int st) { return lse2(st) + 4 * queries; }
+  static constexpr std::uint32_t state(int st) { return delta(st) + 4 * queries; }
+  static constexpr std::uint32_t key_code(int st) { return state(st) + 4 * queries; }
+  static constexpr std::uint32_t poison = facts + stages * facts_bytes;  // [owned][splits]: a poisoned pair seen
+  static constexpr std::uint32_t bytes = poison + 4 * owned * splits;
+  static_assert(owned2 % 16 == 0 && visited_base % 16 == 0 && tile_bytes(visited) % 16 == 0 && p % 16 == 0 &&
+                ds % 16 == 0 && facts % 16 == 0);
+  static_assert(bytes <= 163 * 1024, "a backward block must fit an A100's 163 KiB of shared memory");
+  // Row loads: whole 16-byte chunks, the same count for every thread.
+  static_assert(owned * Dim * static_cast<int>(sizeof(S)) / 16 % threads == 0 &&
+                    visited * Dim * static_cast<int>(sizeof(S)) / 16 % threads == 0,
+                "tile loads must split evenly over the block's threads");
+  static_assert(threads >= visited && threads >= owned, "one thread per staged row");
+};
+
+/// Dynamic shared memory of the larger of the two tile passes for (storage, head dim).
+template <class S>
+[[nodiscard]] constexpr std::size_t backward_smem_bytes(int dim) noexcept {
+  const auto larger = [](std::uint32_t x, std::uint32_t y) { return x > y ? x : y; };
+  switch (dim) {
+    case 64: return larger(backward_pass_layout<S, 64, true>::bytes, backward_pass_layout<S, 64, false>::bytes);
+    case 128: return larger(backward_pass_layout<S, 128, true>::bytes, backward_pass_layout<S, 128, false>::bytes);
+    case 256: return larger(backward_pass_layout<S, 256, true>::bytes, backward_pass_layout<S, 256, false>::bytes);
+    default: return 0;
+  }
+}
+
+namespace backward_detail {
+
+template <class Ctx, class T>
+using lanes_t = typename Ctx::template lanes_of<T>;
+
+/// Pre-pass block (prepass_threads threads): block x < row_blocks handles query rows
+/// [x * threads, ...) of the flattened [batch, heads_q, seq_q]; the remaining blocks handle
+/// keys of [batch, heads_kv, seq_k]. One thread per row: D summed in a fixed order.
+template <class S, class Ctx>
+BATON_HD void prepass_block(Ctx& ctx, const backward_args<S>& a, int row_blocks) {
+  using namespace simt;
+  using li = lanes_t<Ctx, int>;
+  using lb = lanes_t<Ctx, bool>;
+  using lf = lanes_t<Ctx, float>;
+  const int dim = a.dim;
+  const std::int64_t seq_q = a.plan.seq_q, seq_k = a.plan.seq_k;
+  const li tid = ctx.thread_index();
+  if (ctx.block_x() < row_blocks) {
+    const std::int64_t rows = std::int64_t{a.batch} * a.heads_q * seq_q;
+    const auto row = map([](int t, std::int64_t first) { return first + t; }, tid,
+                         lanes_t<Ctx, std::int64_t>(std::int64_t{ctx.block_x()} * prepass_threads));
+    const lb active = map([rows](std::int64_t r) { return r < rows; }, row);
+    // (b, h, i) of the row; inactive lanes use row 0 (never read through: loads are predicated).
+    const auto at = [&](const row_strides& st) {
+      return map(
+          [st, seq_q, hq = std::int64_t{a.heads_q}](std::int64_t r, bool on) {
+            if (!on) return std::int64_t{0};
+            const std::int64_t i = r % seq_q, h = r / seq_q % hq, b = r / seq_q / hq;
+            return st.at(b, i, h);
+          },
+          row, active);
+    };
+    const auto q_at = at(a.q_stride), o_at = at(a.out_stride), g_at = at(a.dout_stride), l_at = at(a.lse_stride);
+    const auto pointer = [](const S* base) {
+      return [base](std::int64_t off) { return base + off; };
+    };
+    // fp32: summing in double changed no gradient's error measurably in the CPU tests (the
+    // fp32 accumulations of the tile passes dominate).
+    lf sum = 0.f;
+    lb finite = true;
+    for (int d = 0; d < dim; ++d) {
+      const auto q = ctx.template load<S>(map(pointer(a.q + d), q_at), active);
+      const auto o = ctx.template load<S>(map(pointer(a.out + d), o_at), active);
+      const auto g = ctx.template load<S>(map(pointer(a.dout + d), g_at), active);
+      finite = finite && map([](S x, S y, S z) { return storage_finite(x) && storage_finite(y) && storage_finite(z); }, q, o, g);
+      sum = sum + map([](S x, S y) { return to_float(x) * to_float(y); }, g, o);
+    }
+    const lf lse = ctx.template load<float>(map([p = a.lse](std::int64_t off) { return p + off; }, l_at), active);
+    const lb no_gradient = map([](float l) { return l == -std::numeric_limits<float>::infinity(); }, lse);
+    const lb lse_ok = map([](float l) { return l < std::numeric_limits<float>::infinity(); }, lse);  // not NaN, not +inf
+    const auto state = select(no_gradient, lanes_t<Ctx, std::uint8_t>(row_without_gradient),
+                              select(finite && lse_ok, lanes_t<Ctx, std::uint8_t>(row_live),
+                                     lanes_t<Ctx, std::uint8_t>(row_poisoning)));
+    const lf delta = select(state == std::uint8_t{row_live}, sum, lf(0.f));
+    ctx.template store<float>(map([p = a.workspace.delta](std::int64_t r) { return p + r; }, row), delta, active);
+    ctx.template store<std::uint8_t>(map([p = a.workspace.row](std::int64_t r) { return p + r; }, row), state, active);
+  } else {
+    const std::int64_t keys = std::int64_t{a.batch} * a.heads_kv * seq_k;
+    const auto key = map([](int t, std::int64_t first) { return first + t; }, tid,
+                         lanes_t<Ctx, std::int64_t>(std::int64_t{ctx.block_x() - row_blocks} * prepass_threads));
+    const lb active = map([keys](std::int64_t r) { return r < keys; }, key);
+    const auto at = [&](const row_strides& st) {
+      return map(
+          [st, seq_k, hk = std::int64_t{a.heads_kv}](std::int64_t r, bool on) {
+            if (!on) return std::int64_t{0};
+            const std::int64_t j = r % seq_k, h = r / seq_k % hk, b = r / seq_k / hk;
+            return st.at(b, j, h);
+          },
+          key, active);
+    };
+    const auto k_at = at(a.k_stride), v_at = at(a.v_stride);
+    lb finite = true;
+    for (int d = 0; d < dim; ++d) {
+      const auto k = ctx.template load<S>(map([p = a.k + d](std::int64_t off) { return p + off; }, k_at), active);
+      const auto v = ctx.template load<S>(map([p = a.v + d](std::int64_t off) { return p + off; }, v_at), active);
+      finite = finite && map([](S x, S y) { return storage_finite(x) && storage_finite(y); }, k, v);
+    }
+    ctx.template store<std::uint8_t>(map([p = a.workspace.key_bad](std::int64_t r) { return p + r; }, key),
+                                     select(finite, lanes_t<Ctx, std::uint8_t>(0), lanes_t<Ctx, std::uint8_t>(1)),
+                                     active);
+  }
+}
+
+/// Copies rows [first, first + Rows) of a [batch, seq, heads, dim] tensor (batch b, head h)
+/// into shared memory at `dst` (pitch smem_pitch<S>(Dim)), as 16-byte cp.async chunks; rows
+/// past `seq` or for which good(local row) is false are zero-filled instead.
+template <class S, int Dim, int Rows, int Threads, class Ctx, class Good>
+BATON_HD void load_rows(Ctx& ctx, std::uint32_t dst, const S* base, const row_strides& st, int b, int h, int first,
+                        int seq, const Good& good) {
+  using namespace simt;
+  constexpr int per_row = Dim * static_cast<int>(sizeof(S)) / 16;
+  constexpr std::uint32_t pitch = static_cast<std::uint32_t>(smem_pitch<S>(Dim)) * sizeof(S);
+  const auto tid = ctx.thread_index();
+  BATON_UNROLL
+  for (int it = 0; it < Rows * per_row / Threads; ++it) {
+    const auto chunk = tid + it * Threads;
+    const auto r = chunk / per_row, c = chunk % per_row;
+    const auto valid = (r + first < seq) && good(r);
+    const auto src = map(
+        [=](int rr, int cc) {
+          const int row = rr + first < seq ? rr + first : seq - 1;  // in bounds even where not read
+          return static_cast<const void*>(reinterpret_cast<const std::byte*>(base + st.at(b, row, h)) + 16 * cc);
+        },
+        r, c);
+    ctx.copy16_async(cast<std::uint32_t>(r) * pitch + cast<std::uint32_t>(c) * 16u + dst, src, valid);
+  }
+}
+
+/// Stages lse log2e, D and the state of query rows [first, first + Rows) of head h (stage st).
+template <class S, class L, class Ctx>
+BATON_HD void stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, int first, int st) {
+  using namespace simt;
+  const auto i = ctx.thread_index();
+  const auto active = i < L::queries;
+  const int seq_q = a.plan.seq_q;
+  const auto in = active && (i + first < seq_q);
+  const auto index = map(
+      [=](int r, bool on) { return on ? (std::int64_t{b} * a.heads_q + h) * seq_q + r + first : std::int64_t{0}; }, i, in);
+  const auto lse_at = map([=](int r, bool on) { return on ? a.lse_stride.at(b, r + first, h) : std::int64_t{0}; }, i, in);
+  const auto state = cast<std::uint32_t>(
+      ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.row)](std::int64_t x) { return p + x; }, index), in));
+  const auto lse = ctx.template load<float>(map([p = a.lse](std::int64_t x) { return p + x; }, lse_at), in);
+  const auto delta = ctx.template load<float>(map([p = static_cast<const float*>(a.workspace.delta)](std::int64_t x) { return p + x; }, index), in);
+  const auto live = state == std::uint32_t{row_live};
+  const auto slot = cast<std::uint32_t>(i) * 4u;
+  ctx.template shared_store<float>(slot + L::lse2(st),
+                                   select(live, lse * log2e, lanes_t<Ctx, float>(std::numeric_limits<float>::infinity())),
+                                   active);
+  ctx.template shared_store<float>(slot + L::delta(st), select(live, delta, lanes_t<Ctx, float>(0.f)), active);
+  ctx.template shared_store<std::uint32_t>(slot + L::state(st), state, active);
+}
+
+/// Stages the flags of keys [first, first + Rows) of kv head hk (stage st): 0 usable, 1
+/// non-finite, 2 past the end of the sequence.
+template <class S, class L, class Ctx>
+BATON_HD void stage_keys(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first, int st) {
+  using namespace simt;
+  const auto j = ctx.thread_index();
+  const auto active = j < L::keys;
+  const int seq_k = a.plan.seq_k;
+  const auto in = active && (j + first < seq_k);
+  const auto index = map(
+      [=](int r, bool on) { return on ? (std::int64_t{b} * a.heads_kv + hk) * seq_k + r + first : std::int64_t{0}; }, j,
+      in);
+  const auto bad = ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.key_bad)](std::int64_t x) { return p + x; }, index), in);
+  const auto code = select(in, select(bad != std::uint8_t{0}, lanes_t<Ctx, std::uint32_t>(1u), lanes_t<Ctx, std::uint32_t>(0u)),
+                           lanes_t<Ctx, std::uint32_t>(2u));
+  ctx.template shared_store<std::uint32_t>(cast<std::uint32_t>(j) * 4u + L::key_code(st), code, active);
+}
+
+/// Whether query row r of tile qt is usable as a Q/dO row (live), from the workspace.
+template <class S, class Ctx>
+BATON_HD auto query_row_live(Ctx& ctx, const backward_args<S>& a, int b, int h, int first,
+                             const lanes_t<Ctx, int>& r) {
+  using namespace simt;
+  const int seq_q = a.plan.seq_q;
+  const auto in = (r + first) < seq_q;
+  const auto index = map(
+      [=](int rr, bool on) { return on ? (std::int64_t{b} * a.heads_q + h) * seq_q + rr + first : std::int64_t{0}; }, r, in);
+  const auto state = ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.row)](std::int64_t x) { return p + x; }, index), in);
+  return in && (state == std::uint8_t{row_live});
+}
+
+/// Whether key r of the tile starting at `first` has finite k and v, from the workspace.
+template <class S, class Ctx>
+BATON_HD auto key_row_finite(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first,
+                             const lanes_t<Ctx, int>& r) {
+  using namespace simt;
+  const int seq_k = a.plan.seq_k;
+  const auto in = (r + first) < seq_k;
+  const auto index = map(
+      [=](int rr, bool on) { return on ? (std::int64_t{b} * a.heads_kv + hk) * seq_k + rr + first : std::int64_t{0}; }, r,
+      in);
+  const auto bad = ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.key_bad)](std::int64_t x) { return p + x; }, index), in);
+  return in && (bad == std::uint8_t{0});
+}
+
+/// acc[n][.] += A (16 owned rows from row0, all k of `a_at`) x B^T where B is stored
+/// [n][k] (visited rows, column slice from col0): phase 1's S or dP for one warp.
+template <class S, class L, int K, class Ctx, class LF>
+BATON_HD void product_rows_by_rows(Ctx& ctx, LF (&acc)[L::slice_tiles][4], std::uint32_t a_at, std::uint32_t b_at,
+                                   const lanes_t<Ctx, int>& row0, const lanes_t<Ctx, int>& col0) {
+  using namespace simt;
+  using lu = lanes_t<Ctx, std::uint32_t>;
+  const auto lane = ctx.lane();
+  constexpr std::uint32_t pitch = L::pitch_d;
+  if constexpr (L::tf32) {
+    const auto g = lane / 4, t = lane % 4;
+    BATON_UNROLL
+    for (int kk = 0; kk < K / 8; ++kk) {
+      lu a_big[4], a_small[4];
+      BATON_UNROLL
+      for (int r = 0; r < 4; ++r) {
+        const auto row = row0 + g + 8 * (r & 1), col = t + 4 * (r >> 1) + kk * 8;
+        const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * pitch + cast<std::uint32_t>(col)) * 4u + a_at);
+        split_tf32(x, a_big[r], a_small[r]);
+      }
+      BATON_UNROLL
+      for (int n = 0; n < L::slice_tiles; ++n) {
+        lu b_big[2], b_small[2];
+        BATON_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const auto row = col0 + n * 8 + g, col = t + 4 * r + kk * 8;  // B(k = col, n = row)
+          const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * pitch + cast<std::uint32_t>(col)) * 4u + b_at);
+          split_tf32(x, b_big[r], b_small[r]);
+        }
+        mma_3xtf32(acc[n], a_big, a_small, b_big, b_small);
+      }
+    }
+  } else {
+    const auto a_row = row0 + lane % 8 + 8 * ((lane / 8) % 2);
+    const auto a_col = 8 * (lane / 16);
+    const auto b_row = col0 + lane % 8 + 8 * (lane / 16);
+    const auto b_col = 8 * ((lane / 8) % 2);
+    BATON_UNROLL
+    for (int kk = 0; kk < K / 16; ++kk) {
+      lu af[4];
+      ctx.ldmatrix_x4(af, (cast<std::uint32_t>(a_row) * pitch + cast<std::uint32_t>(a_col + kk * 16)) * 2u + a_at, false);
+      BATON_UNROLL
+      for (int n = 0; n < L::slice_tiles; n += 2) {
+        lu bf[4];
+        ctx.ldmatrix_x4(bf, (cast<std::uint32_t>(b_row + n * 8) * pitch + cast<std::uint32_t>(b_col + kk * 16)) * 2u + b_at,
+                        false);
+        const lu lo[2] = {bf[0], bf[1]}, hi[2] = {bf[2], bf[3]};
+        mma_m16n8k16<S>(acc[n], af, lo);
+        mma_m16n8k16<S>(acc[n + 1], af, hi);
+      }
+    }
+  }
+}
+
+/// acc[n][.] += A x B for one warp's phase 2: A = 16 owned rows from row0 of the score tile
+/// at `a_at` ([owned][visited], pitch_v), B = the visited tile at `b_at` stored [k][n]
+/// (visited rows x head dim), head-dim columns from dcol0.
+template <class S, class L, class Ctx, class LF>
+BATON_HD void product_scores_by_rows(Ctx& ctx, LF (&acc)[L::dim_tiles][4], std::uint32_t a_at, std::uint32_t b_at,
+                                     const lanes_t<Ctx, int>& row0, const lanes_t<Ctx, int>& dcol0) {
+  using namespace simt;
+  using lu = lanes_t<Ctx, std::uint32_t>;
+  const auto lane = ctx.lane();
+  constexpr std::uint32_t pa = L::pitch_v, pb = L::pitch_d;
+  if constexpr (L::tf32) {
+    const auto g = lane / 4, t = lane % 4;
+    BATON_UNROLL
+    for (int kk = 0; kk < L::visited / 8; ++kk) {
+      lu a_big[4], a_small[4];
+      BATON_UNROLL
+      for (int r = 0; r < 4; ++r) {
+        const auto row = row0 + g + 8 * (r & 1), col = t + 4 * (r >> 1) + kk * 8;
+        const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * pa + cast<std::uint32_t>(col)) * 4u + a_at);
+        split_tf32(x, a_big[r], a_small[r]);
+      }
+      BATON_UNROLL
+      for (int n = 0; n < L::dim_tiles; ++n) {
+        lu b_big[2], b_small[2];
+        BATON_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const auto k = t + 4 * r + kk * 8, col = dcol0 + n * 8 + g;
+          const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(k) * pb + cast<std::uint32_t>(col)) * 4u + b_at);
+          split_tf32(x, b_big[r], b_small[r]);
+        }
+        mma_3xtf32(acc[n], a_big, a_small, b_big, b_small);
+      }
+    }
+  } else {
+    const auto a_row = row0 + lane % 8 + 8 * ((lane / 8) % 2);
+    const auto a_col = 8 * (lane / 16);
+    const auto b_k = lane % 8 + 8 * ((lane / 8) % 2);
+    const auto b_n = dcol0 + 8 * (lane / 16);
+    BATON_UNROLL
+    for (int kk = 0; kk < L::visited / 16; ++kk) {
+      lu af[4];
+      ctx.ldmatrix_x4(af, (cast<std::uint32_t>(a_row) * pa + cast<std::uint32_t>(a_col + kk * 16)) * 2u + a_at, false);
+      BATON_UNROLL
+      for (int n = 0; n < L::dim_tiles; n += 2) {
+        lu bf[4];
+        ctx.ldmatrix_x4(bf, (cast<std::uint32_t>(b_k + kk * 16) * pb + cast<std::uint32_t>(b_n + n * 8)) * 2u + b_at, true);
+        const lu lo[2] = {bf[0], bf[1]}, hi[2] = {bf[2], bf[3]};
+        mma_m16n8k16<S>(acc[n], af, lo);
+        mma_m16n8k16<S>(acc[n + 1], af, hi);
+      }
+    }
+  }
+}
+
+}  // namespace backward_detail
+
+/// One block of a tile pass: block (x, y, z) = (owned tile, head, batch entry); the head is a
+/// kv head in the key pass and a query head in the query pass.
+template <class S, int Dim, bool KeyPass, class Ctx>
+BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
+  using namespace simt;
+  using namespace backward_detail;
+  using L = backward_pass_layout<S, Dim, KeyPass>;
+  using li = lanes_t<Ctx, int>;
+  using lu = lanes_t<Ctx, std::uint32_t>;
+  using lf = lanes_t<Ctx, float>;
+  using lb = lanes_t<Ctx, bool>;
+  static_assert(Ctx::threads == L::threads, "launch the pass with backward_pass_layout<S, Dim, KeyPass>::threads threads");
+
+  const tile_plan_view& plan = a.plan;
+  const int tile = ctx.block_x(), head = ctx.block_y(), b = ctx.block_z();
+  const int seq_owned = KeyPass ? plan.seq_k : plan.seq_q;
+  const int first = tile * L::owned;
+  const li tid = ctx.thread_index();
+  const li lane = tid % warp_size, warp = tid / warp_size;
+  const li g = lane / 4, t = lane % 4;
+  const li row0 = (warp % L::row_blocks) * 16;
+  const li split = warp / L::row_blocks;
+  const li col0 = split * L::slice_cols;
+  const li dcol0 = split * L::dim_cols;
+
+  // The owned tile and its per-row facts, once.
+  if constexpr (KeyPass) {
+    const auto good = [&](const li& r) { return key_row_finite(ctx, a, b, head, first, r); };
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.k, a.k_stride, b, head, first, seq_owned, good);
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.v, a.v_stride, b, head, first, seq_owned, good);
+    stage_keys<S, L>(ctx, a, b, head, first, 0);
+  } else {
+    const auto good = [&](const li& r) { return query_row_live(ctx, a, b, head, first, r); };
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.q, a.q_stride, b, head, first, seq_owned, good);
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.dout, a.dout_stride, b, head, first, seq_owned, good);
+    stage_queries<S, L>(ctx, a, b, head, first, 0);
+  }
+  ctx.commit_async();
+
+  lf acc1[L::dim_tiles][4], acc2[L::dim_tiles][4];  // dK, dV (key pass) or dQ (query pass, acc1 only)
+  BATON_UNROLL
+  for (int n = 0; n < L::dim_tiles; ++n)
+    BATON_UNROLL
+    for (int i = 0; i < 4; ++i) acc1[n][i] = acc2[n][i] = 0.f;
+  lb poisoned[2] = {lb(false), lb(false)};  // owned rows row0 + g and row0 + g + 8
+  const float c = a.scale * log2e;
+
+  // The visited tiles in order: the group's query heads ascending (key pass), each over the
+  // owned tile's list of non-empty tiles ascending.
+  const int list_begin = KeyPass ? plan.k_list_begin[tile] : plan.q_list_begin[tile];
+  const int per_head = (KeyPass ? plan.k_list_begin[tile + 1] : plan.q_list_begin[tile + 1]) - list_begin;
+  const int visits = (KeyPass ? a.group() : 1) * per_head;
+  const auto query_head = [&](int it) { return KeyPass ? head * a.group() + it / per_head : head; };
+  const auto other_tile = [&](int it) {
+    return KeyPass ? plan.k_list[list_begin + it % per_head] : plan.q_list[list_begin + it % per_head];
+  };
+  // Issues the cp.async copies of visit `it`'s rows into stage st (one commit group) and
+  // stores the rows' facts there (plain stores, read after the next barrier).
+  const auto load_visit = [&](int it, int st) {
+    const int vfirst = other_tile(it) * L::visited;
+    if constexpr (KeyPass) {
+      const int h = query_head(it);
+      const auto good = [&](const li& r) { return query_row_live(ctx, a, b, h, vfirst, r); };
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.q, a.q_stride, b, h, vfirst, plan.seq_q, good);
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.dout, a.dout_stride, b, h, vfirst, plan.seq_q,
+                                                good);
+      stage_queries<S, L>(ctx, a, b, h, vfirst, st);
+    } else {
+      const int hk = head / a.group();
+      const auto good = [&](const li& r) { return key_row_finite(ctx, a, b, hk, vfirst, r); };
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.k, a.k_stride, b, hk, vfirst, plan.seq_k, good);
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.v, a.v_stride, b, hk, vfirst, plan.seq_k, good);
+      stage_keys<S, L>(ctx, a, b, hk, vfirst, st);
+    }
+    ctx.commit_async();
+  };
+  if (visits > 0) load_visit(0, 0);
+  for (int it = 0; it < visits; ++it) {
+    const int st = L::stages == 2 ? it % 2 : 0;
+    const int other = other_tile(it);
+    const int qt = KeyPass ? other : tile, kt = KeyPass ? tile : other;
+    const block_kind kind = plan.kind_at(qt, kt);
+    // The next visit's copies go to the other stage, which phase 2 of the previous visit read
+    // before the barrier that ended it; with one stage this visit's copies go there now.
+    if (L::stages == 1) {
+      if (it > 0) load_visit(it, 0);
+      ctx.template wait_async<0>();
+    } else if (it + 1 < visits) {
+      load_visit(it + 1, (it + 1) % 2);
+      ctx.template wait_async<1>();  // every group but that newest one has landed
+    } else {
+      ctx.template wait_async<0>();
+    }
+    ctx.sync_block();
+
+    // Phase 1: S and dP for this warp's rows and column slice.
+    lf s[L::slice_tiles][4], dp[L::slice_tiles][4];
+    BATON_UNROLL
+    for (int n = 0; n < L::slice_tiles; ++n)
+      BATON_UNROLL
+      for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.f;
+    product_rows_by_rows<S, L, Dim>(ctx, s, L::owned1, L::visited1(st), row0, col0);
+    product_rows_by_rows<S, L, Dim>(ctx, dp, L::owned2, L::visited2(st), row0, col0);
+
+    // Elementwise: P and dS into shared memory, poisoned pairs into flags.
+    BATON_UNROLL
+    for (int n = 0; n < L::slice_tiles; ++n) {
+      lf pv[4], dsv[4];
+      BATON_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const li o = row0 + g + 8 * (i >> 1);         // owned row
+        const li v = col0 + n * 8 + 2 * t + (i & 1);  // visited column
+        const li qi = KeyPass ? v : o, kj = KeyPass ? o : v;  // query, key within their tiles
+        const auto q4 = cast<std::uint32_t>(qi) * 4u;
+        const int qst = KeyPass ? st : 0, kst = KeyPass ? 0 : st;  // visited facts by stage, owned in 0
+        const lf lse2 = ctx.template shared_load<float>(q4 + L::lse2(qst));
+        const lf delta = ctx.template shared_load<float>(q4 + L::delta(qst));
+        const lu state = ctx.template shared_load<std::uint32_t>(q4 + L::state(qst));
+        const lu code = ctx.template shared_load<std::uint32_t>(cast<std::uint32_t>(kj) * 4u + L::key_code(kst));
+        lb allowed = code != 2u && (qi + qt * plan.tile_q < plan.seq_q);
+        if (kind == block_kind::partial) {
+          const std::int64_t slot = plan.partial_slot[qt * plan.k_tiles + kt];
+          const auto word = ctx.template load<std::uint64_t>(
+              map([=](int r, int col) { return plan.bits + (slot * plan.tile_q + r) * plan.words_per_row + col / 64; }, qi,
+                  kj),
+              allowed);
+          allowed = allowed && map([](std::uint64_t w, int col) { return ((w >> (col % 64)) & 1u) != 0; }, word, kj);
+        }
+        const lb live = allowed && state == std::uint32_t{row_live} && code == 0u;
+        pv[i] = select(live, exp2(s[n][i] * c - lse2), lf(0.f));
+        dsv[i] = select(live, pv[i] * (dp[n][i] - delta), lf(0.f));
+        const lb poisons = allowed && state != std::uint32_t{row_without_gradient} &&
+                           (state == std::uint32_t{row_poisoning} || code == 1u);
+        poisoned[i >> 1] = poisoned[i >> 1] || poisons;
+      }
+      BATON_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const li o = row0 + g + 8 * half;
+        const li v = col0 + n * 8 + 2 * t;
+        const lu at = (cast<std::uint32_t>(o) * L::pitch_v + cast<std::uint32_t>(v)) * L::element;
+        if constexpr (L::tf32) {
+          ctx.template shared_store<float>(at + L::p, pv[2 * half]);
+          ctx.template shared_store<float>(at + L::p + 4u, pv[2 * half + 1]);
+          ctx.template shared_store<float>(at + L::ds, dsv[2 * half]);
+          ctx.template shared_store<float>(at + L::ds + 4u, dsv[2 * half + 1]);
+        } else {
+          ctx.template shared_store<std::uint32_t>(at + L::p, pack2<S>(pv[2 * half], pv[2 * half + 1]));
+          ctx.template shared_store<std::uint32_t>(at + L::ds, pack2<S>(dsv[2 * half], dsv[2 * half + 1]));
+        }
+      }
+    }
+    ctx.sync_block();
+
+    // Phase 2: accumulate over the visited tile.
+    product_scores_by_rows<S, L>(ctx, acc1, L::ds, L::visited1(st), row0, dcol0);  // dK += dS^T Q, dQ += dS K
+    if constexpr (KeyPass) product_scores_by_rows<S, L>(ctx, acc2, L::p, L::visited2(st), row0, dcol0);  // dV += P^T dO
+    ctx.sync_block();  // later copies and stores overwrite what phase 2 read
+  }
+  ctx.template wait_async<0>();  // the owned tile's copies, when no tile was visited
+
+  // Poisoned rows: OR over the 4 threads of a row group, then over the splits.
+  BATON_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    lu flag = cast<std::uint32_t>(poisoned[half]);
+    flag = flag | ctx.shfl_xor(flag, 1);
+    flag = flag | ctx.shfl_xor(flag, 2);
+    const li o = row0 + g + 8 * half;
+    ctx.template shared_store<std::uint32_t>((cast<std::uint32_t>(o) * L::splits + cast<std::uint32_t>(split)) * 4u + L::poison,
+                                             flag, t == 0);
+  }
+  ctx.sync_block();
+
+  // Epilogue: each thread stores its accumulator elements (scaled, added when accumulating).
+  BATON_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    const li o = row0 + g + 8 * half;
+    lu flag = 0u;
+    BATON_UNROLL
+    for (int sp = 0; sp < L::splits; ++sp)
+      flag = flag | ctx.template shared_load<std::uint32_t>((cast<std::uint32_t>(o) * L::splits + std::uint32_t(sp)) * 4u +
+                                                             L::poison);
+    const lb row_poisoned = flag != 0u;
+    const lb in = (o + first) < seq_owned;
+    const auto store = [&](S* base, const row_strides& st, int hd, const lf (&acc)[L::dim_tiles][4], float factor) {
+      BATON_UNROLL
+      for (int n = 0; n < L::dim_tiles; ++n)
+        BATON_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const li d = dcol0 + n * 8 + 2 * t + i;
+          const auto ptr = map(
+              [=](int row, int col, bool on) { return base + (on ? st.at(b, row + first, hd) + col : std::int64_t{0}); }, o,
+              d, in);
+          lf value = acc[n][2 * half + i] * factor;
+          if (a.accumulate) {
+            const auto old = ctx.template load<S>(map([](S* x) { return static_cast<const S*>(x); }, ptr), in);
+            value = value + map([](S x) { return to_float(x); }, old);
+          }
+          value = select(row_poisoned, lf(std::numeric_limits<float>::quiet_NaN()), value);
+          ctx.template store<S>(ptr, map([](float x) { return from_float<S>(x); }, value), in);
+        }
+    };
+    if constexpr (KeyPass) {
+      store(a.dk, a.dk_stride, head, acc1, a.scale);
+      store(a.dv, a.dv_stride, head, acc2, 1.f);
+    } else {
+      store(a.dq, a.dq_stride, head, acc1, a.scale);
+    }
+  }
+}
+
+/// Grid sizes of the three passes, (x, y, z); a pass with no work has x = 0.
+struct backward_grids {
+  std::int64_t prepass_row_blocks = 0, prepass_blocks = 0;
+  std::int64_t key_tiles = 0, query_tiles = 0;
+};
+
+template <class S>
+[[nodiscard]] backward_grids backward_grids_for(const backward_args<S>& a) noexcept {
+  backward_grids g;
+  const std::int64_t rows = std::int64_t{a.batch} * a.heads_q * a.plan.seq_q;
+  const std::int64_t keys = std::int64_t{a.batch} * a.heads_kv * a.plan.seq_k;
+  g.prepass_row_blocks = (rows + backward_detail::prepass_threads - 1) / backward_detail::prepass_threads;
+  g.prepass_blocks = g.prepass_row_blocks + (keys + backward_detail::prepass_threads - 1) / backward_detail::prepass_threads;
+  g.key_tiles = a.batch > 0 ? a.plan.k_tiles : 0;
+  g.query_tiles = a.batch > 0 ? a.plan.q_tiles : 0;
+  return g;
+}
+
+namespace backward_detail {
+template <class S, int Dim, bool KeyPass>
+void emulate_tile_pass(const backward_args<S>& a, std::int64_t tiles, int heads) {
+  using L = backward_pass_layout<S, Dim, KeyPass>;
+  for (int z = 0; z < a.batch; ++z)
+    for (int y = 0; y < heads; ++y)
+      for (std::int64_t x = 0; x < tiles; ++x) {
+        simt::host_block<L::threads> ctx(L::bytes);
+        ctx.block_index = {static_cast<int>(x), y, z};
+        backward_tile_block<S, Dim, KeyPass>(ctx, a);
+      }
+}
+
+template <class S, int Dim>
+void emulate_backward_dim(const backward_args<S>& a) {
+  const backward_grids g = backward_grids_for(a);
+  for (std::int64_t x = 0; x < g.prepass_blocks; ++x) {
+    simt::host_block<prepass_threads> ctx(0);
+    ctx.block_index = {static_cast<int>(x), 0, 0};
+    prepass_block<S>(ctx, a, static_cast<int>(g.prepass_row_blocks));
+  }
+  emulate_tile_pass<S, Dim, true>(a, g.key_tiles, a.heads_kv);
+  emulate_tile_pass<S, Dim, false>(a, g.query_tiles, a.heads_q);
+}
+}  // namespace backward_detail
+
+/// Runs the three backward passes on the CPU, block after block, with the device's kernel
+/// bodies (every pointer in `a`, the plan's included, is host memory). For tests: it is as
+/// slow as an emulation of tensor cores lane by lane is, and checks shared-memory races.
+template <class S>
+void emulate_backward(const backward_args<S>& a) {
+  check_backward_args(a);
+  switch (a.dim) {
+    case 64: backward_detail::emulate_backward_dim<S, 64>(a); break;
+    case 128: backward_detail::emulate_backward_dim<S, 128>(a); break;
+    default: backward_detail::emulate_backward_dim<S, 256>(a); break;
+  }
+}
+
+}  // namespace baton::detail::cuda

@@ -1,0 +1,581 @@
+// baton/attention/cuda/detail/forward_kernel.hpp — the flash forward kernel of the CUDA
+// backend, written once (simt.hpp) and run on the GPU (forward.cuh) and on the CPU
+// (emulate_forward, below) from the same source.
+//
+// Algorithm (FlashAttention-2): a block of 4 warps owns tile_q query rows of one
+// (batch, query head); each warp owns m_tiles x 16 of them. Q is copied to shared memory
+// once; the non-empty key tiles of the plan (tile_plan_view::q_list) stream through two
+// shared-memory stages with cp.async (tile n + 1 loads while tile n computes). Per tile:
+//   S = Q K^T on tensor cores (bf16/f16 m16n8k16; float storage: m16n8k8 tf32 as 3xTF32),
+//   masking by select (partial tiles: the plan's bits; the last tile: keys past seq_k),
+//   an online softmax in the log2 domain (running max m and sum l per row, fp32, replicated
+//   over the 4 lanes that hold a row), O = O * alpha + P V with P straight from the S
+//   registers (the m16n8k16 C layout is the A layout of the next product).
+// At the end out = O / l and lse = (m + log2 l) ln 2, fp32.
+//
+// Non-finite rule (docs/attention.md): keys with a non-finite k or v row are flagged by a
+// pass over K and V before the forward (key_flag_body); a tile holding one zeroes those rows
+// in shared memory, so no arithmetic meets them, and marks the rows that the mask lets see
+// them. A query row with a non-finite q is zeroed in shared memory and flagged the same way.
+// Marked rows get out = NaN, lse = NaN; a row with no allowed key keeps out 0, lse -inf.
+// Masked scores are selected to -inf, never computed from a NaN.
+//
+// Layout of shared memory (forward_config, plan.hpp): Q [tile_q rows], then per stage
+// K [tile_k rows] and V [tile_k rows], each row dim elements with its 16-byte chunks
+// XOR-swizzled by row % 8 (ldmatrix and the fragment loads then hit 8 distinct bank groups),
+// then one int32 flag per query row.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include <string>
+
+#include <baton/attention/error.hpp>
+#include <baton/attention/cuda/detail/mma.hpp>
+#include <baton/attention/cuda/detail/simt.hpp>
+#include <baton/attention/cuda/plan.hpp>
+#include <baton/attention/cuda/storage.hpp>
+#include <baton/attention/masks.hpp>
+
+namespace baton::detail::cuda {
+
+/// A strided 4-D operand [batch, seq, heads, dim] (dim contiguous), strides in elements.
+template <class T>
+struct operand4 {
+  T* data = nullptr;
+  std::int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
+  [[nodiscard]] BATON_HD T* row(std::int64_t b, std::int64_t s, std::int64_t h) const noexcept {
+    return data + b * batch_stride + s * seq_stride + h * head_stride;
+  }
+};
+/// The LSE [batch, heads, seq], strides in elements.
+template <class T>
+struct operand3 {
+  T* data = nullptr;
+  std::int64_t batch_stride = 0, head_stride = 0, seq_stride = 0;
+  [[nodiscard]] BATON_HD T* at(std::int64_t b, std::int64_t h, std::int64_t s) const noexcept {
+    return data + b * batch_stride + h * head_stride + s * seq_stride;
+  }
+};
+
+/// Everything the forward kernel reads: device pointers on the GPU, host pointers in the
+/// emulation. Operands are 16-byte aligned with strides that keep rows 16-byte aligned
+/// (the backend checks; cp.async copies 16 bytes).
+template <class S>
+struct forward_args {
+  operand4<const S> q, k, v;
+  operand4<S> out;
+  operand3<float> lse;
+  std::int32_t batch = 0, heads_q = 0, heads_kv = 0, dim = 0;
+  float scale_log2 = 0;  // softmax scale * log2(e): scores in log2 units
+  tile_plan_view plan;
+  const std::uint8_t* key_bad = nullptr;  // [batch][heads_kv][seq_k] (key_flag_body)
+};
+
+/// The key-flag pass: key_bad[(b * heads_kv + hk) * seq_k + j] = k or v row j non-finite.
+template <class S>
+struct key_flag_args {
+  operand4<const S> k, v;
+  std::int32_t batch = 0, heads_kv = 0, seq_k = 0, dim = 0;
+  std::uint8_t* key_bad = nullptr;
+};
+
+namespace kernel_detail {
+/// Whether a 32-bit word of storage holds only finite values.
+template <class S>
+[[nodiscard]] BATON_HD inline bool word_finite(std::uint32_t w) noexcept {
+  if constexpr (std::is_same_v<S, float>)
+    return (w & 0x7f800000u) != 0x7f800000u;
+  else if constexpr (std::is_same_v<S, bfloat16>)
+    return (w & 0x7f80u) != 0x7f80u && (w & 0x7f800000u) != 0x7f800000u;
+  else
+    return (w & 0x7c00u) != 0x7c00u && (w & 0x7c000000u) != 0x7c000000u;
+}
+struct alignas(16) chunk16 {
+  std::uint32_t w[4];
+};
+}  // namespace kernel_detail
+
+/// One thread per key: grid key_flag_launch(seq_k, heads_kv, batch), key_flag_threads threads.
+template <class Ctx, class S>
+BATON_HD inline void key_flag_body(Ctx& ctx, const key_flag_args<S>& a) {
+  using kernel_detail::chunk16;
+  using I = typename Ctx::template lanes_of<int>;
+  using B = typename Ctx::template lanes_of<bool>;
+  using P = typename Ctx::template lanes_of<const chunk16*>;
+  const I j = ctx.thread_index() + ctx.block_x() * Ctx::threads;
+  const int hk = ctx.block_y(), b = ctx.block_z();
+  const B active = j < a.seq_k;
+  const I row = simt::select(active, j, I(0));
+  const int chunks = a.dim * static_cast<int>(sizeof(S)) / 16;
+  P kp, vp;
+  for (int t = 0; t < Ctx::width; ++t) {
+    kp[t] = reinterpret_cast<const chunk16*>(a.k.row(b, row[t], hk));
+    vp[t] = reinterpret_cast<const chunk16*>(a.v.row(b, row[t], hk));
+  }
+  B finite(true);
+  for (int c = 0; c < chunks; ++c) {
+    const auto kc = ctx.load(kp + c, active);
+    const auto vc = ctx.load(vp + c, active);
+    finite = finite && simt::map(
+                           [](const chunk16& x, const chunk16& y) {
+                             bool ok = true;
+                             for (int w = 0; w < 4; ++w)
+                               ok = ok && kernel_detail::word_finite<S>(x.w[w]) && kernel_detail::word_finite<S>(y.w[w]);
+                             return ok;
+                           },
+                           kc, vc);
+  }
+  using U8P = typename Ctx::template lanes_of<std::uint8_t*>;
+  U8P dst;
+  for (int t = 0; t < Ctx::width; ++t)
+    dst[t] = a.key_bad + (static_cast<std::int64_t>(b) * a.heads_kv + hk) * a.seq_k + row[t];
+  ctx.store(dst, simt::cast<std::uint8_t>(!finite), active);
+}
+
+/// The forward kernel body for storage S, head dim D, m_tiles MT (16-row tiles per warp),
+/// key tile TK. Grid forward_launch(...): blockIdx.x -> query tile (descending), y -> query
+/// head, z -> batch entry; 128 threads; config.shared_bytes() of dynamic shared memory.
+template <class Ctx, class S, int D, int MT, int TK>
+struct forward_body {
+  static constexpr int threads = 128, warps = 4;
+  static constexpr int TQ = warps * MT * 16;
+  static constexpr int ES = static_cast<int>(sizeof(S));
+  static constexpr int RB = D * ES;      // bytes per shared row
+  static constexpr int CPR = RB / 16;    // 16-byte chunks per row
+  static constexpr bool half = ES == 2;  // 16-bit tensor cores; else 3xTF32
+  static_assert(cuda_storage<S>, "baton cuda forward: the storage type must be float, baton::bfloat16 or baton::float16");
+  static_assert(D == 64 || D == 128 || D == 256, "baton cuda forward: head dims 64, 128 and 256");
+  static_assert(MT == 1 || MT == 2, "baton cuda forward: 1 or 2 MMA row tiles (16 rows each) per warp");
+  static_assert(Ctx::threads == threads, "baton cuda forward: the kernel runs 128 threads per block");
+  static_assert(CPR % 8 == 0, "baton cuda forward: rows must be whole 128-byte lines for the swizzle");
+  static_assert(TK % 16 == 0 && TK <= 64, "baton cuda forward: key tiles of 16..64 keys (one bit word per row)");
+  static_assert((TQ * CPR) % threads == 0 && (TK * CPR) % threads == 0, "baton cuda forward: tiles copy in whole rounds");
+
+  /// The tiling (and shared-memory layout) of this instantiation.
+  static constexpr forward_config config = make_forward_config(ES, D, MT, TK);
+
+  template <class T>
+  using L = typename Ctx::template lanes_of<T>;
+  using I = L<int>;
+  using U = L<std::uint32_t>;
+  using F = L<float>;
+  using B = L<bool>;
+
+  /// Byte offset of element col of row in a swizzled region starting at base.
+  BATON_HD static U element_offset(std::uint32_t base, const I& row, const I& col) noexcept {
+    const I chunk = (col * ES) / 16;
+    return simt::cast<std::uint32_t>(row * RB + ((chunk ^ (row & 7)) * 16) + (col * ES) % 16) + base;
+  }
+  BATON_HD static U chunk_offset(std::uint32_t base, const I& row, const I& chunk) noexcept {
+    return simt::cast<std::uint32_t>(row * RB + ((chunk ^ (row & 7)) * 16)) + base;
+  }
+
+  /// Issues the copy of rows [row0, row0 + R) of an operand (rows past `valid` zero-filled).
+  template <int R>
+  BATON_HD static void copy_tile(Ctx& ctx, std::uint32_t base, const operand4<const S>& x, int b, int h, int row0,
+                                 int valid) {
+    const I t = ctx.thread_index();
+    BATON_UNROLL
+    for (int c0 = 0; c0 < R * CPR; c0 += threads) {
+      const I c = t + c0;
+      const I row = c / CPR, chunk = c % CPR;
+      const B ok = row < valid;
+      L<const void*> src;
+      for (int i = 0; i < Ctx::width; ++i)
+        src[i] = ok[i] ? static_cast<const void*>(x.row(b, row0 + row[i], h) + chunk[i] * (16 / ES))
+                       : static_cast<const void*>(x.data);
+      ctx.copy16_async(chunk_offset(base, row, chunk), src, ok);
+    }
+  }
+
+  /// Zeroes the rows of a shared region whose flag is set (thread r handles row r).
+  BATON_HD static void zero_rows(Ctx& ctx, std::uint32_t base, const B& flagged, const I& row) {
+    const B on = flagged;
+    for (int w = 0; w < RB / 4; ++w)
+      ctx.template shared_store<std::uint32_t>(simt::cast<std::uint32_t>(row * RB + w * 4) + base, U(0u), on);
+  }
+
+  BATON_HD static void run(Ctx& ctx, const forward_args<S>& a) {
+    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    constexpr forward_config cfg = config;
+    const tile_plan_view& plan = a.plan;
+    const int qt = plan.q_tiles - 1 - ctx.block_x();
+    const int h = ctx.block_y(), b = ctx.block_z();
+    const int hk = h / (a.heads_q / a.heads_kv);
+    const int q0 = qt * TQ;
+    const int q_valid = plan.seq_q - q0 < TQ ? plan.seq_q - q0 : TQ;
+    const std::int32_t* list = plan.q_list + plan.q_list_begin[qt];
+    const int count = plan.q_list_begin[qt + 1] - plan.q_list_begin[qt];
+    const std::uint8_t* key_bad = a.key_bad + (static_cast<std::int64_t>(b) * a.heads_kv + hk) * plan.seq_k;
+
+    const I t = ctx.thread_index();
+    const I lane = ctx.lane(), warp = ctx.warp();
+    const I g = lane >> 2, tg = lane & 3;
+    const std::uint32_t q_base = static_cast<std::uint32_t>(cfg.q_offset());
+    const std::uint32_t flags_base = static_cast<std::uint32_t>(cfg.row_flags_offset());
+
+    // Q and the first key tile.
+    copy_tile<TQ>(ctx, q_base, a.q, b, h, q0, q_valid);
+    if (count > 0) {
+      const int k0 = list[0] * TK;
+      copy_tile<TK>(ctx, static_cast<std::uint32_t>(cfg.k_offset(0)), a.k, b, hk, k0, plan.seq_k - k0);
+      copy_tile<TK>(ctx, static_cast<std::uint32_t>(cfg.v_offset(0)), a.v, b, hk, k0, plan.seq_k - k0);
+    }
+    ctx.commit_async();
+    ctx.template wait_async<0>();
+    ctx.sync_block();
+
+    // Non-finite query rows: thread r checks row r, zeroes it and flags it.
+    bool any_row_bad = false;
+    static_assert(TQ <= threads, "baton cuda forward: one thread per query row checks it");
+    {
+      const B in_tile = t < TQ;
+      const I r = simt::select(in_tile, t, I(0));
+      B finite(true);
+      for (int w = 0; w < RB / 4; ++w) {
+        const U word = ctx.template shared_load<std::uint32_t>(simt::cast<std::uint32_t>(r * RB + w * 4) + q_base);
+        finite = finite && simt::map([](std::uint32_t x) { return kernel_detail::word_finite<S>(x); }, word);
+      }
+      const B bad = !finite && in_tile && r < q_valid;
+      zero_rows(ctx, q_base, bad, r);
+      ctx.template shared_store<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base, simt::cast<std::int32_t>(bad),
+                                              in_tile);
+      any_row_bad = ctx.sync_or(bad);
+    }
+
+    // Per thread: rows wrow + 16 m + g + 8 hh of the tile (m < MT, hh < 2).
+    const I wrow = warp * (16 * MT);
+    F o[MT][D / 8][4];
+    F m_run[MT][2], l_run[MT][2];
+    B hit[MT][2], row_bad[MT][2];
+    BATON_UNROLL
+    for (int m = 0; m < MT; ++m) {
+      BATON_UNROLL
+      for (int n = 0; n < D / 8; ++n)
+        BATON_UNROLL
+        for (int i = 0; i < 4; ++i) o[m][n][i] = F(0.0f);
+      BATON_UNROLL
+      for (int hh = 0; hh < 2; ++hh) {
+        m_run[m][hh] = F(neg_inf);
+        l_run[m][hh] = F(0.0f);
+        hit[m][hh] = B(false);
+        const I r = wrow + 16 * m + g + 8 * hh;
+        row_bad[m][hh] =
+            ctx.template shared_load<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base) != 0;
+      }
+    }
+
+    for (int n = 0; n < count; ++n) {
+      const int stage = n & 1;
+      const int kt = list[n];
+      const int k0 = kt * TK;
+      const std::uint32_t k_base = static_cast<std::uint32_t>(cfg.k_offset(stage));
+      const std::uint32_t v_base = static_cast<std::uint32_t>(cfg.v_offset(stage));
+      // Tile n has landed for every thread, and every thread is done with tile n - 1: its
+      // stage may be refilled. The barrier also ORs the tile's key flags.
+      ctx.template wait_async<0>();
+      const B my_key = t < TK && (t + k0) < plan.seq_k;
+      L<const std::uint8_t*> flag_ptr;
+      for (int i = 0; i < Ctx::width; ++i) flag_ptr[i] = key_bad + (my_key[i] ? k0 + t[i] : 0);
+      const B my_key_bad = ctx.load(flag_ptr, my_key) != std::uint8_t{0};
+      const bool tile_bad = ctx.sync_or(my_key_bad);
+      if (n + 1 < count) {
+        const int k1 = list[n + 1] * TK;
+        copy_tile<TK>(ctx, static_cast<std::uint32_t>(cfg.k_offset(stage ^ 1)), a.k, b, hk, k1, plan.seq_k - k1);
+        copy_tile<TK>(ctx, static_cast<std::uint32_t>(cfg.v_offset(stage ^ 1)), a.v, b, hk, k1, plan.seq_k - k1);
+      }
+      ctx.commit_async();
+      if (tile_bad) {  // rare: keys with a non-finite k or v never enter the arithmetic
+        zero_rows(ctx, k_base, my_key_bad, t);
+        zero_rows(ctx, v_base, my_key_bad, t);
+        ctx.sync_block();
+      }
+
+      // S = Q K^T.
+      F s[MT][TK / 8][4];
+      BATON_UNROLL
+      for (int m = 0; m < MT; ++m)
+        BATON_UNROLL
+        for (int j = 0; j < TK / 8; ++j)
+          BATON_UNROLL
+          for (int i = 0; i < 4; ++i) s[m][j][i] = F(0.0f);
+      if constexpr (half) {
+        BATON_UNROLL
+        for (int kk = 0; kk < D / 16; ++kk) {
+          U qa[MT][4];
+          BATON_UNROLL
+          for (int m = 0; m < MT; ++m)
+            ctx.ldmatrix_x4(qa[m], chunk_offset(q_base, wrow + 16 * m + (lane & 7) + 8 * ((lane >> 3) & 1), (lane >> 4) + 2 * kk),
+                            false);
+          BATON_UNROLL
+          for (int j = 0; j < TK / 16; ++j) {
+            U kb[4];
+            ctx.ldmatrix_x4(kb, chunk_offset(k_base, (lane & 7) + 8 * (lane >> 4) + 16 * j, ((lane >> 3) & 1) + 2 * kk), false);
+            const U b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+            BATON_UNROLL
+            for (int m = 0; m < MT; ++m) {
+              mma_m16n8k16<S>(s[m][2 * j], qa[m], b0);
+              mma_m16n8k16<S>(s[m][2 * j + 1], qa[m], b1);
+            }
+          }
+        }
+      } else {
+        BATON_UNROLL
+        for (int kk = 0; kk < D / 8; ++kk) {
+          U qb[MT][4], qs[MT][4];
+          BATON_UNROLL
+          for (int m = 0; m < MT; ++m)
+            BATON_UNROLL
+            for (int r = 0; r < 4; ++r) {
+              const F x = ctx.template shared_load<float>(
+                  element_offset(q_base, wrow + 16 * m + g + 8 * (r & 1), tg + 4 * (r >> 1) + 8 * kk));
+              split_tf32(x, qb[m][r], qs[m][r]);
+            }
+          BATON_UNROLL
+          for (int j = 0; j < TK / 8; ++j) {
+            U kb[2], ks[2];
+            BATON_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              const F x = ctx.template shared_load<float>(element_offset(k_base, g + 8 * j, tg + 4 * r + 8 * kk));
+              split_tf32(x, kb[r], ks[r]);
+            }
+            BATON_UNROLL
+            for (int m = 0; m < MT; ++m) mma_3xtf32(s[m][j], qb[m], qs[m], kb, ks);
+          }
+        }
+      }
+
+      // Mask (select, never arithmetic on a masked score) and scale into log2 units.
+      const block_kind kind = plan.kind_at(qt, kt);
+      const bool edge = k0 + TK > plan.seq_k;
+      const bool masked = kind == block_kind::partial || edge;
+      BATON_UNROLL
+      for (int m = 0; m < MT; ++m)
+        BATON_UNROLL
+        for (int hh = 0; hh < 2; ++hh) {
+          const I r = wrow + 16 * m + g + 8 * hh;
+          L<std::uint64_t> word(~std::uint64_t{0});
+          if (kind == block_kind::partial) {
+            L<const std::uint64_t*> wp;
+            for (int i = 0; i < Ctx::width; ++i) wp[i] = plan.bit_row(qt, kt, r[i]);
+            word = ctx.load(wp, B(true));
+          }
+          BATON_UNROLL
+          for (int j = 0; j < TK / 8; ++j)
+            BATON_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              F& x = s[m][j][2 * hh + e];
+              const I c = tg * 2 + (8 * j + e);
+              B allowed(true);
+              if (masked) allowed = ((word >> simt::cast<std::uint64_t>(c)) & std::uint64_t{1}) != std::uint64_t{0} &&
+                                    (c + k0) < plan.seq_k;
+              x = simt::select(allowed, x * a.scale_log2, F(neg_inf));
+              if (tile_bad) {
+                L<const std::uint8_t*> kp;
+                for (int i = 0; i < Ctx::width; ++i) kp[i] = key_bad + (allowed[i] ? k0 + c[i] : 0);
+                hit[m][hh] = hit[m][hh] || (allowed && ctx.load(kp, allowed) != std::uint8_t{0});
+              }
+              if (any_row_bad) hit[m][hh] = hit[m][hh] || (allowed && row_bad[m][hh]);
+            }
+        }
+
+      // Online softmax: rows are held by the 4 lanes of a group (xor 1, 2).
+      BATON_UNROLL
+      for (int m = 0; m < MT; ++m)
+        BATON_UNROLL
+        for (int hh = 0; hh < 2; ++hh) {
+          F mx = s[m][0][2 * hh];
+          BATON_UNROLL
+          for (int j = 0; j < TK / 8; ++j) mx = simt::max(mx, simt::max(s[m][j][2 * hh], s[m][j][2 * hh + 1]));
+          mx = simt::max(mx, ctx.shfl_xor(mx, 1));
+          mx = simt::max(mx, ctx.shfl_xor(mx, 2));
+          const F m_new = simt::max(m_run[m][hh], mx);
+          const F m_use = simt::select(m_new == neg_inf, F(0.0f), m_new);  // no -inf - -inf
+          const F alpha = simt::exp2(m_run[m][hh] - m_use);
+          F sum(0.0f);
+          BATON_UNROLL
+          for (int j = 0; j < TK / 8; ++j)
+            BATON_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              F& x = s[m][j][2 * hh + e];
+              x = simt::exp2(x - m_use);
+              sum = sum + x;
+            }
+          l_run[m][hh] = l_run[m][hh] * alpha + sum;
+          m_run[m][hh] = m_new;
+          BATON_UNROLL
+          for (int d = 0; d < D / 8; ++d)
+            BATON_UNROLL
+            for (int e = 0; e < 2; ++e) o[m][d][2 * hh + e] = o[m][d][2 * hh + e] * alpha;
+        }
+
+      // O += P V.
+      if constexpr (half) {
+        BATON_UNROLL
+        for (int kb = 0; kb < TK / 16; ++kb) {
+          U pa[MT][4];
+          BATON_UNROLL
+          for (int m = 0; m < MT; ++m) {
+            pa[m][0] = pack2<S>(s[m][2 * kb][0], s[m][2 * kb][1]);
+            pa[m][1] = pack2<S>(s[m][2 * kb][2], s[m][2 * kb][3]);
+            pa[m][2] = pack2<S>(s[m][2 * kb + 1][0], s[m][2 * kb + 1][1]);
+            pa[m][3] = pack2<S>(s[m][2 * kb + 1][2], s[m][2 * kb + 1][3]);
+          }
+          BATON_UNROLL
+          for (int dn = 0; dn < D / 16; ++dn) {
+            U vb[4];
+            ctx.ldmatrix_x4(vb, chunk_offset(v_base, (lane & 7) + 8 * ((lane >> 3) & 1) + 16 * kb, (lane >> 4) + 2 * dn), true);
+            const U b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+            BATON_UNROLL
+            for (int m = 0; m < MT; ++m) {
+              mma_m16n8k16<S>(o[m][2 * dn], pa[m], b0);
+              mma_m16n8k16<S>(o[m][2 * dn + 1], pa[m], b1);
+            }
+          }
+        }
+      } else {
+        // tf32 A wants (g, t) and (g, t + 4) where the S registers hold keys 2t and 2t + 1:
+        // contract over the keys in the order (2t -> t, 2t + 1 -> t + 4) and read V's rows in
+        // that same order. No shuffles.
+        BATON_UNROLL
+        for (int j = 0; j < TK / 8; ++j) {
+          U pb[MT][4], ps[MT][4];
+          BATON_UNROLL
+          for (int m = 0; m < MT; ++m) {
+            split_tf32(s[m][j][0], pb[m][0], ps[m][0]);
+            split_tf32(s[m][j][2], pb[m][1], ps[m][1]);
+            split_tf32(s[m][j][1], pb[m][2], ps[m][2]);
+            split_tf32(s[m][j][3], pb[m][3], ps[m][3]);
+          }
+          BATON_UNROLL
+          for (int dn = 0; dn < D / 8; ++dn) {
+            U vb[2], vs[2];
+            BATON_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              const F x = ctx.template shared_load<float>(element_offset(v_base, 8 * j + 2 * tg + r, g + 8 * dn));
+              split_tf32(x, vb[r], vs[r]);
+            }
+            BATON_UNROLL
+            for (int m = 0; m < MT; ++m) mma_3xtf32(o[m][dn], pb[m], ps[m], vb, vs);
+          }
+        }
+      }
+    }
+
+    // out = O / l, lse = (m + log2 l) ln 2; no allowed key: 0 and -inf; a poisoned row: NaN.
+    constexpr float ln2 = 0.693147180559945309f;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    BATON_UNROLL
+    for (int m = 0; m < MT; ++m)
+      BATON_UNROLL
+      for (int hh = 0; hh < 2; ++hh) {
+        F l = l_run[m][hh];
+        l = l + ctx.shfl_xor(l, 1);
+        l = l + ctx.shfl_xor(l, 2);
+        I hit_i = simt::cast<int>(hit[m][hh]);
+        hit_i = hit_i | ctx.shfl_xor(hit_i, 1);
+        hit_i = hit_i | ctx.shfl_xor(hit_i, 2);
+        const B none = m_run[m][hh] == neg_inf;
+        const B poisoned = hit_i != 0 && !none;
+        const F inv = simt::select(none, F(0.0f), F(1.0f) / simt::select(none, F(1.0f), l));
+        const F lse = simt::select(none, F(neg_inf),
+                                   simt::select(poisoned, F(nan),
+                                                (m_run[m][hh] + simt::map([](float x) { return simt::log2_fast(x); },
+                                                                          simt::select(none, F(1.0f), l))) *
+                                                    ln2));
+        const I r = wrow + 16 * m + g + 8 * hh;
+        const B live = (r + q0) < plan.seq_q;
+        L<float*> lse_ptr;
+        for (int i = 0; i < Ctx::width; ++i) lse_ptr[i] = a.lse.at(b, h, live[i] ? q0 + r[i] : 0);
+        ctx.store(lse_ptr, lse, live && tg == 0);
+        BATON_UNROLL
+        for (int d = 0; d < D / 8; ++d) {
+          const F x0 = simt::select(poisoned, F(nan), o[m][d][2 * hh] * inv);
+          const F x1 = simt::select(poisoned, F(nan), o[m][d][2 * hh + 1] * inv);
+          const I col = tg * 2 + 8 * d;
+          if constexpr (half) {
+            L<std::uint32_t*> p;
+            for (int i = 0; i < Ctx::width; ++i)
+              p[i] = reinterpret_cast<std::uint32_t*>(a.out.row(b, live[i] ? q0 + r[i] : 0, h) + col[i]);
+            ctx.store(p, pack2<S>(x0, x1), live);
+          } else {
+            L<float*> p0, p1;
+            for (int i = 0; i < Ctx::width; ++i) {
+              p0[i] = a.out.row(b, live[i] ? q0 + r[i] : 0, h) + col[i];
+              p1[i] = p0[i] + 1;
+            }
+            ctx.store(p0, x0, live);
+            ctx.store(p1, x1, live);
+          }
+        }
+      }
+  }
+};
+
+/// Calls f(std::integral_constant<int, D>{}) for the supported head dim `dim`.
+template <class Fn>
+inline void dispatch_head_dim(int dim, Fn&& f) {
+  switch (dim) {
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    default:
+      throw attention_error("baton::cuda_attention: head dim " + std::to_string(dim) +
+                            " is not supported; the kernels are built for head dims 64, 128 and 256 (pad the "
+                            "head dim with zeros to the next of these)");
+  }
+}
+
+/// The plan must have been made with the kernel's tiles (the bits and lists are per tile).
+inline void check_plan_tiles(const tile_plan_view& plan, const forward_config& cfg) {
+  if (plan.tile_q != cfg.tile_q || plan.tile_k != cfg.tile_k)
+    throw attention_error("baton cuda forward: the plan has " + std::to_string(plan.tile_q) + " x " +
+                          std::to_string(plan.tile_k) + " tiles but the kernel runs " + std::to_string(cfg.tile_q) +
+                          " x " + std::to_string(cfg.tile_k) + "; make it with forward_config_for's tile sizes");
+}
+
+/// The key-flag pass on the host: every block of key_flag_launch, one after another.
+template <class S>
+void emulate_key_flags(const key_flag_args<S>& a) {
+  const launch_shape shape = key_flag_launch(a.seq_k, a.heads_kv, a.batch);
+  simt::host_block<key_flag_threads> ctx(0);
+  for (std::uint32_t z = 0; z < shape.grid[2]; ++z)
+    for (std::uint32_t y = 0; y < shape.grid[1]; ++y)
+      for (std::uint32_t x = 0; x < shape.grid[0]; ++x) {
+        ctx.block_index = {static_cast<int>(x), static_cast<int>(y), static_cast<int>(z)};
+        key_flag_body(ctx, a);
+      }
+}
+
+/// The forward on the host with tiling (MT, TK): every block of forward_launch, one after
+/// another, each with a fresh shared memory (filled with 0xff) and the race detector on.
+template <class S, int D, int MT, int TK>
+void emulate_forward_tiled(const forward_args<S>& a) {
+  using body = forward_body<simt::host_block<128>, S, D, MT, TK>;
+  check_plan_tiles(a.plan, body::config);
+  if (a.plan.q_tiles == 0 || a.heads_q == 0 || a.batch == 0) return;
+  const launch_shape shape = forward_launch(body::config, a.plan.seq_q, a.heads_q, a.batch);
+  for (std::uint32_t z = 0; z < shape.grid[2]; ++z)
+    for (std::uint32_t y = 0; y < shape.grid[1]; ++y)
+      for (std::uint32_t x = 0; x < shape.grid[0]; ++x) {
+        simt::host_block<128> ctx(shape.shared_bytes);
+        ctx.block_index = {static_cast<int>(x), static_cast<int>(y), static_cast<int>(z)};
+        body::run(ctx, a);
+      }
+}
+
+/// The forward on the host with forward_config_for's tiling (the one the device runs).
+template <class S>
+void emulate_forward(const forward_args<S>& a) {
+  dispatch_head_dim(a.dim, [&](auto dim_constant) {
+    constexpr int D = decltype(dim_constant)::value;
+    constexpr forward_config cfg = forward_config_for(static_cast<int>(sizeof(S)), D);
+    emulate_forward_tiled<S, D, cfg.m_tiles, cfg.tile_k>(a);
+  });
+}
+
+}  // namespace baton::detail::cuda

@@ -1,0 +1,350 @@
+// baton/attention/cuda/plan.hpp — host-side planning of the CUDA attention kernels: the tile
+// grid of one call with every tile classified by the mask, the bitmasks of partial tiles,
+// lists of non-empty tiles, launch configurations and workspace sizes. Plain C++.
+//
+// Why a plan: the kernels are ONE instantiation per (storage, head dim) for every mask. The
+// mask never reaches the device; the host asks it, once per call, the same questions the CPU
+// kernels ask (mask.classify on position_blocks of the tiles; detail/flash_tiles.hpp), and
+// for partial tiles only, mask.allowed per pair, stored as bits. The kernels then read
+//   kind[q_tile * k_tiles + k_tile]    empty (skipped), full (no per-element test) or partial
+//   bits of a partial tile              which pairs are allowed
+// and walk the lists of non-empty tiles instead of scanning a row or column of the grid.
+//
+// Sequence edges: tile t holds rows [t * tile, min((t + 1) * tile, seq)). Its position_block
+// has only the rows that exist, so an edge tile is partial only if the mask says so. Rows
+// and keys past the sequence end are the kernels' business, by bounds, in every tile kind:
+// keys at or past seq_k are masked (their K/V rows are zero-filled in shared memory), query
+// rows at or past seq_q are computed and never stored. Bits past the end are 0.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <baton/attention/error.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/positions.hpp>
+#include <baton/attention/cuda/storage.hpp>  // BATON_HD
+
+namespace baton::detail::cuda {
+
+/// A call's tile plan as the kernels read it: arrays in host memory (emulation) or device
+/// memory (a copy of tile_plan::blob(), rebased by tile_plan::view(base)).
+struct tile_plan_view {
+  std::int32_t q_tiles = 0, k_tiles = 0, tile_q = 0, tile_k = 0, seq_q = 0, seq_k = 0;
+  /// [q_tiles * k_tiles] row-major: static_cast<std::uint8_t>(baton::block_kind).
+  const std::uint8_t* kind = nullptr;
+  /// [q_tiles * k_tiles]: index of the tile's bitmask in `bits`, -1 if the tile is not partial.
+  const std::int32_t* partial_slot = nullptr;
+  /// Per partial tile: tile_q rows x words_per_row words; bit c of word w of row r is
+  /// allowed(q_pos[q0 + r], k_pos[k0 + 64 w + c]), 0 past either sequence end.
+  const std::uint64_t* bits = nullptr;
+  std::int32_t words_per_row = 0;  // ceil(tile_k / 64)
+  /// Non-empty tiles per query tile (CSR): the key tiles of query tile i are
+  /// q_list[q_list_begin[i] .. q_list_begin[i + 1]), ascending.
+  const std::int32_t* q_list_begin = nullptr;  // [q_tiles + 1]
+  const std::int32_t* q_list = nullptr;
+  /// Non-empty tiles per key tile (CSR): the query tiles of key tile j are
+  /// k_list[k_list_begin[j] .. k_list_begin[j + 1]), ascending.
+  const std::int32_t* k_list_begin = nullptr;  // [k_tiles + 1]
+  const std::int32_t* k_list = nullptr;
+  std::int32_t partial_tiles = 0;
+
+  [[nodiscard]] BATON_HD block_kind kind_at(std::int32_t qt, std::int32_t kt) const noexcept {
+    return static_cast<block_kind>(kind[qt * k_tiles + kt]);
+  }
+  /// The bit words of row r of partial tile (qt, kt).
+  [[nodiscard]] BATON_HD const std::uint64_t* bit_row(std::int32_t qt, std::int32_t kt, std::int32_t r) const noexcept {
+    return bits + (static_cast<std::int64_t>(partial_slot[qt * k_tiles + kt]) * tile_q + r) * words_per_row;
+  }
+  /// Whether pair (row r, key c) of tile (qt, kt) is computed: in range and allowed.
+  [[nodiscard]] BATON_HD bool allowed(std::int32_t qt, std::int32_t kt, std::int32_t r, std::int32_t c) const noexcept {
+    if (qt * tile_q + r >= seq_q || kt * tile_k + c >= seq_k) return false;
+    switch (kind_at(qt, kt)) {
+      case block_kind::empty: return false;
+      case block_kind::full: return true;
+      default: return ((bit_row(qt, kt, r)[c / 64] >> (c % 64)) & 1u) != 0;
+    }
+  }
+};
+
+/// A host-owned plan: every array in one 8-byte aligned blob (one copy to the device).
+class tile_plan {
+ public:
+  tile_plan() = default;
+
+  /// The view of the plan's arrays at `base`: blob().data() for the host, or a device copy
+  /// of blob() (same bytes, any 8-byte aligned address).
+  [[nodiscard]] tile_plan_view view(const void* base) const noexcept {
+    tile_plan_view v = header_;
+    const auto* b = static_cast<const std::byte*>(base);
+    v.kind = reinterpret_cast<const std::uint8_t*>(b + kind_at_);
+    v.partial_slot = reinterpret_cast<const std::int32_t*>(b + slot_at_);
+    v.bits = reinterpret_cast<const std::uint64_t*>(b + bits_at_);
+    v.q_list_begin = reinterpret_cast<const std::int32_t*>(b + q_begin_at_);
+    v.q_list = reinterpret_cast<const std::int32_t*>(b + q_list_at_);
+    v.k_list_begin = reinterpret_cast<const std::int32_t*>(b + k_begin_at_);
+    v.k_list = reinterpret_cast<const std::int32_t*>(b + k_list_at_);
+    return v;
+  }
+  [[nodiscard]] tile_plan_view view() const noexcept { return view(blob_.data()); }
+  /// The plan's bytes (size_bytes() of them).
+  [[nodiscard]] const std::uint64_t* blob() const noexcept { return blob_.data(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return blob_.size() * sizeof(std::uint64_t); }
+  /// Number of non-empty tiles (the work of a pass) and of partial ones.
+  [[nodiscard]] std::int64_t nonempty_tiles() const noexcept { return nonempty_; }
+  [[nodiscard]] std::int64_t partial_tiles() const noexcept { return header_.partial_tiles; }
+
+  template <attention_mask Mask>
+  friend tile_plan make_tile_plan(const Mask& mask, const positions& q_pos, const positions& k_pos,
+                                  std::int64_t seq_q, std::int64_t seq_k, std::int32_t tile_q, std::int32_t tile_k);
+
+ private:
+  tile_plan_view header_{};
+  std::size_t kind_at_ = 0, slot_at_ = 0, bits_at_ = 0, q_begin_at_ = 0, q_list_at_ = 0, k_begin_at_ = 0,
+              k_list_at_ = 0;
+  std::int64_t nonempty_ = 0;
+  std::vector<std::uint64_t> blob_;
+};
+
+namespace plan_detail {
+inline void set_bit_range(std::uint64_t* row, std::int64_t begin, std::int64_t end) noexcept {
+  for (std::int64_t c = begin; c < end; ++c) row[c / 64] |= std::uint64_t{1} << (c % 64);
+}
+}  // namespace plan_detail
+
+/// Plans one call: q_pos / k_pos resolved (checked_call's), tiles of tile_q queries and
+/// tile_k keys. Costs q_tiles * k_tiles classify calls plus, per partial tile, one
+/// allowed_keys call per row (masks with key intervals, contiguous key tiles) or
+/// tile_q * tile_k allowed calls.
+template <attention_mask Mask>
+[[nodiscard]] tile_plan make_tile_plan(const Mask& mask, const positions& q_pos, const positions& k_pos,
+                                       std::int64_t seq_q, std::int64_t seq_k, std::int32_t tile_q,
+                                       std::int32_t tile_k) {
+  if (tile_q <= 0 || tile_k <= 0)
+    throw attention_error("baton cuda plan: tile sizes must be positive (got " + std::to_string(tile_q) + " x " +
+                          std::to_string(tile_k) + ")");
+  constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+  if (seq_q < 0 || seq_k < 0 || seq_q > int32_max || seq_k > int32_max)
+    throw attention_error("baton cuda plan: sequence lengths must be in [0, 2^31) (got seq_q " + std::to_string(seq_q) +
+                          ", seq_k " + std::to_string(seq_k) + ")");
+  if (q_pos.size() != seq_q || k_pos.size() != seq_k)
+    throw attention_error("baton cuda plan: positions must be resolved to the sequence lengths first");
+  tile_plan plan;
+  tile_plan_view& h = plan.header_;
+  h.tile_q = tile_q;
+  h.tile_k = tile_k;
+  h.seq_q = static_cast<std::int32_t>(seq_q);
+  h.seq_k = static_cast<std::int32_t>(seq_k);
+  h.q_tiles = static_cast<std::int32_t>((seq_q + tile_q - 1) / tile_q);
+  h.k_tiles = static_cast<std::int32_t>((seq_k + tile_k - 1) / tile_k);
+  h.words_per_row = (tile_k + 63) / 64;
+  const std::int64_t cells = static_cast<std::int64_t>(h.q_tiles) * h.k_tiles;
+
+  std::vector<position_block> k_blocks;
+  k_blocks.reserve(static_cast<std::size_t>(h.k_tiles));
+  for (std::int32_t j = 0; j < h.k_tiles; ++j)
+    k_blocks.emplace_back(k_pos, std::int64_t{j} * tile_k, std::min<std::int64_t>(tile_k, seq_k - std::int64_t{j} * tile_k));
+  std::vector<std::uint8_t> kinds(static_cast<std::size_t>(cells));
+  std::vector<std::int32_t> slots(static_cast<std::size_t>(cells), -1);
+  std::vector<std::uint64_t> bits;
+  const std::int64_t words_per_tile = std::int64_t{tile_q} * h.words_per_row;
+  for (std::int32_t i = 0; i < h.q_tiles; ++i) {
+    const std::int64_t q0 = std::int64_t{i} * tile_q, qc = std::min<std::int64_t>(tile_q, seq_q - q0);
+    const position_block qb(q_pos, q0, qc);
+    for (std::int32_t j = 0; j < h.k_tiles; ++j) {
+      const position_block& kb = k_blocks[static_cast<std::size_t>(j)];
+      const block_kind kind = mask.classify(qb, kb);
+      const std::size_t cell = static_cast<std::size_t>(std::int64_t{i} * h.k_tiles + j);
+      kinds[cell] = static_cast<std::uint8_t>(kind);
+      if (kind != block_kind::partial) continue;
+      slots[cell] = h.partial_tiles++;
+      const std::size_t first = bits.size();
+      bits.resize(first + static_cast<std::size_t>(words_per_tile), 0);
+      const std::int64_t kc = kb.size();
+      for (std::int64_t r = 0; r < qc; ++r) {
+        std::uint64_t* row = bits.data() + first + r * h.words_per_row;
+        const std::int64_t qp = q_pos[q0 + r];
+        bool by_interval = false;
+        if constexpr (mask_with_key_intervals<Mask>) {
+          if (kb.is_contiguous()) {
+            by_interval = true;
+            const key_interval keys = mask.allowed_keys(qp, kb.min(), kb.min() + kc);
+            plan_detail::set_bit_range(row, keys.begin - kb.min(), keys.end - kb.min());
+          }
+        }
+        if (!by_interval)
+          for (std::int64_t c = 0; c < kc; ++c)
+            if (mask.allowed(qp, kb[c])) row[c / 64] |= std::uint64_t{1} << (c % 64);
+      }
+    }
+  }
+
+  // CSR lists of non-empty tiles, by query tile and by key tile.
+  std::vector<std::int32_t> q_begin(static_cast<std::size_t>(h.q_tiles) + 1, 0), k_begin(static_cast<std::size_t>(h.k_tiles) + 1, 0);
+  for (std::int64_t cell = 0; cell < cells; ++cell)
+    if (kinds[static_cast<std::size_t>(cell)] != static_cast<std::uint8_t>(block_kind::empty)) {
+      ++q_begin[static_cast<std::size_t>(cell / h.k_tiles) + 1];
+      ++k_begin[static_cast<std::size_t>(cell % h.k_tiles) + 1];
+    }
+  for (std::size_t i = 1; i < q_begin.size(); ++i) q_begin[i] += q_begin[i - 1];
+  for (std::size_t j = 1; j < k_begin.size(); ++j) k_begin[j] += k_begin[j - 1];
+  plan.nonempty_ = q_begin.back();
+  std::vector<std::int32_t> q_list(static_cast<std::size_t>(plan.nonempty_)), k_list(static_cast<std::size_t>(plan.nonempty_));
+  {
+    std::vector<std::int32_t> q_fill(q_begin.begin(), q_begin.end() - 1), k_fill(k_begin.begin(), k_begin.end() - 1);
+    for (std::int32_t i = 0; i < h.q_tiles; ++i)  // row-major scan: both lists come out ascending
+      for (std::int32_t j = 0; j < h.k_tiles; ++j)
+        if (kinds[static_cast<std::size_t>(std::int64_t{i} * h.k_tiles + j)] != static_cast<std::uint8_t>(block_kind::empty)) {
+          q_list[static_cast<std::size_t>(q_fill[static_cast<std::size_t>(i)]++)] = j;
+          k_list[static_cast<std::size_t>(k_fill[static_cast<std::size_t>(j)]++)] = i;
+        }
+  }
+
+  // One blob, each array 8-byte aligned.
+  std::size_t bytes = 0;
+  const auto place = [&bytes](std::size_t n) {
+    const std::size_t at = bytes;
+    bytes += (n + 7) / 8 * 8;
+    return at;
+  };
+  plan.bits_at_ = place(bits.size() * sizeof(std::uint64_t));
+  plan.kind_at_ = place(kinds.size());
+  plan.slot_at_ = place(slots.size() * sizeof(std::int32_t));
+  plan.q_begin_at_ = place(q_begin.size() * sizeof(std::int32_t));
+  plan.q_list_at_ = place(q_list.size() * sizeof(std::int32_t));
+  plan.k_begin_at_ = place(k_begin.size() * sizeof(std::int32_t));
+  plan.k_list_at_ = place(k_list.size() * sizeof(std::int32_t));
+  plan.blob_.assign(std::max<std::size_t>(bytes / 8, 1), 0);
+  auto* base = reinterpret_cast<std::byte*>(plan.blob_.data());
+  const auto put = [base](std::size_t at, const auto& v) {
+    if (!v.empty()) std::memcpy(base + at, v.data(), v.size() * sizeof(v[0]));
+  };
+  put(plan.bits_at_, bits);
+  put(plan.kind_at_, kinds);
+  put(plan.slot_at_, slots);
+  put(plan.q_begin_at_, q_begin);
+  put(plan.q_list_at_, q_list);
+  put(plan.k_begin_at_, k_begin);
+  put(plan.k_list_at_, k_list);
+  return plan;
+}
+
+// ---- launch configuration ----------------------------------------------------------------
+
+/// The head dims the kernels are instantiated for.
+inline constexpr std::array<int, 3> supported_head_dims{64, 128, 256};
+[[nodiscard]] constexpr bool is_supported_head_dim(std::int64_t dim) noexcept {
+  return dim == 64 || dim == 128 || dim == 256;
+}
+
+/// Shared memory a block may use (opt-in maximum per block): sm_80 163 KiB, sm_90 227 KiB.
+inline constexpr std::size_t max_shared_bytes_sm80 = 163 * 1024;
+inline constexpr std::size_t max_shared_bytes_sm90 = 227 * 1024;
+
+/// Tiling of the forward kernel for one (element size, head dim). 4 warps per block; each
+/// warp owns m_tiles x 16 query rows; K/V tiles of tile_k keys, double-buffered.
+struct forward_config {
+  int threads = 128;
+  int warps = 4;
+  int m_tiles = 1;  // 16-row MMA tiles per warp
+  int tile_q = 64;  // warps * m_tiles * 16
+  int tile_k = 64;
+  int stages = 2;   // K/V buffers (cp.async double buffering)
+  int dim = 64;
+  int element_bytes = 2;
+
+  /// Q tile + stages x (K tile + V tile), swizzled rows of dim elements, + one 4-byte flag
+  /// per query row (a word each: the host race detector tracks 4-byte words), rounded to 128.
+  [[nodiscard]] constexpr std::size_t shared_bytes() const noexcept {
+    const std::size_t row = static_cast<std::size_t>(dim) * static_cast<std::size_t>(element_bytes);
+    const std::size_t tiles = row * static_cast<std::size_t>(tile_q + 2 * stages * tile_k);
+    return tiles + (4 * static_cast<std::size_t>(tile_q) + 127) / 128 * 128;
+  }
+  [[nodiscard]] constexpr std::size_t q_offset() const noexcept { return 0; }
+  [[nodiscard]] constexpr std::size_t row_bytes() const noexcept {
+    return static_cast<std::size_t>(dim) * static_cast<std::size_t>(element_bytes);
+  }
+  [[nodiscard]] constexpr std::size_t k_offset(int stage) const noexcept {
+    return row_bytes() * static_cast<std::size_t>(tile_q + 2 * stage * tile_k);
+  }
+  [[nodiscard]] constexpr std::size_t v_offset(int stage) const noexcept { return k_offset(stage) + row_bytes() * static_cast<std::size_t>(tile_k); }
+  [[nodiscard]] constexpr std::size_t row_flags_offset() const noexcept { return row_bytes() * static_cast<std::size_t>(tile_q + 2 * stages * tile_k); }
+};
+
+/// A forward tiling: m_tiles 16-row MMA tiles per warp (tile_q = 64 m_tiles), tile_k keys.
+[[nodiscard]] constexpr forward_config make_forward_config(int element_bytes, int dim, int m_tiles, int tile_k) noexcept {
+  forward_config c;
+  c.dim = dim;
+  c.element_bytes = element_bytes;
+  c.m_tiles = m_tiles;
+  c.tile_k = tile_k;
+  c.tile_q = c.warps * c.m_tiles * 16;
+  return c;
+}
+
+/// The forward tiling used for element size (2: bfloat16/float16, 4: float) and head dim.
+/// 16-bit: 128 x 64 tiles at D = 64 and 128 x 32 at D = 128 (2 MMA row tiles per warp, as
+/// FlashAttention-2), 64 x 32 at D = 256: the O accumulator alone is 128 registers per
+/// thread at D = 128 (2 row tiles) and 256 (1), and 64-key tiles pushed the kernel past 255
+/// registers into spills (ptxas -v, sm_90). float (3xTF32, 4-byte rows in shared memory):
+/// 64 x 64 / 64 x 32 / 64 x 16, so that two stages fit sm_80's 163 KiB.
+/// Untuned on hardware: bench_cuda_attention times other tilings at D = 128 (bf16) beside it.
+[[nodiscard]] constexpr forward_config forward_config_for(int element_bytes, int dim) noexcept {
+  if (element_bytes == 2) return make_forward_config(2, dim, dim <= 128 ? 2 : 1, dim == 64 ? 64 : 32);
+  return make_forward_config(element_bytes, dim, 1, dim == 64 ? 64 : dim == 128 ? 32 : 16);
+}
+
+/// A kernel launch: grid, block, dynamic shared memory.
+struct launch_shape {
+  std::array<std::uint32_t, 3> grid{1, 1, 1};
+  std::array<std::uint32_t, 3> block{1, 1, 1};
+  std::size_t shared_bytes = 0;
+};
+
+/// The forward's launch: one block per (query tile, query head, batch entry), as
+/// grid (q_tiles, heads_q, batch). Blocks run query tiles in descending order (the kernel
+/// maps blockIdx.x to q_tiles - 1 - x): under a causal mask the longest rows start first.
+[[nodiscard]] inline launch_shape forward_launch(const forward_config& c, std::int64_t seq_q, std::int64_t heads_q,
+                                                 std::int64_t batch) {
+  constexpr std::int64_t grid_yz_max = 65535;
+  if (heads_q > grid_yz_max || batch > grid_yz_max)
+    throw attention_error("baton::cuda_attention: " + std::to_string(heads_q) + " query heads x " +
+                          std::to_string(batch) + " batch entries exceed the grid's 65535 per axis; split the batch");
+  launch_shape s;
+  s.grid = {static_cast<std::uint32_t>(std::max<std::int64_t>(1, (seq_q + c.tile_q - 1) / c.tile_q)),
+            static_cast<std::uint32_t>(std::max<std::int64_t>(1, heads_q)),
+            static_cast<std::uint32_t>(std::max<std::int64_t>(1, batch))};
+  s.block = {static_cast<std::uint32_t>(c.threads), 1, 1};
+  s.shared_bytes = c.shared_bytes();
+  return s;
+}
+
+/// The per-key non-finite flags the forward (and backward) read: one byte per
+/// (batch, kv head, key), 1 where the key's k or v row holds a NaN or infinity.
+[[nodiscard]] constexpr std::size_t key_flag_bytes(std::int64_t batch, std::int64_t heads_kv, std::int64_t seq_k) noexcept {
+  return static_cast<std::size_t>(batch * heads_kv * seq_k);
+}
+inline constexpr int key_flag_threads = 128;  // keys per block of the flag pass
+[[nodiscard]] inline launch_shape key_flag_launch(std::int64_t seq_k, std::int64_t heads_kv, std::int64_t batch) {
+  launch_shape s;
+  s.grid = {static_cast<std::uint32_t>(std::max<std::int64_t>(1, (seq_k + key_flag_threads - 1) / key_flag_threads)),
+            static_cast<std::uint32_t>(std::max<std::int64_t>(1, heads_kv)),
+            static_cast<std::uint32_t>(std::max<std::int64_t>(1, batch))};
+  s.block = {key_flag_threads, 1, 1};
+  return s;
+}
+
+/// Device workspace of a forward call: the plan blob and the key flags, each 256-byte aligned.
+[[nodiscard]] inline std::size_t align256(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
+[[nodiscard]] inline std::size_t forward_workspace_bytes(const tile_plan& plan, std::int64_t batch,
+                                                         std::int64_t heads_kv, std::int64_t seq_k) noexcept {
+  return align256(plan.size_bytes()) + align256(key_flag_bytes(batch, heads_kv, seq_k));
+}
+
+}  // namespace baton::detail::cuda

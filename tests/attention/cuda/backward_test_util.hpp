@@ -1,0 +1,212 @@
+// Shared by test_cuda_backward_cpu.cpp (the emulated kernels) and test_cuda_backward_gpu.cu
+// (the device kernels): one backward problem on the host — inputs rounded to the storage
+// type, the reference's out and lse from them, the reference's gradients, the tile plan and
+// the backward_args over host memory — and the comparison of gradients against the reference.
+#pragma once
+
+#include "../attention_test_util.hpp"
+#include "../nonfinite_oracle.hpp"
+
+#include <baton/attention.hpp>
+#include <baton/attention/cuda/detail/backward_args.hpp>
+#include <baton/attention/cuda/plan.hpp>
+#include <baton/attention/cuda/storage.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace cuda_bwd_test {
+
+namespace bc = baton::detail::cuda;
+using attn_test::shape;
+
+using bc::from_float;
+using bc::to_float;
+
+template <class S>
+std::vector<S> to_storage(const std::vector<float>& x) {
+  std::vector<S> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = bc::from_float<S>(x[i]);
+  return y;
+}
+template <class S>
+std::vector<float> to_floats(const std::vector<S>& x) {
+  std::vector<float> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = bc::to_float(x[i]);
+  return y;
+}
+/// x rounded to S and back: the values the kernels see, so the reference sees them too.
+template <class S>
+std::vector<float> rounded(const std::vector<float>& x) {
+  return to_floats(to_storage<S>(x));
+}
+
+template <class S>
+constexpr const char* storage_name() {
+  if constexpr (std::is_same_v<S, float>) return "float";
+  else if constexpr (std::is_same_v<S, baton::bfloat16>) return "bf16";
+  else return "fp16";
+}
+
+/// Relative tolerance (of the gradient's largest magnitude). float: 3xTF32 products carry
+/// ~fp32 accuracy (each split product errs by ~2^-22 relative), sums in fp32 over <= 256
+/// dims and <= 2 x 70 x group keys or queries: ~sqrt(n) * 2^-24 ~ 1e-6 typical, 1e-5 is
+/// ~10x headroom. 16-bit: P and dS are rounded to the storage type before their products
+/// (as in FlashAttention-2), 2^-8 relative for bf16 per element, averaged over many terms.
+template <class S>
+constexpr double tolerance() {
+  return std::is_same_v<S, float> ? 1e-5 : 2e-2;
+}
+
+/// A value written into one input before the run: tensor 'q', 'k', 'v' or 'o' (dout) at
+/// (batch, seq, head, dim).
+struct poke {
+  char tensor;
+  std::int64_t b, s, h, d;
+  float value;
+};
+
+inline void apply_poke(attn_test::inputs<float>& in, const poke& p) {
+  const shape& s = in.s;
+  std::vector<float>& x = p.tensor == 'q' ? in.q : p.tensor == 'k' ? in.k : p.tensor == 'v' ? in.v : in.dout;
+  const std::int64_t seq = p.tensor == 'q' || p.tensor == 'o' ? s.seq_q : s.seq_k;
+  const std::int64_t heads = p.tensor == 'q' || p.tensor == 'o' ? s.heads_q : s.heads_kv;
+  x[static_cast<std::size_t>(((p.b * seq + p.s) * heads + p.h) * s.dim + p.d)] = p.value;
+}
+
+/// One backward problem: inputs (float copies of the storage values), the reference's out,
+/// lse and gradients, and the storage arrays the kernels read and write.
+template <class S>
+struct problem {
+  shape s;
+  std::vector<float> q, k, v, dout, out;  // exactly the storage values
+  std::vector<float> lse;
+  std::vector<float> dq0, dk0, dv0;  // gradients' previous content (accumulate mode)
+  attn_test::results<float> want;   // reference gradients (plus dq0.. when accumulating)
+  std::vector<S> sq, sk, sv, sout, sdout, sdq, sdk, sdv;
+  bc::tile_plan plan;
+  std::vector<std::uint8_t> workspace;
+  baton::attention_params params;
+  double scale = 1;
+};
+
+/// Random inputs, the reference forward for out and lse (rounded to S as a forward would
+/// store them), the reference backward from those, and the kernels' storage arrays.
+template <class S, class Mask>
+problem<S> make_problem(const shape& s, const Mask& mask, const baton::attention_params& params, unsigned seed,
+                        bool accumulate = false, const std::vector<poke>& pokes = {}) {
+  problem<S> p;
+  p.s = s;
+  p.params = params;
+  p.params.accumulate = accumulate;
+  auto in = attn_test::random_inputs<float>(s, seed);
+  in.q = rounded<S>(in.q);
+  in.k = rounded<S>(in.k);
+  in.v = rounded<S>(in.v);
+  in.dout = rounded<S>(in.dout);
+  for (const auto& site : pokes) apply_poke(in, site);
+  p.q = in.q;
+  p.k = in.k;
+  p.v = in.v;
+  p.dout = in.dout;
+  baton::reference_attention ref;
+  p.out.assign(in.q.size(), 0.f);
+  p.lse.assign(static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q), 0.f);
+  ref.forward(attn_test::q_view(std::as_const(p.q), s), attn_test::kv_view(std::as_const(p.k), s),
+              attn_test::kv_view(std::as_const(p.v), s), mask, attn_test::q_view(p.out, s), attn_test::lse_view(p.lse, s),
+              params);
+  p.out = rounded<S>(p.out);
+  // Previous content for accumulate mode: small random values, themselves in storage.
+  const auto previous = attn_test::random_inputs<float>(s, seed + 1000, 0.5);
+  p.dq0 = accumulate ? rounded<S>(previous.q) : std::vector<float>(in.q.size(), 0.f);
+  p.dk0 = accumulate ? rounded<S>(previous.k) : std::vector<float>(in.k.size(), 0.f);
+  p.dv0 = accumulate ? rounded<S>(previous.v) : std::vector<float>(in.v.size(), 0.f);
+  p.want.dq = p.dq0;
+  p.want.dk = p.dk0;
+  p.want.dv = p.dv0;
+  ref.backward(attn_test::q_view(std::as_const(p.q), s), attn_test::kv_view(std::as_const(p.k), s),
+               attn_test::kv_view(std::as_const(p.v), s), attn_test::q_view(std::as_const(p.out), s),
+               attn_test::lse_view(std::as_const(p.lse), s), attn_test::q_view(std::as_const(p.dout), s), mask,
+               attn_test::q_view(p.want.dq, s), attn_test::kv_view(p.want.dk, s), attn_test::kv_view(p.want.dv, s),
+               p.params);
+  p.sq = to_storage<S>(p.q);
+  p.sk = to_storage<S>(p.k);
+  p.sv = to_storage<S>(p.v);
+  p.sout = to_storage<S>(p.out);
+  p.sdout = to_storage<S>(p.dout);
+  p.sdq = to_storage<S>(p.dq0);
+  p.sdk = to_storage<S>(p.dk0);
+  p.sdv = to_storage<S>(p.dv0);
+  const bc::backward_shape shape_ = bc::backward_shape_for<S>(static_cast<int>(s.dim));
+  const baton::positions qp = params.q_pos.resolved(s.seq_q, "q_pos"), kp = params.k_pos.resolved(s.seq_k, "k_pos");
+  p.plan = bc::make_tile_plan(mask, qp, kp, s.seq_q, s.seq_k, shape_.tile_q, shape_.tile_k);
+  p.scale = params.softmax_scale == 0 ? 1.0 / std::sqrt(static_cast<double>(s.dim)) : params.softmax_scale;
+  p.workspace.assign(bc::backward_workspace_bytes(s.batch, s.heads_q, s.seq_q, s.heads_kv, s.seq_k) +
+                         bc::workspace_alignment,
+                     0);
+  return p;
+}
+
+/// Contiguous [batch, seq, heads, dim] strides.
+inline bc::row_strides contiguous(std::int64_t seq, std::int64_t heads, std::int64_t dim) {
+  return {seq * heads * dim, heads * dim, dim};
+}
+
+/// backward_args over the given pointers (host arrays for the emulation, device copies for a
+/// launch), with the problem's sizes and strides.
+template <class S>
+bc::backward_args<S> make_args(const problem<S>& p, const S* q, const S* k, const S* v, const S* out, const S* dout,
+                               const float* lse, S* dq, S* dk, S* dv, void* workspace,
+                               const bc::tile_plan_view& plan) {
+  const shape& s = p.s;
+  bc::backward_args<S> a;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
+  a.dout = dout;
+  a.lse = lse;
+  a.dq = dq;
+  a.dk = dk;
+  a.dv = dv;
+  a.q_stride = a.out_stride = a.dout_stride = a.dq_stride = contiguous(s.seq_q, s.heads_q, s.dim);
+  a.k_stride = a.v_stride = a.dk_stride = a.dv_stride = contiguous(s.seq_k, s.heads_kv, s.dim);
+  a.lse_stride = {s.heads_q * s.seq_q, 1, s.seq_q};
+  a.batch = static_cast<std::int32_t>(s.batch);
+  a.heads_q = static_cast<std::int32_t>(s.heads_q);
+  a.heads_kv = static_cast<std::int32_t>(s.heads_kv);
+  a.dim = static_cast<std::int32_t>(s.dim);
+  a.scale = static_cast<float>(p.scale);
+  a.accumulate = p.params.accumulate;
+  a.plan = plan;
+  a.workspace = bc::carve_backward_workspace(workspace, s.batch, s.heads_q, s.seq_q);
+  return a;
+}
+
+/// Host arrays: the problem's own storage vectors (aligned by the allocator to >= 16 bytes).
+template <class S>
+bc::backward_args<S> host_args(problem<S>& p) {
+  auto* ws = p.workspace.data();
+  auto addr = reinterpret_cast<std::uintptr_t>(ws);
+  ws += (bc::workspace_alignment - addr % bc::workspace_alignment) % bc::workspace_alignment;
+  return make_args(p, p.sq.data(), p.sk.data(), p.sv.data(), p.sout.data(), p.sdout.data(), p.lse.data(), p.sdq.data(),
+                   p.sdk.data(), p.sdv.data(), ws, p.plan.view());
+}
+
+/// "" when got matches the reference within tolerance<S>() x its largest magnitude, with
+/// NaN exactly where the reference has NaN; else what differs.
+template <class S>
+std::string compare(const std::vector<S>& got_storage, const std::vector<float>& want, const char* name) {
+  const std::vector<float> got = to_floats(got_storage);
+  const std::string nan = attn_test::nan_pattern_mismatch(got, want, tolerance<S>());
+  if (!nan.empty()) return std::string(name) + ": " + nan;
+  return "";
+}
+
+}  // namespace cuda_bwd_test
