@@ -92,6 +92,32 @@ void nccl_rank_body(baton::local_communicator& host) {
   const std::string bad = SUITE_EXPECT_ERROR(c, (void)c.split(-3, 0));
   SUITE_CHECK_HAS(c, bad, "passed color -3");
 
+  // Host memory is staged through the communicator's device buffers (the pipeline executor
+  // sends its headers, agreement tables and loss values from the host): a shift (with one
+  // rank, a send to itself inside one group), host all_reduce and broadcast, and - with two
+  // ranks or more - isend/irecv between neighbours completed by test() polling.
+  std::vector<std::int64_t> host_out(300), host_in(300, -1);
+  for (std::size_t i = 0; i < host_out.size(); ++i) host_out[i] = r * 100000 + static_cast<std::int64_t>(i);
+  auto host_shift = baton::shift(c, std::span<const std::int64_t>(host_out), std::span<std::int64_t>(host_in), 1, 2);
+  host_shift.wait();
+  SUITE_CHECK(c, host_in[0] == prev * 100000 && host_in[299] == prev * 100000 + 299);
+  double host_sum = r + 1.0;
+  c.all_reduce(std::span<double>(&host_sum, 1), baton::reduce_op::sum);
+  SUITE_CHECK(c, host_sum == n * (n + 1) / 2.0);
+  std::vector<std::int32_t> host_root(3, r == 0 ? 7 : -1);
+  c.broadcast(std::span<std::int32_t>(host_root), 0);
+  SUITE_CHECK(c, host_root[0] == 7 && host_root[2] == 7);
+  if (n >= 2) {
+    // Larger than a staging slot made in advance (16 KiB): a slot is made for it.
+    std::vector<float> big_out(10000, static_cast<float>(r) + 0.5f), big_in(10000, -1.0f);
+    auto recv = baton::irecv(c, std::span<float>(big_in), prev, 3);
+    auto send = baton::isend(c, std::span<const float>(big_out), comm_suite::mod(r + 1, n), 3);
+    while (!recv.test()) {
+    }
+    send.wait();
+    SUITE_CHECK(c, big_in[0] == static_cast<float>(prev) + 0.5f && big_in[9999] == static_cast<float>(prev) + 0.5f);
+  }
+
   // Bad peers are rejected before NCCL sees them.
   const std::string peer = SUITE_EXPECT_ERROR(c, (void)baton::isend(c, std::span<const std::int32_t>(out.span()), n, 0));
   SUITE_CHECK_HAS(c, peer, "peer " + std::to_string(n));
@@ -106,6 +132,25 @@ TEST_CASE("nccl: the communicator concepts", "[comm][nccl]") {
   STATIC_REQUIRE(baton::splittable_communicator<C>);
   STATIC_REQUIRE(baton::ring_communicator<C>);
   STATIC_REQUIRE(baton::comm_request<baton::nccl_request>);
+}
+
+TEST_CASE("nccl: both ends of every message pick the same point-to-point lane", "[comm][nccl]") {
+  // Runs without a GPU: the lane of a message decides which NCCL communicator and stream it
+  // uses, so a sender and its receiver disagreeing would hang on a GPU.
+  using baton::detail::comm::nccl::lane_of_recv;
+  using baton::detail::comm::nccl::lane_of_send;
+  using baton::detail::comm::nccl::p2p_lane;
+  for (int n = 1; n <= 8; ++n) {
+    for (int a = 0; a < n; ++a) {
+      CHECK(lane_of_send(a, a) == p2p_lane::main);
+      CHECK(lane_of_recv(a, a) == p2p_lane::main);
+      for (int b = 0; b < n; ++b) {
+        INFO("from rank " << a << " to rank " << b);
+        CHECK(lane_of_send(a, b) == lane_of_recv(b, a));
+        if (a != b) CHECK(lane_of_send(a, b) == (b > a ? p2p_lane::up : p2p_lane::down));
+      }
+    }
+  }
 }
 
 TEST_CASE("nccl: transfers on every visible GPU", "[comm][nccl][gpu][can-skip]") {

@@ -151,6 +151,19 @@ concept tensor_payload =
       { payload_traits<T>::concat(parts, dim) } -> std::same_as<T>;
     };
 
+/// Whether the host may read and write a tensor type's bytes() (memcpy them into a message,
+/// scale them in a loop). True unless its traits declare `static constexpr bool
+/// host_accessible = false;`, as a device-memory tensor does (baton/payload/cuda.hpp): such a
+/// tensor is only ever handed to the communicator as a span and changed through its traits.
+template <class T>
+inline constexpr bool host_accessible_v = [] {
+  if constexpr (requires { payload_traits<std::remove_cvref_t<T>>::host_accessible; }) {
+    return static_cast<bool>(payload_traits<std::remove_cvref_t<T>>::host_accessible);
+  } else {
+    return true;
+  }
+}();
+
 /// A tensor whose traits can concatenate parts that are not adjacent in memory.
 template <class T>
 concept pointer_concatenable = tensor_payload<T> && requires(std::span<const T* const> parts, int dim) {

@@ -42,7 +42,8 @@ inline constexpr std::int64_t wire_magic = 0x62746e5050;  // "btnPP"
 
 // Payloads up to this many bytes travel inside the header message: one message per transfer
 // instead of 1 + tensors, which is what small activations (and the executor's own latency)
-// are dominated by.
+// are dominated by. Only payloads whose tensors the host may touch (host_accessible_v): a
+// device tensor's bytes cannot be memcpy'd into the header.
 inline constexpr std::size_t wire_inline_bytes = 2048;
 
 // The header message. Word layout: magic, call, sending stage, microbatch, direction
@@ -174,6 +175,15 @@ P make_payload(const wire_header& h) {
   }
 }
 
+// Whether the host may touch every tensor of p (host_accessible_v). A payload with a device
+// tensor never travels inline: its bytes cannot be memcpy'd into the header on the host.
+template <class P>
+bool payload_host_accessible(const P& p) {
+  bool host = true;
+  for_each_tensor(p, [&](const auto& t) { host = host && host_accessible_v<std::remove_cvref_t<decltype(t)>>; });
+  return host;
+}
+
 // Multiplies every tensor of p by `factor` (the loss scaling applied to a loss gradient).
 template <class P>
 void scale_payload(P& p, double factor) {
@@ -182,6 +192,9 @@ void scale_payload(P& p, double factor) {
     if constexpr (requires { payload_traits<leaf>::scale(t, factor); }) {
       payload_traits<leaf>::scale(t, factor);
     } else if constexpr (static_element_type<leaf>) {
+      static_assert(host_accessible_v<leaf>,
+                    "baton pipeline: a loss gradient in memory the host cannot touch (a device tensor) needs "
+                    "`static void scale(T&, double)` in its payload_traits (the loss scaling)");
       using value = typename payload_traits<leaf>::value_type;
       static_assert(std::is_floating_point_v<value>,
                     "baton pipeline: the loss gradient must hold floating-point tensors");
@@ -349,7 +362,7 @@ std::unique_ptr<outgoing<comm_request_t<Comm>>> post_send(
   fill_header(out->header, *out->payload, id);
   std::size_t total = 0;
   for_each_tensor(*out->payload, [&](const auto& t) { total += tensor_bytes(t).size(); });
-  const bool small = total <= wire_inline_bytes;
+  const bool small = total <= wire_inline_bytes && payload_host_accessible(*out->payload);
   out->header.words[6] = small ? 1 : 0;
   if (small) {
     std::byte* at = out->header.inline_area();
@@ -495,6 +508,11 @@ bool advance_recv(Comm& comm, incoming<Request, P>& in, buffer_pool<P>& pool, bo
                          "element types or tensor ranks): the ranks were built with different stage types");
   }
   if (in.header.data_inline()) {
+    if (!payload_host_accessible(*in.buffer)) {
+      throw pipeline_error("baton pipeline: the " + describe_message(in.expected) + " from rank " +
+                           std::to_string(in.source) + " carries its data inline, but this rank's stage input "
+                           "holds device tensors: the ranks were built with different stage types");
+    }
     const std::byte* at = in.header.inline_area();
     for_each_tensor(*in.buffer, [&](auto& t) {
       auto bytes = tensor_mutable_bytes(t);
