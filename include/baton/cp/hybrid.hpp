@@ -14,6 +14,7 @@
 #include <baton/cp/detail/ulysses_core.hpp>
 #include <baton/cp/detail/views.hpp>
 #include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
 #include <baton/cp/ring.hpp>
 #include <baton/cp/sharding.hpp>
 #include <baton/cp/ulysses.hpp>
@@ -39,8 +40,11 @@ struct cp_mesh {
 
 /// Splits `world` into a cp_mesh (collective). Every rank throws cp_error when
 /// ring_degree x ulysses_degree is not the world size, or when ranks pass different degrees.
-template <class Comm>
-cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
+///
+/// `memory`: where the communicator can move the agreement's few bytes from (a device
+/// communicator needs cuda_device_memory, <baton/cp/cuda.hpp>); host_memory by default.
+template <class Comm, cp_memory_space Memory = host_memory>
+cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree, Memory memory = {}) {
   static_assert(splittable_communicator<Comm> && all_to_all_communicator<Comm>,
                 "baton::make_cp_mesh: the world communicator must model splittable_communicator (split(color, key)) "
                 "and all_to_all_communicator (to agree on the degrees first)");
@@ -57,8 +61,9 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
               std::to_string(std::int64_t{ring_degree} * ulysses_degree) + " ranks does not match the world size " +
               std::to_string(world.size()) + "; choose degrees whose product is the world size");
   }
-  const auto all = all_to_all_gather(world, std::span<const call_descriptor>(&mine, 1));
-  agree_settle_or_throw("baton::make_cp_mesh", all, [&] { settle_all_to_all(world); });
+  [[maybe_unused]] constexpr bool memory_ok = memory_matches_communicator<Memory, Comm>();  // asserts
+  const auto all = all_to_all_gather(world, memory, std::span<const call_descriptor>(&mine, 1));
+  agree_settle_or_throw("baton::make_cp_mesh", all, [&] { settle_all_to_all(world, memory); });
   const int w = world.rank();
   cp_mesh<Comm> mesh{world.split(w / ulysses_degree, w % ulysses_degree), world.split(w % ulysses_degree, w / ulysses_degree),
                      ring_degree, ulysses_degree};
@@ -82,17 +87,36 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree) {
 ///   baton::hybrid_attention attn(mesh, baton::reference_attention{}, sharding);
 ///   attn.forward(q, k, v, baton::causal_mask{}, out, lse);
 /// ```
-template <all_to_all_communicator UlyssesComm, ring_communicator RingComm, class Backend>
+///
+/// Memory spaces as for ring_attention: the backend's by default, or an explicit last
+/// constructor argument.
+template <all_to_all_communicator UlyssesComm, ring_communicator RingComm, class Backend,
+          cp_memory_space Memory = cp_memory_space_t<Backend>>
 class hybrid_attention
-    : public detail::cp::front_end<hybrid_attention<UlyssesComm, RingComm, Backend>, Backend> {
+    : public detail::cp::front_end<hybrid_attention<UlyssesComm, RingComm, Backend, Memory>, Backend, Memory,
+                                   UlyssesComm, RingComm> {
  public:
   hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding)
-      : ulysses_(&ulysses), ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)) {}
+      : ulysses_(&ulysses),
+        ring_(&ring),
+        backend_(std::move(backend)),
+        sharding_(std::move(sharding)),
+        memory_(cp_memory_space_of<Backend>::make(backend_)) {}
+  hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding, Memory memory)
+      : ulysses_(&ulysses),
+        ring_(&ring),
+        backend_(std::move(backend)),
+        sharding_(std::move(sharding)),
+        memory_(std::move(memory)) {}
 
   template <class Comm>
     requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
   hybrid_attention(cp_mesh<Comm>& mesh, Backend backend, sequence_sharding sharding)
       : hybrid_attention(mesh.ulysses, mesh.ring, std::move(backend), std::move(sharding)) {}
+  template <class Comm>
+    requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
+  hybrid_attention(cp_mesh<Comm>& mesh, Backend backend, sequence_sharding sharding, Memory memory)
+      : hybrid_attention(mesh.ulysses, mesh.ring, std::move(backend), std::move(sharding), std::move(memory)) {}
 
   /// On the cp_ring x cp_ulysses group of a device_mesh (baton/comm/mesh.hpp).
   template <class Comm>
@@ -114,7 +138,9 @@ class hybrid_attention
   void release_workspace() noexcept { ws_.release(); }
 
  private:
-  friend class detail::cp::front_end<hybrid_attention, Backend>;
+  friend class detail::cp::front_end<hybrid_attention, Backend, Memory, UlyssesComm, RingComm>;
+
+  Memory& memory() noexcept { return memory_; }
 
   detail::cp::ring_geometry ring_geometry_of(const detail::cp::ulysses_geometry& g) const {
     detail::cp::ring_geometry rg;
@@ -144,12 +170,13 @@ class hybrid_attention
                      backward ? op_hybrid_backward : op_hybrid_forward, s, sharding_, ring_->size() * ulysses_->size(),
                      shard_index(), problem, mask, scale, [&](const call_descriptor& mine) {
                        // Inside the Ulysses group first, then around the ring: every rank sees all.
-                       const auto group = all_to_all_gather(*ulysses_, std::span<const call_descriptor>(&mine, 1));
-                       return ring_all_gather(*ring_, std::span<const call_descriptor>(group));
+                       const auto group =
+                           all_to_all_gather(*ulysses_, memory_, std::span<const call_descriptor>(&mine, 1));
+                       return ring_all_gather(*ring_, memory_, std::span<const call_descriptor>(group));
                      },
                      [&] {
-                       settle_ring(*ring_);
-                       settle_all_to_all(*ulysses_);
+                       settle_ring(*ring_, memory_);
+                       settle_all_to_all(*ulysses_, memory_);
                      });
     return ulysses_geometry_of(s, sharding_, ring_->rank() * ulysses_->size(), ulysses_->size(), ulysses_->rank());
   }
@@ -159,11 +186,12 @@ class hybrid_attention
                    tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
                    double scale) {
     using namespace detail::cp;
+    ws_.mem = &memory_;
     const ulysses_gathered<T> x = gather_for_forward<T>(*ulysses_, ws_, g, q, k, v);
     // A ring's members share their Ulysses rank, so they hold the same heads: where that is
     // none (more Ulysses ranks than heads), the whole ring skips together.
     if (g.heads_q() > 0)
-      ring_forward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse, scale);
+      ring_forward<T>(*ring_, backend_, memory_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse, scale);
     scatter_out_lse<T>(*ulysses_, ws_, g, x, out, lse);
   }
 
@@ -173,9 +201,10 @@ class hybrid_attention
                     tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
                     tensor_view<T, 4> dv, double scale) {
     using namespace detail::cp;
+    ws_.mem = &memory_;
     const ulysses_gathered<T> x = gather_for_backward<T>(*ulysses_, ws_, g, q, k, v, out, lse, dout);
     if (g.heads_q() > 0)
-      ring_backward<T>(*ring_, backend_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
+      ring_backward<T>(*ring_, backend_, memory_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
                      tensor_view<const lse_t<T>, 3>(x.lse), x.dout, mask, x.dq, x.dk, x.dv, scale);
     scatter_grads<T>(*ulysses_, ws_, g, x, dq, dk, dv);
   }
@@ -184,9 +213,10 @@ class hybrid_attention
   RingComm* ring_;
   Backend backend_;
   sequence_sharding sharding_;
+  Memory memory_;
   // The Ulysses group's gathered tensors and exchange scratch, reused by the next call
   // (as in ulysses_attention): O(b s h d / (R U)) per rank, held until release_workspace().
-  detail::cp::ulysses_workspace ws_;
+  detail::cp::ulysses_workspace<Memory> ws_;
 };
 
 template <class UComm, class RComm, class Backend>
@@ -195,5 +225,9 @@ template <class Comm, class Backend>
 hybrid_attention(cp_mesh<Comm>&, Backend, sequence_sharding) -> hybrid_attention<Comm, Comm, Backend>;
 template <class Comm, class Backend>
 hybrid_attention(device_mesh<Comm>&, Backend, sequence_sharding) -> hybrid_attention<Comm, Comm, Backend>;
+template <class UComm, class RComm, class Backend, class Memory>
+hybrid_attention(UComm&, RComm&, Backend, sequence_sharding, Memory) -> hybrid_attention<UComm, RComm, Backend, Memory>;
+template <class Comm, class Backend, class Memory>
+hybrid_attention(cp_mesh<Comm>&, Backend, sequence_sharding, Memory) -> hybrid_attention<Comm, Comm, Backend, Memory>;
 
 }  // namespace baton

@@ -14,9 +14,15 @@
 namespace baton {
 
 /// The type the context-parallel layer accumulates outputs, LSE and gradients in: fp32 or
-/// better (float for float and narrower types, double for double).
+/// better (float for float and narrower types, double for double). A storage type without
+/// arithmetic (a 16-bit float struct) specialises cp_accumulator (<baton/cp/cuda.hpp> maps
+/// baton::bfloat16 and baton::float16 to float).
 template <class T>
-using cp_accumulator_t = std::common_type_t<T, float>;
+struct cp_accumulator {
+  using type = std::common_type_t<T, float>;
+};
+template <class T>
+using cp_accumulator_t = typename cp_accumulator<std::remove_cv_t<T>>::type;
 
 namespace detail::cp {
 

@@ -11,6 +11,7 @@
 #include <baton/cp/detail/ring_core.hpp>
 #include <baton/cp/detail/views.hpp>
 #include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 
@@ -41,11 +42,21 @@ namespace baton {
 ///   ring.forward(q, k, v, baton::causal_mask{}, out, lse);
 ///   ring.backward(q, k, v, out, lse, dout, baton::causal_mask{}, dq, dk, dv);
 /// ```
-template <ring_communicator Comm, class Backend>
-class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend>, Backend> {
+///
+/// Buffers and data movement go through the memory space `Memory` (cp/memory.hpp): the
+/// backend's by default (host_memory; cuda_device_memory for a CUDA backend once
+/// <baton/cp/cuda.hpp> is included), or one passed as the last constructor argument.
+template <ring_communicator Comm, class Backend, cp_memory_space Memory = cp_memory_space_t<Backend>>
+class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend, Memory>, Backend, Memory, Comm> {
  public:
   ring_attention(Comm& ring, Backend backend, sequence_sharding sharding)
-      : ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)) {}
+      : ring_(&ring),
+        backend_(std::move(backend)),
+        sharding_(std::move(sharding)),
+        memory_(cp_memory_space_of<Backend>::make(backend_)) {}
+  /// With an explicit memory space (its location must be the backend's: see cp/memory.hpp).
+  ring_attention(Comm& ring, Backend backend, sequence_sharding sharding, Memory memory)
+      : ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)), memory_(std::move(memory)) {}
 
   const sequence_sharding& sharding() const noexcept { return sharding_; }
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
@@ -55,7 +66,9 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   // dk, dv, params) come from detail::cp::front_end.
 
  private:
-  friend class detail::cp::front_end<ring_attention, Backend>;
+  friend class detail::cp::front_end<ring_attention, Backend, Memory, Comm>;
+
+  Memory& memory() noexcept { return memory_; }
 
   template <class T, class Mask>
   detail::cp::ring_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
@@ -77,9 +90,9 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
                      backward ? op_ring_backward : op_ring_forward, s, sharding_, ring_->size(), ring_->rank(), problem,
                      mask, scale,
                      [&](const call_descriptor& mine) {
-                       return ring_all_gather(*ring_, std::span<const call_descriptor>(&mine, 1));
+                       return ring_all_gather(*ring_, memory_, std::span<const call_descriptor>(&mine, 1));
                      },
-                     [&] { settle_ring(*ring_); });
+                     [&] { settle_ring(*ring_, memory_); });
     ring_geometry g;
     for (int r = 0; r < ring_->size(); ++r) g.pieces.push_back(sharding_.pieces(r));
     g.batch = s.batch;
@@ -93,7 +106,7 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   void run_forward(const detail::cp::ring_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
                    tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
                    double scale) {
-    detail::cp::ring_forward<T>(*ring_, backend_, g, q, k, v, mask, out, lse, scale);
+    detail::cp::ring_forward<T>(*ring_, backend_, memory_, g, q, k, v, mask, out, lse, scale);
   }
 
   template <class T, class Mask>
@@ -101,15 +114,18 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
                     tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
                     tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
                     tensor_view<T, 4> dv, double scale) {
-    detail::cp::ring_backward<T>(*ring_, backend_, g, q, k, v, out, lse, dout, mask, dq, dk, dv, scale);
+    detail::cp::ring_backward<T>(*ring_, backend_, memory_, g, q, k, v, out, lse, dout, mask, dq, dk, dv, scale);
   }
 
   Comm* ring_;
   Backend backend_;
   sequence_sharding sharding_;
+  Memory memory_;
 };
 
 template <class Comm, class Backend>
 ring_attention(Comm&, Backend, sequence_sharding) -> ring_attention<Comm, Backend>;
+template <class Comm, class Backend, class Memory>
+ring_attention(Comm&, Backend, sequence_sharding, Memory) -> ring_attention<Comm, Backend, Memory>;
 
 }  // namespace baton

@@ -13,6 +13,7 @@
 #include <baton/cp/detail/ulysses_core.hpp>
 #include <baton/cp/detail/views.hpp>
 #include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 
@@ -55,74 +56,77 @@ inline ulysses_geometry ulysses_geometry_of(const local_shape& s, const sequence
 
 // One tensor, sequence -> heads, into the head-sharded buffer dst [b, seq, count(me), x]: in
 // place when the shards and head groups are equal, else through the general exchange.
-template <class T, class Comm>
-void gather_heads(Comm& comm, const ulysses_geometry& g, const view4<const T>& src, const head_split& split, T* dst,
-                  scratch_buffer& send, scratch_buffer& recv) {
+template <class T, class Comm, class M>
+void gather_heads(Comm& comm, M& mem, const ulysses_geometry& g, const view4<const T>& src, const head_split& split,
+                  T* dst, scratch<M>& send, scratch<M>& recv) {
   if (in_place_exchange(g.exchange, split)) {
-    heads_from_sequence_into<T>(comm, src, split, dst, send);
+    heads_from_sequence_into<T>(comm, mem, src, split, dst, send);
     return;
   }
-  heads_from_sequence_general<T>(comm, g.exchange, src, split,
+  heads_from_sequence_general<T>(comm, mem, g.exchange, src, split,
                                  bshd(dst, g.batch, g.seq(), split.count(g.exchange.rank), src.ext[3]), send, recv);
 }
 
 // One tensor, heads -> sequence, from the head-sharded src [b, seq, count(me), x].
-template <class T, class Comm>
-void scatter_heads(Comm& comm, const ulysses_geometry& g, const T* src, const head_split& split, const view4<T>& dst,
-                   scratch_buffer& send, scratch_buffer& recv) {
+template <class T, class Comm, class M>
+void scatter_heads(Comm& comm, M& mem, const ulysses_geometry& g, const T* src, const head_split& split,
+                   const view4<T>& dst, scratch<M>& send, scratch<M>& recv) {
   if (in_place_exchange(g.exchange, split)) {
-    sequence_from_heads_from<T>(comm, src, split, dst, recv);
+    sequence_from_heads_from<T>(comm, mem, src, split, dst, recv);
     return;
   }
-  sequence_from_heads_general<T>(comm, g.exchange, bshd(src, g.batch, g.seq(), split.count(g.exchange.rank), dst.ext[3]),
-                                 split, dst, send, recv);
+  sequence_from_heads_general<T>(comm, mem, g.exchange,
+                                 bshd(src, g.batch, g.seq(), split.count(g.exchange.rank), dst.ext[3]), split, dst,
+                                 send, recv);
 }
 
-template <class T, class Comm>
-void gather_qkv(Comm& comm, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch_buffer& send, scratch_buffer& recv) {
-  gather_heads<T>(comm, g, as_view4(q), g.q_split, gq, send, recv);
-  gather_heads<T>(comm, g, as_view4(k), g.kv_split, gk, send, recv);
-  gather_heads<T>(comm, g, as_view4(v), g.kv_split, gv, send, recv);
+template <class T, class Comm, class M>
+void gather_qkv(Comm& comm, M& mem, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch<M>& send, scratch<M>& recv) {
+  gather_heads<T>(comm, mem, g, as_view4(q), g.q_split, gq, send, recv);
+  gather_heads<T>(comm, mem, g, as_view4(k), g.kv_split, gk, send, recv);
+  gather_heads<T>(comm, mem, g, as_view4(v), g.kv_split, gv, send, recv);
 }
 
 // The LSE (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp when the
 // shards are even.
-template <class T, class Comm>
-void gather_lse(Comm& comm, const ulysses_geometry& g, tensor_view<const lse_t<T>, 3> lse, lse_t<T>* glse,
-                scratch_buffer& send, scratch_buffer& recv) {
+template <class T, class Comm, class M>
+void gather_lse(Comm& comm, M& mem, const ulysses_geometry& g, tensor_view<const lse_t<T>, 3> lse, lse_t<T>* glse,
+                scratch<M>& send, scratch<M>& recv) {
   using L = lse_t<T>;
   const auto dst = lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq()));
   if (in_place_exchange(g.exchange, g.q_split)) {
     const std::array<heads_part<L>, 1> lse_part{{{lse_as_view4(lse), g.q_split, dst}}};
-    heads_from_sequence<L>(comm, std::span<const heads_part<L>>(lse_part));
+    heads_from_sequence<L>(comm, mem, std::span<const heads_part<L>>(lse_part));
     return;
   }
-  heads_from_sequence_general<L>(comm, g.exchange, lse_as_view4(lse), g.q_split, dst, send, recv);
+  heads_from_sequence_general<L>(comm, mem, g.exchange, lse_as_view4(lse), g.q_split, dst, send, recv);
 }
 
-template <class T, class Comm>
-void scatter_lse(Comm& comm, const ulysses_geometry& g, lse_t<T>* glse, tensor_view<lse_t<T>, 3> lse,
-                 scratch_buffer& send, scratch_buffer& recv) {
+template <class T, class Comm, class M>
+void scatter_lse(Comm& comm, M& mem, const ulysses_geometry& g, lse_t<T>* glse, tensor_view<lse_t<T>, 3> lse,
+                 scratch<M>& send, scratch<M>& recv) {
   using L = lse_t<T>;
   const auto src = lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq())).as_const();
   if (in_place_exchange(g.exchange, g.q_split)) {
     const std::array<sequence_part<L>, 1> lse_part{{{src, g.q_split, lse_as_view4(lse)}}};
-    sequence_from_heads<L>(comm, std::span<const sequence_part<L>>(lse_part));
+    sequence_from_heads<L>(comm, mem, std::span<const sequence_part<L>>(lse_part));
     return;
   }
-  sequence_from_heads_general<L>(comm, g.exchange, src, g.q_split, lse_as_view4(lse), send, recv);
+  sequence_from_heads_general<L>(comm, mem, g.exchange, src, g.q_split, lse_as_view4(lse), send, recv);
 }
 
 // The head-sharded side of a Ulysses exchange, kept between calls: the gathered tensors,
-// their gradients, the LSE and the send/receive scratch of the exchanges.
+// their gradients, the LSE and the send/receive scratch of the exchanges, in memory space M.
+template <class M>
 struct ulysses_workspace {
   enum slot : std::size_t { q, k, v, out, dout, dq, dk, dv, lse, exchange, exchange_recv, count };
-  std::array<scratch_buffer, count> slots;
+  std::array<scratch<M>, count> slots;
+  M* mem = nullptr;  // the owner's memory space (set before every use)
 
   template <class E>
   E* get(slot s, std::size_t n) {
-    return slots[s].get<E>(n).data();
+    return slots[s].template get<E>(*mem, n);
   }
   // Slot s sized for geometry g: shaped as q (q, out, dout, dq), as k (k, v, dk, dv), or as
   // the LSE, [batch, heads_q, seq].
@@ -146,17 +150,21 @@ struct ulysses_gathered {
   tensor_view<lse_t<T>, 3> lse;
 };
 
-template <class T>
-ulysses_gathered<T> gathered_views(ulysses_workspace& ws, const ulysses_geometry& g, bool backward) {
-  using W = ulysses_workspace;
-  const auto q_shaped = [&](W::slot s) { return bshd_view<T>(ws.get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim); };
-  const auto kv_shaped = [&](W::slot s) { return bshd_view<T>(ws.get<T>(s, g), g.batch, g.seq(), g.heads_kv(), g.dim); };
+template <class T, class M>
+ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geometry& g, bool backward) {
+  using W = ulysses_workspace<M>;
+  const auto q_shaped = [&](typename W::slot s) {
+    return bshd_view<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim);
+  };
+  const auto kv_shaped = [&](typename W::slot s) {
+    return bshd_view<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_kv(), g.dim);
+  };
   ulysses_gathered<T> x;
   x.q = q_shaped(W::q);
   x.k = kv_shaped(W::k);
   x.v = kv_shaped(W::v);
   x.out = q_shaped(W::out);
-  x.lse = lse_view<lse_t<T>>(ws.get<lse_t<T>>(W::lse, g), g.batch, g.heads_q(), g.seq());
+  x.lse = lse_view<lse_t<T>>(ws.template get<lse_t<T>>(W::lse, g), g.batch, g.heads_q(), g.seq());
   if (backward) {
     x.dout = q_shaped(W::dout);
     x.dq = q_shaped(W::dq);
@@ -167,50 +175,57 @@ ulysses_gathered<T> gathered_views(ulysses_workspace& ws, const ulysses_geometry
 }
 
 // Sequence shards in, head shards out: q, k, v for a forward.
-template <class T, class Comm>
-ulysses_gathered<T> gather_for_forward(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g,
+template <class T, class Comm, class M>
+ulysses_gathered<T> gather_for_forward(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry& g,
                                        tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v) {
+  using W = ulysses_workspace<M>;
   const ulysses_gathered<T> x = gathered_views<T>(ws, g, false);
-  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, ws.slots[ulysses_workspace::exchange],
-                ws.slots[ulysses_workspace::exchange_recv]);
+  gather_qkv<T>(comm, *ws.mem, g, q, k, v, x.q.data, x.k.data, x.v.data, ws.slots[W::exchange],
+                ws.slots[W::exchange_recv]);
   return x;
 }
 
 // The same for a backward: q, k, v, out, lse and dout.
-template <class T, class Comm>
-ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g,
+template <class T, class Comm, class M>
+ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry& g,
                                         tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
                                         tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
                                         tensor_view<const T, 4> dout) {
+  using W = ulysses_workspace<M>;
   const ulysses_gathered<T> x = gathered_views<T>(ws, g, true);
-  scratch_buffer& send = ws.slots[ulysses_workspace::exchange];
-  scratch_buffer& recv = ws.slots[ulysses_workspace::exchange_recv];
-  gather_qkv<T>(comm, g, q, k, v, x.q.data, x.k.data, x.v.data, send, recv);
-  gather_heads<T>(comm, g, as_view4(out), g.q_split, x.out.data, send, recv);
-  gather_heads<T>(comm, g, as_view4(dout), g.q_split, x.dout.data, send, recv);
-  gather_lse<T>(comm, g, lse, x.lse.data, send, recv);
+  M& mem = *ws.mem;
+  scratch<M>& send = ws.slots[W::exchange];
+  scratch<M>& recv = ws.slots[W::exchange_recv];
+  gather_qkv<T>(comm, mem, g, q, k, v, x.q.data, x.k.data, x.v.data, send, recv);
+  gather_heads<T>(comm, mem, g, as_view4(out), g.q_split, x.out.data, send, recv);
+  gather_heads<T>(comm, mem, g, as_view4(dout), g.q_split, x.dout.data, send, recv);
+  gather_lse<T>(comm, mem, g, lse, x.lse.data, send, recv);
   return x;
 }
 
 // Head shards in, sequence shards out: the forward's out and lse.
-template <class T, class Comm>
-void scatter_out_lse(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
+template <class T, class Comm, class M>
+void scatter_out_lse(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
                      tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse) {
-  scratch_buffer& send = ws.slots[ulysses_workspace::exchange];
-  scratch_buffer& recv = ws.slots[ulysses_workspace::exchange_recv];
-  scatter_heads<T>(comm, g, x.out.data, g.q_split, as_view4(out), send, recv);
-  scatter_lse<T>(comm, g, x.lse.data, lse, send, recv);
+  using W = ulysses_workspace<M>;
+  M& mem = *ws.mem;
+  scratch<M>& send = ws.slots[W::exchange];
+  scratch<M>& recv = ws.slots[W::exchange_recv];
+  scatter_heads<T>(comm, mem, g, x.out.data, g.q_split, as_view4(out), send, recv);
+  scatter_lse<T>(comm, mem, g, x.lse.data, lse, send, recv);
 }
 
 // The backward's dq, dk, dv.
-template <class T, class Comm>
-void scatter_grads(Comm& comm, ulysses_workspace& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
+template <class T, class Comm, class M>
+void scatter_grads(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry& g, const ulysses_gathered<T>& x,
                    tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv) {
-  scratch_buffer& send = ws.slots[ulysses_workspace::exchange];
-  scratch_buffer& recv = ws.slots[ulysses_workspace::exchange_recv];
-  scatter_heads<T>(comm, g, x.dq.data, g.q_split, as_view4(dq), send, recv);
-  scatter_heads<T>(comm, g, x.dk.data, g.kv_split, as_view4(dk), send, recv);
-  scatter_heads<T>(comm, g, x.dv.data, g.kv_split, as_view4(dv), send, recv);
+  using W = ulysses_workspace<M>;
+  M& mem = *ws.mem;
+  scratch<M>& send = ws.slots[W::exchange];
+  scratch<M>& recv = ws.slots[W::exchange_recv];
+  scatter_heads<T>(comm, mem, g, x.dq.data, g.q_split, as_view4(dq), send, recv);
+  scatter_heads<T>(comm, mem, g, x.dk.data, g.kv_split, as_view4(dk), send, recv);
+  scatter_heads<T>(comm, mem, g, x.dv.data, g.kv_split, as_view4(dv), send, recv);
 }
 
 // The pieces of the gathered sequence: rank i's pieces, shifted past ranks 0 .. i-1's tokens.
@@ -249,11 +264,18 @@ inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& shardin
 ///   ulysses.forward(q, k, v, baton::causal_mask{}, out, lse);
 ///   ulysses.backward(q, k, v, out, lse, dout, baton::causal_mask{}, dq, dk, dv);
 /// ```
-template <all_to_all_communicator Comm, class Backend>
-class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, Backend>, Backend> {
+template <all_to_all_communicator Comm, class Backend, cp_memory_space Memory = cp_memory_space_t<Backend>>
+class ulysses_attention
+    : public detail::cp::front_end<ulysses_attention<Comm, Backend, Memory>, Backend, Memory, Comm> {
  public:
   ulysses_attention(Comm& comm, Backend backend, sequence_sharding sharding)
-      : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(sharding)) {}
+      : comm_(&comm),
+        backend_(std::move(backend)),
+        sharding_(std::move(sharding)),
+        memory_(cp_memory_space_of<Backend>::make(backend_)) {}
+  /// With an explicit memory space (its location must be the backend's: see cp/memory.hpp).
+  ulysses_attention(Comm& comm, Backend backend, sequence_sharding sharding, Memory memory)
+      : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(sharding)), memory_(std::move(memory)) {}
 
   const sequence_sharding& sharding() const noexcept { return sharding_; }
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
@@ -266,7 +288,9 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
   void release_workspace() noexcept { ws_.release(); }
 
  private:
-  friend class detail::cp::front_end<ulysses_attention, Backend>;
+  friend class detail::cp::front_end<ulysses_attention, Backend, Memory, Comm>;
+
+  Memory& memory() noexcept { return memory_; }
 
   template <class T, class Mask>
   detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
@@ -289,9 +313,9 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
     agree_on_call<T>(backward ? "baton::ulysses_attention::backward" : "baton::ulysses_attention::forward",
                      backward ? op_ulysses_backward : op_ulysses_forward, s, sharding_, comm_->size(), comm_->rank(),
                      problem, mask, scale, [&](const call_descriptor& mine) {
-                       return all_to_all_gather(*comm_, std::span<const call_descriptor>(&mine, 1));
+                       return all_to_all_gather(*comm_, memory_, std::span<const call_descriptor>(&mine, 1));
                      },
-                     [&] { settle_all_to_all(*comm_); });
+                     [&] { settle_all_to_all(*comm_, memory_); });
     return ulysses_geometry_of(s, sharding_, 0, comm_->size(), comm_->rank());
   }
 
@@ -309,6 +333,7 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
                    tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
                    double scale) {
     using namespace detail::cp;
+    ws_.mem = &memory_;
     const ulysses_gathered<T> x = gather_for_forward<T>(*comm_, ws_, g, q, k, v);
     std::vector<std::int64_t> storage;
     if (g.heads_q() > 0)  // more ranks than heads: this one holds none
@@ -322,6 +347,7 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
                     tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
                     tensor_view<T, 4> dv, double scale) {
     using namespace detail::cp;
+    ws_.mem = &memory_;
     const ulysses_gathered<T> x = gather_for_backward<T>(*comm_, ws_, g, q, k, v, out, lse, dout);
     std::vector<std::int64_t> storage;
     if (g.heads_q() > 0)
@@ -339,12 +365,15 @@ class ulysses_attention : public detail::cp::front_end<ulysses_attention<Comm, B
   Comm* comm_;
   Backend backend_;
   sequence_sharding sharding_;
+  Memory memory_;
   // The gathered tensors and exchange scratch, reused by the next call: O(b s h d / P) per
   // rank, held until release_workspace() or destruction.
-  detail::cp::ulysses_workspace ws_;
+  detail::cp::ulysses_workspace<Memory> ws_;
 };
 
 template <class Comm, class Backend>
 ulysses_attention(Comm&, Backend, sequence_sharding) -> ulysses_attention<Comm, Backend>;
+template <class Comm, class Backend, class Memory>
+ulysses_attention(Comm&, Backend, sequence_sharding, Memory) -> ulysses_attention<Comm, Backend, Memory>;
 
 }  // namespace baton

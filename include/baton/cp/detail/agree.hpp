@@ -5,6 +5,7 @@
 #pragma once
 
 #include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
 
 #include <algorithm>
 #include <array>
@@ -143,18 +144,24 @@ inline void agree_or_throw(const std::string& who, std::span<const call_descript
   }
 }
 
+// The descriptors live on the host; `mem` (the call's memory space) stages them where the
+// communicator can move them (host_memory: nowhere, they move as they are).
+
 // All-gathers descriptors around a ring (R-1 shifts by +1). Works on any communicator with
 // shift(); used where nothing else is guaranteed.
-template <class Ring>
-std::vector<call_descriptor> ring_all_gather(Ring& ring, std::span<const call_descriptor> mine) {
+template <class Ring, class M = host_memory>
+std::vector<call_descriptor> ring_all_gather(Ring& ring, M& mem, std::span<const call_descriptor> mine) {
   const int n = ring.size();
   std::vector<call_descriptor> all(mine.begin(), mine.end());
   std::vector<call_descriptor> current(mine.begin(), mine.end());
   std::vector<call_descriptor> next(mine.size());
   for (int step = 1; step < n; ++step) {
-    auto request = ring.shift(std::as_bytes(std::span<const call_descriptor>(current)),
-                              std::as_writable_bytes(std::span<call_descriptor>(next)), 1, tag_agree);
-    request.wait();
+    mem.with_host_bytes(std::as_bytes(std::span<const call_descriptor>(current)),
+                        std::as_writable_bytes(std::span<call_descriptor>(next)),
+                        [&](std::span<const std::byte> send, std::span<std::byte> recv) {
+                          auto request = ring.shift(send, recv, 1, tag_agree);
+                          request.wait();
+                        });
     all.insert(all.end(), next.begin(), next.end());
     std::swap(current, next);
   }
@@ -162,14 +169,26 @@ std::vector<call_descriptor> ring_all_gather(Ring& ring, std::span<const call_de
 }
 
 // All-gathers descriptors with all_to_all (each rank sends its descriptor to everyone).
-template <class Comm>
-std::vector<call_descriptor> all_to_all_gather(Comm& comm, std::span<const call_descriptor> mine) {
+template <class Comm, class M = host_memory>
+std::vector<call_descriptor> all_to_all_gather(Comm& comm, M& mem, std::span<const call_descriptor> mine) {
   const auto n = static_cast<std::size_t>(comm.size());
   std::vector<call_descriptor> send, all(mine.size() * n);
   for (std::size_t j = 0; j < n; ++j) send.insert(send.end(), mine.begin(), mine.end());
-  comm.all_to_all(std::as_bytes(std::span<const call_descriptor>(send)),
-                  std::as_writable_bytes(std::span<call_descriptor>(all)));
+  mem.with_host_bytes(std::as_bytes(std::span<const call_descriptor>(send)),
+                      std::as_writable_bytes(std::span<call_descriptor>(all)),
+                      [&](std::span<const std::byte> s, std::span<std::byte> r) { comm.all_to_all(s, r); });
   return all;
+}
+
+template <class Ring>
+std::vector<call_descriptor> ring_all_gather(Ring& ring, std::span<const call_descriptor> mine) {
+  host_memory mem;
+  return ring_all_gather(ring, mem, mine);
+}
+template <class Comm>
+std::vector<call_descriptor> all_to_all_gather(Comm& comm, std::span<const call_descriptor> mine) {
+  host_memory mem;
+  return all_to_all_gather(comm, mem, mine);
 }
 
 // Settling before every rank throws the agreed cp_error. The verdict is the same on every
@@ -183,37 +202,51 @@ std::vector<call_descriptor> all_to_all_gather(Comm& comm, std::span<const call_
 
 // floor(R/2) shifts around the ring: when a rank finishes round k, ranks up to k hops away
 // on either side have finished the gather.
-template <class Ring>
-void settle_ring(Ring& ring) noexcept {
+template <class Ring, class M = host_memory>
+void settle_ring(Ring& ring, M& mem) noexcept {
   try {
     const std::int64_t token = 0;
     std::int64_t received = 0;
     for (int round = 0; round < ring.size() / 2; ++round) {
-      auto request = ring.shift(std::as_bytes(std::span<const std::int64_t>(&token, 1)),
-                                std::as_writable_bytes(std::span<std::int64_t>(&received, 1)), 1, tag_settle);
-      request.wait();
+      mem.with_host_bytes(std::as_bytes(std::span<const std::int64_t>(&token, 1)),
+                          std::as_writable_bytes(std::span<std::int64_t>(&received, 1)),
+                          [&](std::span<const std::byte> send, std::span<std::byte> recv) {
+                            auto request = ring.shift(send, recv, 1, tag_settle);
+                            request.wait();
+                          });
     }
   } catch (...) {  // a peer threw the verdict already: so will this rank
   }
+}
+template <class Ring>
+void settle_ring(Ring& ring) noexcept {
+  host_memory mem;
+  settle_ring(ring, mem);
 }
 
 // A barrier (or, on a communicator without one, an all-to-all of a token): when it
 // completes on a rank, every rank has entered it, so every rank has finished what came
 // before. The barrier is preferred: it moves no buffer that a peer aborted by the verdict
 // could still be reading.
-template <class Comm>
-void settle_all_to_all(Comm& comm) noexcept {
+template <class Comm, class M = host_memory>
+void settle_all_to_all(Comm& comm, M& mem) noexcept {
   try {
     if constexpr (requires { comm.barrier(); }) {
       comm.barrier();
     } else {
       const std::vector<std::int64_t> send(static_cast<std::size_t>(comm.size()), 0);
       std::vector<std::int64_t> recv(send.size());
-      comm.all_to_all(std::as_bytes(std::span<const std::int64_t>(send)),
-                      std::as_writable_bytes(std::span<std::int64_t>(recv)));
+      mem.with_host_bytes(std::as_bytes(std::span<const std::int64_t>(send)),
+                          std::as_writable_bytes(std::span<std::int64_t>(recv)),
+                          [&](std::span<const std::byte> s, std::span<std::byte> r) { comm.all_to_all(s, r); });
     }
   } catch (...) {  // a peer threw the verdict already: so will this rank
   }
+}
+template <class Comm>
+void settle_all_to_all(Comm& comm) noexcept {
+  host_memory mem;
+  settle_all_to_all(comm, mem);
 }
 
 // agree_or_throw, settling first when the verdict is a cp_error.

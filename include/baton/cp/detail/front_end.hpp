@@ -9,6 +9,7 @@
 #include <baton/attention/tensor_view.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/views.hpp>
+#include <baton/cp/memory.hpp>
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 
@@ -23,6 +24,7 @@
 #include <string_view>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace baton::detail::cp {
@@ -82,15 +84,19 @@ std::string check_backward_tensors(const local_shape& s, const tensor_view<const
                         expect(dout, "dout", qs), expect(dq, "dq", qs), expect(dk, "dk", kvs), expect(dv, "dv", kvs)});
 }
 
-template <class Backend, class T>
+// Host memory spaces take float or double; a device space also whatever element types its
+// backend and kernels take (bf16 / fp16 storage with fp32 accumulation).
+template <class Backend, class T, class Memory = host_memory>
 constexpr bool static_check_backend() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+  constexpr bool element_ok =
+      std::is_same_v<T, float> || std::is_same_v<T, double> || Memory::location != cp_memory_location::host;
+  static_assert(element_ok,
                 "baton context parallelism: tensors must hold float or double (the element type of out / dq)");
   static_assert(attention_backend<std::remove_cvref_t<Backend>, T>,
                 "baton context parallelism: the backend must model baton::attention_backend<B, T>: "
                 "b.forward(q, k, v, mask, out, lse, params) and b.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, "
                 "params) over tensor_view (see baton/attention/backend.hpp; baton::reference_attention is one)");
-  return (std::is_same_v<T, float> || std::is_same_v<T, double>) && attention_backend<std::remove_cvref_t<Backend>, T>;
+  return element_ok && attention_backend<std::remove_cvref_t<Backend>, T>;
 }
 
 template <class Mask>
@@ -103,11 +109,26 @@ constexpr bool static_check_mask() {
 
 // Both checks, reported together; the caller compiles its body only when they pass, so the
 // static_assert messages are the whole error.
-template <class Backend, class T, class Mask>
+template <class Backend, class T, class Mask, class Memory = host_memory, class... Comms>
 constexpr bool usable() {
-  constexpr bool backend_ok = static_check_backend<Backend, T>();
+  constexpr bool backend_ok = static_check_backend<Backend, T, Memory>();
   constexpr bool mask_ok = static_check_mask<Mask>();
-  return backend_ok && mask_ok;
+  constexpr bool memory_ok = memory_matches_backend<Memory, std::remove_cvref_t<Backend>>() &&
+                             (memory_matches_communicator<Memory, Comms>() && ...);
+  return backend_ok && mask_ok && memory_ok;
+}
+
+// Empty when every tensor is memory the space works on (a device space checks that the
+// pointers are device memory: host tensors given to a CUDA backend fail here, on every rank
+// together, instead of crashing a kernel), else the first problem.
+template <class Memory>
+std::string check_memory(const Memory& mem, std::initializer_list<std::pair<const void*, const char*>> tensors) {
+  for (const auto& [data, name] : tensors) {
+    if (data == nullptr) continue;  // empty tensors (shape checks catch a null pointer elsewhere)
+    std::string problem = mem.check_tensor(data, name);
+    if (!problem.empty()) return problem;
+  }
+  return {};
 }
 
 // A fingerprint of a mask's identity and parameters, for the agreement: ranks that pass
@@ -249,8 +270,11 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
 //   template <class T, class Mask> void run_forward(const G&, q, k, v, mask, out, lse, double scale);
 //   template <class T, class Mask> void run_backward(const G&, q, k, v, out, lse, dout, mask, dq, dk,
 //                                                    dv, double scale);
+//   Memory& memory();  (the memory space its buffers and copies use, cp/memory.hpp)
 // where G is whatever the algorithm needs to know once the ranks agree (its geometry).
-template <class Derived, class Backend>
+// Memory and Comms (the communicators the algorithm uses) are checked against each other and
+// against the backend at compile time; the tensors against Memory at run time (agreed).
+template <class Derived, class Backend, class Memory = host_memory, class... Comms>
 class front_end {
  public:
   /// Attention of this rank's queries over the whole sequence: out and lse for its shard.
@@ -258,12 +282,15 @@ class front_end {
   void forward(std::type_identity_t<tensor_view<const T, 4>> q, std::type_identity_t<tensor_view<const T, 4>> k,
                std::type_identity_t<tensor_view<const T, 4>> v, const Mask& mask, tensor_view<T, 4> out,
                std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
-    if constexpr (usable<Backend, T, Mask>()) {
+    if constexpr (usable<Backend, T, Mask, Memory, Comms...>()) {
       const local_shape s = shape_of(q, k);
-      const auto agreed =
-          self().template agree<T>(false, s, mask, params.softmax_scale, params.caller_problem,
-                                   check_forward_tensors<T>(s, k, v, out, lse));
+      const auto agreed = self().template agree<T>(
+          false, s, mask, params.softmax_scale, params.caller_problem,
+          first_problem({check_forward_tensors<T>(s, k, v, out, lse),
+                         check_memory(self().memory(),
+                                      {{q.data, "q"}, {k.data, "k"}, {v.data, "v"}, {out.data, "out"}, {lse.data, "lse"}})}));
       self().template run_forward<T>(agreed, q, k, v, mask, out, lse, params.softmax_scale);
+      self().memory().synchronize();  // the results are complete when forward returns
     }
   }
 
@@ -275,12 +302,22 @@ class front_end {
                 std::type_identity_t<tensor_view<const T, 4>> dout, const Mask& mask, tensor_view<T, 4> dq,
                 std::type_identity_t<tensor_view<T, 4>> dk, std::type_identity_t<tensor_view<T, 4>> dv,
                 const cp_params& params = {}) {
-    if constexpr (usable<Backend, T, Mask>()) {
+    if constexpr (usable<Backend, T, Mask, Memory, Comms...>()) {
       const local_shape s = shape_of(q, k);
-      const auto agreed =
-          self().template agree<T>(true, s, mask, params.softmax_scale, params.caller_problem,
-                                   check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv));
+      const auto agreed = self().template agree<T>(
+          true, s, mask, params.softmax_scale, params.caller_problem,
+          first_problem({check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv),
+                         check_memory(self().memory(), {{q.data, "q"},
+                                                        {k.data, "k"},
+                                                        {v.data, "v"},
+                                                        {out.data, "out"},
+                                                        {lse.data, "lse"},
+                                                        {dout.data, "dout"},
+                                                        {dq.data, "dq"},
+                                                        {dk.data, "dk"},
+                                                        {dv.data, "dv"}})}));
       self().template run_backward<T>(agreed, q, k, v, out, lse, dout, mask, dq, dk, dv, params.softmax_scale);
+      self().memory().synchronize();
     }
   }
 

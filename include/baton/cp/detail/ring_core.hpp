@@ -14,6 +14,13 @@
 // FINAL merged out and lse, and dout — nothing saved at step 0 is reused. A dK/dV
 // accumulator (fp32 or better) travels one step behind its K/V block; after the last step
 // one more hop returns every accumulator to the rank that owns the keys.
+//
+// Memory: every buffer comes from the memory space M and every copy, fill, accumulation and
+// merge is a call on it (memory.hpp), so the same steps run on host or device memory. M is
+// synchronised before a buffer is handed to the communicator (a transfer reads what the
+// memory space's stream wrote), and a transfer's wait() completes before its buffers are
+// touched again; the backend is expected to run on M's stream (cp/cuda.hpp takes the
+// stream from the backend).
 #pragma once
 
 #include <baton/attention/backend.hpp>
@@ -23,6 +30,7 @@
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/ring_plan.hpp>
 #include <baton/cp/detail/views.hpp>
+#include <baton/cp/memory.hpp>
 #include <baton/cp/merge.hpp>
 #include <baton/cp/sharding.hpp>
 
@@ -77,12 +85,15 @@ template <class Ring>
 using shift_request_t =
     decltype(std::declval<Ring&>().shift(std::span<const std::byte>{}, std::span<std::byte>{}, 1, 0));
 
-// Sends `send` k ranks on around the ring and receives from k ranks back.
-template <class Ring, class T>
-in_flight<shift_request_t<Ring>> start_shift(Ring& ring, const std::vector<T>& send, std::vector<T>& recv, int k,
-                                             int tag) {
-  return in_flight<shift_request_t<Ring>>(
-      ring.shift(std::as_bytes(std::span<const T>(send)), std::as_writable_bytes(std::span<T>(recv)), k, tag));
+// Sends `send` k ranks on around the ring and receives from k ranks back, once everything
+// the memory space was asked to do has completed.
+template <class Ring, class M, class Buffer>
+in_flight<shift_request_t<Ring>> start_shift(Ring& ring, M& mem, const Buffer& send, Buffer& recv, int k, int tag) {
+  using T = std::remove_cvref_t<decltype(*send.data())>;
+  mem.synchronize();
+  return in_flight<shift_request_t<Ring>>(ring.shift(std::as_bytes(std::span<const T>(send.data(), send.size())),
+                                                     std::as_writable_bytes(std::span<T>(recv.data(), recv.size())),
+                                                     k, tag));
 }
 
 // The backend calls of one step: which rectangles of (my queries) x (held keys) the mask
@@ -101,18 +112,15 @@ std::vector<block_call> plan_step(const Mask& mask, std::span<const shard_piece>
 
 // K then V of a block, each contiguous, in element type T: the unit that travels the ring.
 // The buffer holds 2 x `capacity` elements (the longest shard's K or V); V starts at
-// `capacity`, whatever this block's own length.
-template <class T, class TK>
-void pack_kv(const tensor_view<TK, 4>& k, const tensor_view<TK, 4>& v, std::int64_t capacity, std::vector<T>& buffer) {
+// `capacity`, whatever this block's own length. The padding past a short block is zeroed:
+// it travels but is never read.
+template <class T, class M, class Buffer>
+void pack_kv(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity,
+             Buffer& buffer) {
+  mem.fill(std::span<T>(buffer.data(), static_cast<std::size_t>(2 * capacity)), T(0));
   const auto kv = as_view4(k), vv = as_view4(v);
-  buffer.assign(static_cast<std::size_t>(2 * capacity), T(0));
-  for (const auto* src : {&kv, &vv}) {
-    T* out = buffer.data() + (src == &vv ? capacity : 0);
-    for (std::int64_t b = 0; b < src->ext[0]; ++b)
-      for (std::int64_t s = 0; s < src->ext[1]; ++s)
-        for (std::int64_t h = 0; h < src->ext[2]; ++h)
-          for (std::int64_t x = 0; x < src->ext[3]; ++x) *out++ = (*src)(b, s, h, x);
-  }
+  mem.copy(kv, bshd(buffer.data(), kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]));
+  mem.copy(vv, bshd(buffer.data() + capacity, vv.ext[0], vv.ext[1], vv.ext[2], vv.ext[3]));
 }
 
 struct ring_geometry {
@@ -156,8 +164,8 @@ std::vector<int> active_ring_steps(const Mask& mask, const ring_geometry& g) {
   return active;
 }
 
-template <class T, class Ring, class Backend, class Mask>
-void ring_forward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_view<const T, 4> q,
+template <class T, class Ring, class Backend, class Mask, class M>
+void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, tensor_view<const T, 4> q,
                   tensor_view<const T, 4> k, tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out,
                   tensor_view<lse_t<T>, 3> lse, double softmax_scale) {
   using A = cp_accumulator_t<T>;
@@ -169,18 +177,22 @@ void ring_forward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_v
   const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
   const std::vector<int> active = active_ring_steps(mask, g);
 
-  std::vector<T> held, next(static_cast<std::size_t>(2 * capacity));
-  pack_kv<T>(k, v, capacity, held);
-  std::vector<A> out_acc(static_cast<std::size_t>(b * sl * hq * d), A(0));
-  std::vector<A> lse_acc(static_cast<std::size_t>(b * hq * sl), -std::numeric_limits<A>::infinity());
-  std::vector<T> out_blk(out_acc.size());
-  std::vector<L> lse_blk(lse_acc.size());
+  const auto kv_size = static_cast<std::size_t>(2 * capacity);
+  const auto out_size = static_cast<std::size_t>(b * sl * hq * d), lse_size = static_cast<std::size_t>(b * hq * sl);
+  auto held = mem.template allocate<T>(kv_size), next = mem.template allocate<T>(kv_size);
+  pack_kv<T>(mem, k, v, capacity, held);
+  auto out_acc = mem.template allocate<A>(out_size), lse_acc = mem.template allocate<A>(lse_size);
+  mem.fill(std::span<A>(out_acc.data(), out_size), A(0));
+  mem.fill(std::span<A>(lse_acc.data(), lse_size), -std::numeric_limits<A>::infinity());
+  auto out_blk = mem.template allocate<T>(out_size);
+  auto lse_blk = mem.template allocate<L>(lse_size);
+  const view4<A> out_all = bshd(out_acc.data(), b, sl, hq, d), lse_all = lse_as_bshd(lse_acc.data(), b, hq, sl);
   std::vector<std::int64_t> q_store, k_store;
 
   // At active step s the block held is rank (me - s)'s. When nobody needs the own block
   // (step 0), the first needed one is fetched before anything is computed.
   if (!active.empty() && active.front() != 0) {
-    start_shift(ring, held, next, active.front(), tag_kv).wait();
+    start_shift(ring, mem, held, next, active.front(), tag_kv).wait();
     std::swap(held, next);
   }
   for (std::size_t i = 0; i < active.size(); ++i) {
@@ -188,7 +200,7 @@ void ring_forward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_v
     const int owner = schedule.kv_owner(me, step);
     in_flight<shift_request_t<Ring>> transfer;
     if (i + 1 < active.size())  // overlaps this step; skipped steps are jumped in one shift
-      transfer = start_shift(ring, held, next, active[i + 1] - step, tag_kv);
+      transfer = start_shift(ring, mem, held, next, active[i + 1] - step, tag_kv);
 
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
@@ -203,31 +215,20 @@ void ring_forward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_v
       const auto lb = lse_view<L>(lse_blk.data(), b, hq, c.q_count);
       backend.forward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
                       slice_axis(vb, 1, c.k_offset, c.k_count), mask, ob, lb, params);
-      for (std::int64_t bi = 0; bi < b; ++bi)
-        for (std::int64_t i2 = 0; i2 < c.q_count; ++i2)
-          for (std::int64_t h = 0; h < hq; ++h) {
-            const std::int64_t row = c.q_offset + i2;
-            merge_row(out_acc.data() + ((bi * sl + row) * hq + h) * d, 1,
-                      lse_acc[static_cast<std::size_t>((bi * hq + h) * sl + row)], &ob(bi, i2, h, 0), 1,
-                      lb(bi, h, i2), d);
-          }
+      mem.merge(out_all.seq_slice(c.q_offset, c.q_count), lse_all.seq_slice(c.q_offset, c.q_count),
+                as_view4(ob).as_const(), lse_as_view4(lb).as_const());
     }
     if (transfer.active()) {
       transfer.wait();
       std::swap(held, next);
     }
   }
-  for (std::int64_t bi = 0; bi < b; ++bi)
-    for (std::int64_t i = 0; i < sl; ++i)
-      for (std::int64_t h = 0; h < hq; ++h) {
-        for (std::int64_t x = 0; x < d; ++x)
-          out(bi, i, h, x) = static_cast<T>(out_acc[static_cast<std::size_t>(((bi * sl + i) * hq + h) * d + x)]);
-        lse(bi, h, i) = static_cast<L>(lse_acc[static_cast<std::size_t>((bi * hq + h) * sl + i)]);
-      }
+  mem.copy(out_all.as_const(), as_view4(out));
+  mem.copy(lse_all.as_const(), lse_as_view4(lse));
 }
 
-template <class T, class Ring, class Backend, class Mask>
-void ring_backward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_view<const T, 4> q,
+template <class T, class Ring, class Backend, class Mask, class M>
+void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, tensor_view<const T, 4> q,
                    tensor_view<const T, 4> k, tensor_view<const T, 4> v, tensor_view<const T, 4> out,
                    tensor_view<const lse_t<T>, 3> lse, tensor_view<const T, 4> dout, const Mask& mask,
                    tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv, double softmax_scale) {
@@ -239,21 +240,25 @@ void ring_backward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_
   const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
   const std::vector<int> active = active_ring_steps(mask, g);
 
-  std::vector<T> held, next(static_cast<std::size_t>(2 * capacity));
-  pack_kv<T>(k, v, capacity, held);
-  std::vector<A> dq_acc(static_cast<std::size_t>(b * sl * hq * d), A(0));
+  const auto kv_size = static_cast<std::size_t>(2 * capacity), dq_size = static_cast<std::size_t>(b * sl * hq * d);
+  auto held = mem.template allocate<T>(kv_size), next = mem.template allocate<T>(kv_size);
+  pack_kv<T>(mem, k, v, capacity, held);
+  auto dq_acc = mem.template allocate<A>(dq_size);
+  mem.fill(std::span<A>(dq_acc.data(), dq_size), A(0));
   // This step's dK/dV for the held block; the accumulator arriving from the previous holder;
   // the sum sent on. Three buffers so that the send of one step overlaps the next compute.
   // Each is laid out as the held block's owner's K and V: [b, len(owner), hkv, d] at 0 and at
   // `capacity`.
-  std::vector<A> grad_step(static_cast<std::size_t>(2 * capacity)), grad_in(grad_step.size(), A(0)),
-      grad_out(grad_step.size());
-  std::vector<T> dq_blk(dq_acc.size()), dk_blk(static_cast<std::size_t>(capacity)), dv_blk(dk_blk.size());
+  auto grad_step = mem.template allocate<A>(kv_size), grad_in = mem.template allocate<A>(kv_size),
+       grad_out = mem.template allocate<A>(kv_size);
+  auto dq_blk = mem.template allocate<T>(dq_size), dk_blk = mem.template allocate<T>(static_cast<std::size_t>(capacity)),
+       dv_blk = mem.template allocate<T>(static_cast<std::size_t>(capacity));
+  const view4<A> dq_all = bshd(dq_acc.data(), b, sl, hq, d);
   std::vector<std::int64_t> q_store, k_store;
   in_flight<shift_request_t<Ring>> grad_transfer;
 
   if (!active.empty() && active.front() != 0) {
-    start_shift(ring, held, next, active.front(), tag_kv).wait();
+    start_shift(ring, mem, held, next, active.front(), tag_kv).wait();
     std::swap(held, next);
   }
   for (std::size_t i = 0; i < active.size(); ++i) {
@@ -261,13 +266,14 @@ void ring_backward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_
     const int owner = schedule.kv_owner(me, step);
     const bool last = i + 1 == active.size();
     in_flight<shift_request_t<Ring>> kv_transfer;
-    if (!last) kv_transfer = start_shift(ring, held, next, active[i + 1] - step, tag_kv);
+    if (!last) kv_transfer = start_shift(ring, mem, held, next, active[i + 1] - step, tag_kv);
 
-    std::fill(grad_step.begin(), grad_step.end(), A(0));
+    mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
     const auto kb = bshd_view<const T>(held.data(), b, kl, hkv, d);
     const auto vb = bshd_view<const T>(held.data() + capacity, b, kl, hkv, d);
+    const view4<A> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
     for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params;
       params.q_pos = positions_for(my_pieces, c.q_piece_begin, c.q_piece_end, q_store);
@@ -281,30 +287,25 @@ void ring_backward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_
                        slice_axis(vb, 1, c.k_offset, c.k_count), slice_axis(out, 1, c.q_offset, c.q_count),
                        slice_axis(lse, 2, c.q_offset, c.q_count), slice_axis(dout, 1, c.q_offset, c.q_count), mask,
                        gq, gk, gv, params);
-      for (std::int64_t bi = 0; bi < b; ++bi)
-        for (std::int64_t i2 = 0; i2 < c.q_count; ++i2)
-          for (std::int64_t h = 0; h < hq; ++h)
-            for (std::int64_t x = 0; x < d; ++x)
-              dq_acc[static_cast<std::size_t>(((bi * sl + c.q_offset + i2) * hq + h) * d + x)] +=
-                  static_cast<A>(gq(bi, i2, h, x));
-      for (std::int64_t bi = 0; bi < b; ++bi)
-        for (std::int64_t j = 0; j < c.k_count; ++j)
-          for (std::int64_t h = 0; h < hkv; ++h)
-            for (std::int64_t x = 0; x < d; ++x) {
-              const auto at = static_cast<std::size_t>(((bi * kl + c.k_offset + j) * hkv + h) * d + x);
-              grad_step[at] += static_cast<A>(gk(bi, j, h, x));
-              grad_step[static_cast<std::size_t>(capacity) + at] += static_cast<A>(gv(bi, j, h, x));
-            }
+      mem.accumulate(dq_all.seq_slice(c.q_offset, c.q_count), as_view4(gq).as_const());
+      mem.accumulate(dk_all.seq_slice(c.k_offset, c.k_count), as_view4(gk).as_const());
+      mem.accumulate(dv_all.seq_slice(c.k_offset, c.k_count), as_view4(gv).as_const());
     }
     // The held block's accumulator so far arrives from its previous holder (none at the first
-    // active step).
+    // active step): grad_out = grad_in + grad_step, or 0 + grad_step at the first.
     grad_transfer.wait();
-    for (std::size_t e = 0; e < grad_out.size(); ++e) grad_out[e] = (i == 0 ? A(0) : grad_in[e]) + grad_step[e];
+    const view4<A> sum = flat_view(grad_out.data(), 2 * capacity);
+    if (i == 0) {
+      mem.copy(flat_view(grad_step.data(), 2 * capacity).as_const(), sum, cp_copy_mode::through_accumulator);
+    } else {
+      mem.copy(flat_view(grad_in.data(), 2 * capacity).as_const(), sum);
+      mem.accumulate(sum, flat_view(grad_step.data(), 2 * capacity).as_const());
+    }
     // Send it on with the block; after the last active step, back to the owner (me - step):
     // a shift by -step, none when the last block held is the own one.
     const int hop = last ? (ranks - step) % ranks : active[i + 1] - step;
     if (hop != 0)
-      grad_transfer = start_shift(ring, grad_out, grad_in, hop, tag_grad);
+      grad_transfer = start_shift(ring, mem, grad_out, grad_in, hop, tag_grad);
     else
       std::swap(grad_in, grad_out);
 
@@ -314,20 +315,11 @@ void ring_backward(Ring& ring, Backend& backend, const ring_geometry& g, tensor_
     }
   }
   grad_transfer.wait();  // grad_in now holds the dK/dV of my own keys, from every rank's queries
-  if (active.empty()) std::fill(grad_in.begin(), grad_in.end(), A(0));
+  if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 
-  for (std::int64_t bi = 0; bi < b; ++bi)
-    for (std::int64_t i = 0; i < sl; ++i) {
-      for (std::int64_t h = 0; h < hq; ++h)
-        for (std::int64_t x = 0; x < d; ++x)
-          dq(bi, i, h, x) = static_cast<T>(dq_acc[static_cast<std::size_t>(((bi * sl + i) * hq + h) * d + x)]);
-      for (std::int64_t h = 0; h < hkv; ++h)
-        for (std::int64_t x = 0; x < d; ++x) {
-          const auto at = static_cast<std::size_t>(((bi * sl + i) * hkv + h) * d + x);
-          dk(bi, i, h, x) = static_cast<T>(grad_in[at]);
-          dv(bi, i, h, x) = static_cast<T>(grad_in[static_cast<std::size_t>(capacity) + at]);
-        }
-    }
+  mem.copy(dq_all.as_const(), as_view4(dq));
+  mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, sl, hkv, d), as_view4(dk));
+  mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, sl, hkv, d), as_view4(dv));
 }
 
 }  // namespace baton::detail::cp

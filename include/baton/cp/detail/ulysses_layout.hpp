@@ -3,7 +3,9 @@
 // contiguous per-rank blocks, plus the head-split rule (even, uneven, kv-head replication).
 #pragma once
 
+#include <baton/cp/detail/view4.hpp>
 #include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
 
 #include <algorithm>
 #include <array>
@@ -14,46 +16,6 @@
 #include <type_traits>
 
 namespace baton::detail::cp {
-
-// A strided 4-D view [batch, seq, heads, inner]. The LSE [batch, heads, seq] is viewed as
-// [batch, seq, heads, 1] with swapped strides, so one set of transforms serves both.
-template <class T>
-struct view4 {
-  T* data = nullptr;
-  std::array<std::int64_t, 4> ext{};
-  std::array<std::int64_t, 4> str{};
-
-  T& operator()(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t x) const noexcept {
-    return data[b * str[0] + s * str[1] + h * str[2] + x * str[3]];
-  }
-  std::int64_t size() const noexcept { return ext[0] * ext[1] * ext[2] * ext[3]; }
-  view4<const T> as_const() const noexcept { return {data, ext, str}; }
-  // The single batch entry `b`, as a view of batch extent 1.
-  view4 batch_slice(std::int64_t b) const noexcept {
-    view4 v = *this;
-    v.data = data + b * str[0];
-    v.ext[0] = 1;
-    return v;
-  }
-  // The rows [begin, begin + count) of the sequence axis.
-  view4 seq_slice(std::int64_t begin, std::int64_t count) const noexcept {
-    view4 v = *this;
-    v.data = data + begin * str[1];
-    v.ext[1] = count;
-    return v;
-  }
-};
-
-template <class T>
-view4<T> bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
-  return {p, {b, s, h, d}, {s * h * d, h * d, d, 1}};
-}
-
-// A contiguous LSE [b, h, s] seen as [b, s, h, 1].
-template <class T>
-view4<T> lse_as_bshd(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
-  return {p, {b, s, h, 1}, {h * s, 1, s, 1}};
-}
 
 // How a tensor's `heads` heads are dealt to `parts` ranks: rank j gets count(j) heads, its
 // local head i being the tensor's head source(j, i).
@@ -139,75 +101,92 @@ inline std::string check_head_split(std::int64_t q_heads, std::int64_t kv_heads,
 
 // The all-to-all moves one block per peer; a block may carry several tensors one after the
 // other (q, k, v), so the functions below read or write one tensor's part of one block and
-// return the pointer past it.
+// return the pointer past it. Every one is a copy (or a sum) issued on the memory space M,
+// so the same code moves host or device memory; the overloads without M use host_memory.
 
 // Sequence-sharded -> the part of block j: heads [h0, h0 + hc) of every local token,
 // contiguous [b, s_local, hc, x].
-template <class T, class U>
-T* pack_heads_part(const view4<U>& src, std::int64_t h0, std::int64_t hc, T* out) {
-  for (std::int64_t b = 0; b < src.ext[0]; ++b)
-    for (std::int64_t s = 0; s < src.ext[1]; ++s)
-      for (std::int64_t h = 0; h < hc; ++h)
-        for (std::int64_t x = 0; x < src.ext[3]; ++x) *out++ = static_cast<T>(src(b, s, h0 + h, x));
-  return out;
+template <class M, class T, class U>
+T* pack_heads_part(M& mem, const view4<U>& src, std::int64_t h0, std::int64_t hc, T* out) {
+  const view4<T> dst = bshd(out, src.ext[0], src.ext[1], hc, src.ext[3]);
+  mem.copy(src.head_slice(h0, hc).as_const(), dst);
+  return out + dst.size();
 }
 
 // The part of received block i (rank i's tokens of my heads) -> rows [i s_local, (i+1) s_local)
 // of dst [b, P s_local, hc, x].
-template <class T, class U>
-const U* unpack_sequence_part(const U* in, std::int64_t i, const view4<T>& dst, std::int64_t s_local) {
-  for (std::int64_t b = 0; b < dst.ext[0]; ++b)
-    for (std::int64_t s = 0; s < s_local; ++s)
-      for (std::int64_t h = 0; h < dst.ext[2]; ++h)
-        for (std::int64_t x = 0; x < dst.ext[3]; ++x) dst(b, i * s_local + s, h, x) = static_cast<T>(*in++);
-  return in;
+template <class M, class T, class U>
+const U* unpack_sequence_part(M& mem, const U* in, std::int64_t i, const view4<T>& dst, std::int64_t s_local) {
+  const view4<const U> src = bshd(in, dst.ext[0], s_local, dst.ext[2], dst.ext[3]);
+  mem.copy(src, dst.seq_slice(i * s_local, s_local));
+  return in + src.size();
 }
 
 // The inverse direction: rows [i s_local, (i+1) s_local) of src [b, P s_local, hc, x] -> the
 // part of block i, contiguous [b, s_local, hc, x].
-template <class T, class U>
-T* pack_sequence_part(const view4<U>& src, std::int64_t i, std::int64_t s_local, T* out) {
-  for (std::int64_t b = 0; b < src.ext[0]; ++b)
-    for (std::int64_t s = 0; s < s_local; ++s)
-      for (std::int64_t h = 0; h < src.ext[2]; ++h)
-        for (std::int64_t x = 0; x < src.ext[3]; ++x) *out++ = static_cast<T>(src(b, i * s_local + s, h, x));
-  return out;
+template <class M, class T, class U>
+T* pack_sequence_part(M& mem, const view4<U>& src, std::int64_t i, std::int64_t s_local, T* out) {
+  const view4<T> dst = bshd(out, src.ext[0], s_local, src.ext[2], src.ext[3]);
+  mem.copy(src.seq_slice(i * s_local, s_local).as_const(), dst);
+  return out + dst.size();
+}
+
+// Rank j's heads within a received block: this tensor's part starts at part_offset within
+// each block of block_size elements and holds [b, s_local, hc, x].
+template <class U>
+view4<const U> received_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, std::int64_t j,
+                             std::int64_t b, std::int64_t s_local, std::int64_t hc, std::int64_t x) noexcept {
+  return bshd(recv + j * block_size + part_offset, b, s_local, hc, x);
 }
 
 // Received blocks (block j = my tokens of rank j's heads; this tensor's part starts at
 // part_offset within each block of block_size elements) -> dst [b, s_local, heads, x].
 // Where heads were replicated (gradients of replicated kv heads) the replicas are summed in
-// rank order in accumulator type A: deterministic, and exact when nothing is replicated.
-template <class A, class T, class U>
-void unpack_heads_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, const head_split& split,
-                       const view4<T>& dst) {
-  const std::int64_t hc = split.per_rank();
+// rank order in accumulator type cp_accumulator_t<T> (in a buffer of the memory space):
+// deterministic, and exact when nothing is replicated.
+template <class M, class T, class U>
+void unpack_heads_part(M& mem, const U* recv, std::int64_t block_size, std::int64_t part_offset,
+                       const head_split& split, const view4<T>& dst) {
+  using A = cp_accumulator_t<T>;
+  const std::int64_t hc = split.per_rank(), b = dst.ext[0], sl = dst.ext[1], x = dst.ext[3];
   if (!split.replicated()) {
     // Each head comes from exactly one rank: copy rows of hc x inner. The value still goes
     // through A(0) + v, as the summing path does, so both give the same bits (-0 -> +0).
-    for (std::int64_t b = 0; b < dst.ext[0]; ++b)
-      for (std::int64_t s = 0; s < dst.ext[1]; ++s)
-        for (std::int64_t j = 0; j < split.parts; ++j) {
-          const U* row = recv + j * block_size + part_offset + (b * dst.ext[1] + s) * hc * dst.ext[3];
-          const std::int64_t h0 = split.first(j);
-          for (std::int64_t h = 0; h < hc; ++h)
-            for (std::int64_t x = 0; x < dst.ext[3]; ++x)
-              dst(b, s, h0 + h, x) = static_cast<T>(A(0) + static_cast<A>(row[h * dst.ext[3] + x]));
-        }
+    for (std::int64_t j = 0; j < split.parts; ++j)
+      mem.copy(received_part(recv, block_size, part_offset, j, b, sl, hc, x), dst.head_slice(split.first(j), hc),
+               cp_copy_mode::through_accumulator);
     return;
   }
-  for (std::int64_t b = 0; b < dst.ext[0]; ++b)
-    for (std::int64_t s = 0; s < dst.ext[1]; ++s)
-      for (std::int64_t h = 0; h < dst.ext[2]; ++h)
-        for (std::int64_t x = 0; x < dst.ext[3]; ++x) {
-          A sum = 0;
-          for (std::int64_t j = 0; j < split.parts; ++j) {
-            const std::int64_t h0 = split.first(j);
-            if (h < h0 || h >= h0 + hc) continue;
-            sum += static_cast<A>(recv[j * block_size + part_offset + ((b * dst.ext[1] + s) * hc + (h - h0)) * dst.ext[3] + x]);
-          }
-          dst(b, s, h, x) = static_cast<T>(sum);
-        }
+  auto sum = mem.template allocate<A>(static_cast<std::size_t>(dst.size()));
+  const view4<A> acc = bshd(sum.data(), b, sl, dst.ext[2], x);
+  mem.fill(std::span<A>(sum.data(), static_cast<std::size_t>(dst.size())), A(0));
+  for (std::int64_t j = 0; j < split.parts; ++j)
+    mem.accumulate(acc.head_slice(split.first(j), hc), received_part(recv, block_size, part_offset, j, b, sl, hc, x));
+  mem.copy(acc.as_const(), dst);
+}
+
+// The host versions (the unit tests call these).
+template <class T, class U>
+T* pack_heads_part(const view4<U>& src, std::int64_t h0, std::int64_t hc, T* out) {
+  host_memory mem;
+  return pack_heads_part(mem, src, h0, hc, out);
+}
+template <class T, class U>
+const U* unpack_sequence_part(const U* in, std::int64_t i, const view4<T>& dst, std::int64_t s_local) {
+  host_memory mem;
+  return unpack_sequence_part(mem, in, i, dst, s_local);
+}
+template <class T, class U>
+T* pack_sequence_part(const view4<U>& src, std::int64_t i, std::int64_t s_local, T* out) {
+  host_memory mem;
+  return pack_sequence_part(mem, src, i, s_local, out);
+}
+template <class A, class T, class U>
+void unpack_heads_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, const head_split& split,
+                       const view4<T>& dst) {
+  static_assert(std::is_same_v<A, cp_accumulator_t<T>>, "unpack_heads_part sums in cp_accumulator_t<T>");
+  host_memory mem;
+  unpack_heads_part(mem, recv, block_size, part_offset, split, dst);
 }
 
 }  // namespace baton::detail::cp

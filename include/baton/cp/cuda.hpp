@@ -1,0 +1,264 @@
+// baton/cp/cuda.hpp — ring, Ulysses and hybrid attention on CUDA device memory.
+//
+// cuda_device_memory is the context-parallel layer's memory space (cp/memory.hpp) on one
+// CUDA stream: buffers from cudaMallocAsync (the driver's stream-ordered pool), copies,
+// fills, accumulations and merges as kernels on the stream, and a stream synchronisation
+// before any buffer is handed to the communicator. Including this header maps CUDA backends
+// (any backend with a `stream()` member returning a cudaStream_t, as baton::cuda_attention
+// has) to it — by that member, so this header names no backend and needs none — so
+//
+//     baton::ring_attention ring(nccl_comm, baton::cuda_attention(...), sharding);
+//
+// keeps its buffers on the device and takes q, k, v, out, lse (and the gradients) as views
+// of device memory. The backend must run on the memory space's stream: the stream comes from
+// the backend's `stream()`. The communicator
+// may use its own stream: every transfer starts after a synchronize() and the layer waits
+// for it (request.wait(), or the collective's own completion) before touching its buffers.
+//
+// Why a host synchronisation and not an event the communicator's stream waits on: the
+// communicator concepts take spans, not streams, and nccl_communicator's collectives already
+// block the host until they complete; so the simplest rule that is right for every
+// communicator is "the memory space's work is complete when a transfer starts". It costs one
+// cudaStreamSynchronize per transfer (a few per ring step); the overlap of the ring's
+// transfer with its compute is kept (the transfer runs on the communicator's stream while
+// the backend runs on this one).
+//
+// The kernels (cp/detail/cuda_kernels.cuh) need nvcc: a translation unit that instantiates
+// a copy, fill, accumulation or merge of this memory space must be CUDA (.cu). Compiled with
+// g++ this header still declares everything (so that host code can name the types), and an
+// instantiation that would launch a kernel is a compile error saying so.
+//
+// Status: compiled (g++ and nvcc, sm_80 / sm_90), not yet run on a GPU. On the CPU: what
+// each kernel thread does (cp/detail/cuda_elementwise.hpp) against host_memory, over every
+// index (tests/cp/test_cp_cuda_elementwise.cpp), and the layer's use of a memory space
+// through a fake device whose memory host code cannot touch (tests/cp/test_cp_memory.cpp).
+// The device test is tests/cp/test_cp_nccl_gpu.cu.
+#pragma once
+
+#include <baton/config.hpp>
+#include <baton/cp/detail/cuda_elementwise.hpp>
+#include <baton/cp/detail/view4.hpp>
+#include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
+#include <baton/cp/merge.hpp>
+
+#include <cuda_runtime.h>
+
+
+#if defined(__CUDACC__)
+#include <baton/cp/detail/cuda_kernels.cuh>
+#endif
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace baton {
+
+namespace detail::cp::cuda_memory {
+
+inline void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw cp_error(std::string("baton::cuda_device_memory: ") + what + " failed: " + cudaGetErrorName(rc) + ": " +
+                   cudaGetErrorString(rc));
+}
+
+template <class>
+inline constexpr bool compiled_by_nvcc = false;
+
+}  // namespace detail::cp::cuda_memory
+
+/// n elements of T in device memory, allocated and freed in order on a stream
+/// (cudaMallocAsync / cudaFreeAsync). Move-only. Its contents start undefined.
+template <class T>
+class cuda_device_buffer {
+ public:
+  cuda_device_buffer() = default;
+  cuda_device_buffer(std::size_t n, cudaStream_t stream) : size_(n), stream_(stream) {
+    if (n == 0) return;
+    void* p = nullptr;
+    detail::cp::cuda_memory::check(cudaMallocAsync(&p, n * sizeof(T), stream), "cudaMallocAsync");
+    data_ = static_cast<T*>(p);
+  }
+  cuda_device_buffer(cuda_device_buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), stream_(other.stream_) {}
+  cuda_device_buffer& operator=(cuda_device_buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      stream_ = other.stream_;
+    }
+    return *this;
+  }
+  cuda_device_buffer(const cuda_device_buffer&) = delete;
+  cuda_device_buffer& operator=(const cuda_device_buffer&) = delete;
+  ~cuda_device_buffer() { reset(); }
+
+  T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  void reset() noexcept {
+    // Stream-ordered: the memory returns to the pool once the stream has passed the work
+    // already issued on it. (Transfers on another stream have been waited for by then.)
+    if (data_ != nullptr) (void)cudaFreeAsync(data_, stream_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+/// The context-parallel layer's memory space on a CUDA stream (see the file comment).
+class cuda_device_memory {
+ public:
+  static constexpr cp_memory_location location = cp_memory_location::cuda_device;
+
+  template <class T>
+  using buffer = cuda_device_buffer<T>;
+
+  /// On the legacy default stream.
+  cuda_device_memory() = default;
+  /// On `stream`, which must be the backend's.
+  explicit cuda_device_memory(cudaStream_t stream) noexcept : stream_(stream) {}
+
+  cudaStream_t stream() const noexcept { return stream_; }
+
+  template <class T>
+  buffer<T> allocate(std::size_t n) {
+    return buffer<T>(n, stream_);
+  }
+
+  template <class T>
+  void fill(std::span<T> dst, T value) {
+    if (dst.empty()) return;
+    unsigned char bytes[sizeof(T)];
+    std::memcpy(bytes, &value, sizeof(T));
+    bool zero = true;
+    for (unsigned char b : bytes) zero = zero && b == 0;
+    if (zero) {  // all-zero bytes (0, +0.0, std::byte{0}): no kernel needed
+      detail::cp::cuda_memory::check(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), stream_), "cudaMemsetAsync");
+      return;
+    }
+#if defined(__CUDACC__)
+    detail::cp::cuda::launch_fill<T>(dst.data(), static_cast<std::int64_t>(dst.size()), value, stream_);
+#else
+    static_assert(detail::cp::cuda_memory::compiled_by_nvcc<T>,
+                  "baton::cuda_device_memory launches kernels: compile this translation unit with nvcc (.cu)");
+#endif
+  }
+
+  template <class U, class T>
+  void copy(const detail::cp::view4<const U>& src, const detail::cp::view4<T>& dst,
+            cp_copy_mode mode = cp_copy_mode::exact) {
+#if defined(__CUDACC__)
+    detail::cp::cuda::launch_copy<U, T, cp_accumulator_t<T>>(src, dst, mode == cp_copy_mode::through_accumulator,
+                                                             stream_);
+#else
+    (void)src, (void)dst, (void)mode;
+    static_assert(detail::cp::cuda_memory::compiled_by_nvcc<T>,
+                  "baton::cuda_device_memory launches kernels: compile this translation unit with nvcc (.cu)");
+#endif
+  }
+
+  template <class A, class T>
+  void accumulate(const detail::cp::view4<A>& acc, const detail::cp::view4<const T>& src) {
+#if defined(__CUDACC__)
+    detail::cp::cuda::launch_accumulate<A, T>(acc, src, stream_);
+#else
+    (void)acc, (void)src;
+    static_assert(detail::cp::cuda_memory::compiled_by_nvcc<T>,
+                  "baton::cuda_device_memory launches kernels: compile this translation unit with nvcc (.cu)");
+#endif
+  }
+
+  template <class A, class T, class L>
+  void merge(const detail::cp::view4<A>& out, const detail::cp::view4<A>& lse, const detail::cp::view4<const T>& out_b,
+             const detail::cp::view4<const L>& lse_b) {
+#if defined(__CUDACC__)
+    detail::cp::cuda::launch_merge<A, T, L>(out, lse, out_b, lse_b, stream_);
+#else
+    (void)out, (void)lse, (void)out_b, (void)lse_b;
+    static_assert(detail::cp::cuda_memory::compiled_by_nvcc<T>,
+                  "baton::cuda_device_memory launches kernels: compile this translation unit with nvcc (.cu)");
+#endif
+  }
+
+  /// Waits until the stream has done everything issued on it (kernels, and the backend's work
+  /// when it shares the stream): called before every transfer and at the end of each call.
+  void synchronize() {
+    detail::cp::cuda_memory::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  /// The agreement's host descriptors, staged through device buffers for the communicator.
+  template <class F>
+  void with_host_bytes(std::span<const std::byte> send, std::span<std::byte> recv, F&& f) {
+    buffer<std::byte> device_send(send.size(), stream_), device_recv(recv.size(), stream_);
+    if (!send.empty())
+      detail::cp::cuda_memory::check(
+          cudaMemcpyAsync(device_send.data(), send.data(), send.size(), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (host to device)");
+    synchronize();
+    f(std::span<const std::byte>(device_send.data(), send.size()), std::span<std::byte>(device_recv.data(), recv.size()));
+    if (!recv.empty())
+      detail::cp::cuda_memory::check(
+          cudaMemcpyAsync(recv.data(), device_recv.data(), recv.size(), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync (device to host)");
+    synchronize();
+  }
+
+  /// Empty when `data` is device (or managed) memory of the current device, else why not.
+  std::string check_tensor(const void* data, const char* name) const {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+      (void)cudaGetLastError();  // older runtimes report unregistered host memory as an error
+      attributes.type = cudaMemoryTypeUnregistered;
+    }
+    if (attributes.type == cudaMemoryTypeManaged) return {};
+    if (attributes.type != cudaMemoryTypeDevice) {
+      return std::string("tensor '") + name +
+             "' is host memory, but this context-parallel attention runs on the CUDA device (its backend is a CUDA "
+             "backend, its memory space cuda_device_memory): pass views of device memory (cudaMalloc)";
+    }
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess && attributes.device != current) {
+      return std::string("tensor '") + name + "' is memory of CUDA device " + std::to_string(attributes.device) +
+             " but this rank runs on device " + std::to_string(current) +
+             "; pass tensors of the rank's own device (cudaSetDevice before allocating)";
+    }
+    return {};
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+static_assert(cp_memory_space<cuda_device_memory>);
+
+namespace detail::cp {
+
+/// A backend that says which CUDA stream it runs on.
+template <class B>
+concept cuda_stream_backend = requires(const B& b) {
+  { b.stream() } -> std::convertible_to<cudaStream_t>;
+};
+
+}  // namespace detail::cp
+
+/// CUDA backends keep their tensors on the device: their memory space is cuda_device_memory
+/// on the backend's stream.
+template <class Backend>
+  requires detail::cp::cuda_stream_backend<Backend>
+struct cp_memory_space_of<Backend> {
+  using type = cuda_device_memory;
+  static type make(const Backend& backend) { return type(static_cast<cudaStream_t>(backend.stream())); }
+};
+
+}  // namespace baton

@@ -1,0 +1,240 @@
+// baton/cp/memory.hpp — where the context-parallel layer keeps its buffers and how it moves
+// data in them: the memory-space policy.
+//
+// Ring, Ulysses and hybrid attention are written once. Every buffer they own (the K/V block
+// travelling the ring, the accumulators, the Ulysses exchange and gathered tensors) comes
+// from the memory space, and every operation that touches memory — a copy between strided
+// views (with a change of element type), a fill, an accumulation, the online-softmax merge
+// of two partial results — is a call on it. The algorithms themselves only compute sizes,
+// offsets and strides on the host. `host_memory` (the default) does this with the loops the
+// layer always used; `cuda_device_memory` (<baton/cp/cuda.hpp>) does it with kernels on a
+// CUDA stream, so the same code runs with device buffers over nccl_communicator.
+//
+// The memory space is chosen from the backend: cp_memory_space_of<Backend> (host_memory
+// unless specialised; <baton/cp/cuda.hpp> maps CUDA backends to cuda_device_memory). The
+// ring / Ulysses / hybrid classes take an explicit one as a last constructor argument, and
+// check at compile time that its location is the backend's and the communicator's.
+#pragma once
+
+#include <baton/cp/detail/view4.hpp>
+#include <baton/cp/merge.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace baton {
+
+/// Where a memory space's buffers live, and therefore which tensors, backends and
+/// communicators it can work with.
+enum class cp_memory_location : unsigned char { host, cuda_device };
+
+/// How a copy converts its elements. `through_accumulator` computes T(A(0) + A(v)) with A =
+/// cp_accumulator_t<T>: the Ulysses unpack copies this way so that a copied head and a head
+/// summed over replicas give the same bits (-0 becomes +0 either way).
+enum class cp_copy_mode : unsigned char { exact, through_accumulator };
+
+namespace detail::cp {
+
+// A contiguous run of n elements as a view4 [1, 1, 1, n].
+template <class T>
+view4<T> flat_view(T* p, std::int64_t n) noexcept {
+  return {p, {1, 1, 1, n}, {n, n, n, 1}};
+}
+
+}  // namespace detail::cp
+
+/// The context-parallel layer's memory, on the host: std::vector buffers and plain loops.
+/// Stateless; every call completes before it returns, so synchronize() has nothing to do.
+struct host_memory {
+  static constexpr cp_memory_location location = cp_memory_location::host;
+
+  template <class T>
+  using buffer = std::vector<T>;
+
+  /// n elements; the layer never reads one before writing it (std::vector zeroes them anyway).
+  template <class T>
+  buffer<T> allocate(std::size_t n) {
+    return buffer<T>(n);
+  }
+
+  template <class T>
+  void fill(std::span<T> dst, T value) {
+    std::fill(dst.begin(), dst.end(), value);
+  }
+
+  /// dst = T(src) elementwise; the two views have the same extents.
+  template <class U, class T>
+  void copy(const detail::cp::view4<const U>& src, const detail::cp::view4<T>& dst,
+            cp_copy_mode mode = cp_copy_mode::exact) {
+    using A = cp_accumulator_t<T>;
+    for (std::int64_t b = 0; b < dst.ext[0]; ++b)
+      for (std::int64_t s = 0; s < dst.ext[1]; ++s)
+        for (std::int64_t h = 0; h < dst.ext[2]; ++h)
+          for (std::int64_t x = 0; x < dst.ext[3]; ++x) {
+            if (mode == cp_copy_mode::exact)
+              dst(b, s, h, x) = static_cast<T>(src(b, s, h, x));
+            else
+              dst(b, s, h, x) = static_cast<T>(A(0) + static_cast<A>(src(b, s, h, x)));
+          }
+  }
+
+  /// acc += A(src) elementwise (gradient accumulation in fp32 or better).
+  template <class A, class T>
+  void accumulate(const detail::cp::view4<A>& acc, const detail::cp::view4<const T>& src) {
+    for (std::int64_t b = 0; b < acc.ext[0]; ++b)
+      for (std::int64_t s = 0; s < acc.ext[1]; ++s)
+        for (std::int64_t h = 0; h < acc.ext[2]; ++h)
+          for (std::int64_t x = 0; x < acc.ext[3]; ++x) acc(b, s, h, x) += static_cast<A>(src(b, s, h, x));
+  }
+
+  /// Merges the partial result (out_b [b, s, h, d], lse_b [b, s, h, 1]) into the running
+  /// (out, lse) of the same shapes, row by row (detail::cp::merge_row, the sigmoid form).
+  template <class A, class T, class L>
+  void merge(const detail::cp::view4<A>& out, const detail::cp::view4<A>& lse, const detail::cp::view4<const T>& out_b,
+             const detail::cp::view4<const L>& lse_b) {
+    for (std::int64_t b = 0; b < out.ext[0]; ++b)
+      for (std::int64_t s = 0; s < out.ext[1]; ++s)
+        for (std::int64_t h = 0; h < out.ext[2]; ++h)
+          detail::cp::merge_row(&out(b, s, h, 0), out.str[3], lse(b, s, h, 0), &out_b(b, s, h, 0), out_b.str[3],
+                                lse_b(b, s, h, 0), out.ext[3]);
+  }
+
+  /// Called before a buffer is handed to the communicator: every operation issued so far
+  /// has completed (host: they complete as they are called).
+  void synchronize() noexcept {}
+
+  /// Calls f(send, recv) with spans the communicator can move: the agreement's descriptors
+  /// live on the host; a device space stages them through device buffers.
+  template <class F>
+  void with_host_bytes(std::span<const std::byte> send, std::span<std::byte> recv, F&& f) {
+    f(send, recv);
+  }
+
+  /// Empty when `data` may be a tensor this space works on, else why not (host: anything is).
+  std::string check_tensor(const void* /*data*/, const char* /*name*/) const { return {}; }
+};
+
+namespace detail::cp {
+// The callback cp_memory_space probes with_host_bytes with (a named type: nvcc does not take
+// a lambda inside a requires-expression).
+struct host_bytes_probe {
+  void operator()(std::span<const std::byte> /*send*/, std::span<std::byte> /*recv*/) const noexcept {}
+};
+}  // namespace detail::cp
+
+/// What the context-parallel layer needs of a memory space M (see host_memory for the
+/// meaning of each member; cuda_device_memory in <baton/cp/cuda.hpp> is the other model).
+template <class M>
+concept cp_memory_space =
+    std::copy_constructible<M> &&
+    requires(M& m, const M& cm, detail::cp::view4<const float> src, detail::cp::view4<float> dst,
+             detail::cp::view4<const double> src_d, std::span<float> flat, std::span<const std::byte> send,
+             std::span<std::byte> recv) {
+      { M::location } -> std::convertible_to<cp_memory_location>;
+      { m.template allocate<float>(std::size_t{1}).data() } -> std::same_as<float*>;
+      { m.template allocate<float>(std::size_t{1}).size() } -> std::convertible_to<std::size_t>;
+      m.fill(flat, 0.0f);
+      m.copy(src, dst);
+      m.copy(src_d, dst, cp_copy_mode::through_accumulator);
+      m.accumulate(dst, src);
+      m.merge(dst, dst, src, src);
+      m.synchronize();
+      m.with_host_bytes(send, recv, detail::cp::host_bytes_probe{});
+      { cm.check_tensor(static_cast<const void*>(nullptr), "q") } -> std::convertible_to<std::string>;
+    };
+
+/// The memory space a backend's tensors live in: host_memory unless specialised.
+/// <baton/cp/cuda.hpp> specialises it for CUDA backends (those with a stream). A
+/// specialisation provides `type` and `static type make(const Backend&)`.
+template <class Backend>
+struct cp_memory_space_of {
+  using type = host_memory;
+  static type make(const Backend& /*backend*/) { return {}; }
+};
+
+template <class Backend>
+using cp_memory_space_t = typename cp_memory_space_of<std::remove_cvref_t<Backend>>::type;
+
+namespace detail::cp {
+
+// A backend that says which CUDA stream it runs on: a device backend. Used only to turn the
+// forgotten #include <baton/cp/cuda.hpp> into a compile error instead of host loops over
+// device pointers.
+template <class B>
+concept has_stream_member = requires(const B& b) { b.stream(); };
+
+// A communicator that runs on a stream (nccl_communicator) moves device memory only.
+template <class C>
+concept device_communicator = requires(const C& c) { c.stream(); };
+
+template <class M, class Backend>
+constexpr bool memory_matches_backend() {
+  constexpr bool trait_agrees = M::location == cp_memory_space_t<Backend>::location;
+  static_assert(trait_agrees,
+                "baton context parallelism: the memory space must be where the backend's tensors live "
+                "(cp_memory_space_t<Backend>): host_memory for host backends, cuda_device_memory for CUDA backends "
+                "(#include <baton/cp/cuda.hpp>)");
+  constexpr bool not_forgotten = !(has_stream_member<Backend> && M::location == cp_memory_location::host);
+  static_assert(not_forgotten,
+                "baton context parallelism: this backend runs on a CUDA stream but the memory space is the host's; "
+                "#include <baton/cp/cuda.hpp> (it maps CUDA backends to cuda_device_memory) so that the layer's "
+                "buffers are device memory");
+  return trait_agrees && not_forgotten;
+}
+
+template <class M, class Comm>
+constexpr bool memory_matches_communicator() {
+  constexpr bool ok = device_communicator<Comm> == (M::location == cp_memory_location::cuda_device);
+  static_assert(ok,
+                "baton context parallelism: the communicator and the memory space disagree: nccl_communicator "
+                "moves device memory (use a CUDA backend, whose memory space is cuda_device_memory), host "
+                "communicators (local world, MPI) move host memory (use a host backend)");
+  return ok;
+}
+
+// A grow-only buffer of the memory space, reused across calls (see scratch_buffer). A copy
+// starts empty: buffers belong to one object, which one rank uses at a time.
+template <class M>
+class scratch {
+ public:
+  scratch() = default;
+  scratch(const scratch&) noexcept {}
+  scratch& operator=(const scratch&) noexcept { return *this; }
+  scratch(scratch&&) noexcept = default;
+  scratch& operator=(scratch&&) noexcept = default;
+  ~scratch() = default;
+
+  // n elements of T; the previous contents are kept unless the buffer had to grow, when it
+  // is zeroed (its contents are always defined).
+  template <class T>
+  T* get(M& mem, std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+                  "scratch holds plain numbers");
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes > bytes_) {
+      data_ = buffer_t();  // free first: the peak is the new size, not old + new
+      data_ = mem.template allocate<std::byte>(bytes);
+      mem.fill(std::span<std::byte>(data_.data(), bytes), std::byte{0});
+      bytes_ = bytes;
+    }
+    return reinterpret_cast<T*>(data_.data());
+  }
+  void release() noexcept {
+    data_ = buffer_t();
+    bytes_ = 0;
+  }
+
+ private:
+  using buffer_t = typename M::template buffer<std::byte>;
+  buffer_t data_{};
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace detail::cp
+}  // namespace baton
