@@ -1,0 +1,233 @@
+// bench_cuda_attention: cuda_attention's throughput on one GPU at S = 8192, D = 128
+// (--quick: S = 2048), B = 2, H = 16 (32 heads x 8192 tokens, FlashAttention's benchmark
+// shape), full and causal.
+//
+// FLOPs are the standard count: forward 4 S^2 D H B for full attention (two GEMMs), half of
+// it for causal; backward 2.5x the forward. A ratio divides by 989 TFLOP/s, the H100/H200
+// dense bf16 peak. Times are CUDA events around one call, median over the repetitions
+// (after warm-up), so the figures are the kernels' own (the host-side plan costs microseconds
+// and, for a repeated mask, no upload).
+//
+// Figures:
+//   cuda_fwd_tflops_S8192_D128_bf16, cuda_fwd_ratio_S8192_D128_bf16          full
+//   cuda_fwd_tflops_S8192_D128_bf16_causal, cuda_fwd_ratio_S8192_D128_bf16_causal
+//   cuda_bwd_tflops_S8192_D128_bf16[_causal], cuda_bwd_ratio_S8192_D128_bf16[_causal]
+//   cuda_fwd_tflops_S8192_D128_{fp16,fp32}                                     full
+//   cuda_fwd_tflops_S8192_D128_bf16_tile<Q>x<K>       forward tilings other than the default
+// Without a CUDA device it prints a SKIPPED line and exits 0.
+//
+//   ./bench_cuda_attention [--quick] [--reps N]
+#include "bench_common.hpp"
+
+#include <baton/attention/cuda.hpp>
+#include <baton/attention/cuda/detail/forward.cuh>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double peak_tflops = 989.0;
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+}
+
+template <class S>
+struct device_tensor {
+  S* data = nullptr;
+  std::size_t n = 0;
+  explicit device_tensor(std::size_t count, std::uint64_t seed) : n(count) {
+    check(cudaMalloc(&data, n * sizeof(S)), "cudaMalloc");
+    std::vector<S> host(n);
+    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (auto& e : host) {  // uniform in [-1, 1): values of typical activations' magnitude
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      e = baton::detail::cuda::from_float<S>(static_cast<float>(static_cast<double>(x >> 11) * 0x1p-52 - 1.0));
+    }
+    check(cudaMemcpy(data, host.data(), n * sizeof(S), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  device_tensor(const device_tensor&) = delete;
+  device_tensor& operator=(const device_tensor&) = delete;
+  ~device_tensor() { (void)cudaFree(data); }
+};
+
+/// Median seconds of `call` over reps repetitions (after 2 warm-up calls), by CUDA events.
+bench::series time_calls(const std::function<void()>& call, cudaStream_t stream, int reps) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int i = 0; i < 2; ++i) call();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  bench::series s;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    call();
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    s.add(ms * 1e-3);
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return s;
+}
+
+bench::series tflops_of(const bench::series& seconds, double flops) {
+  bench::series t;
+  for (double s : seconds.values) t.add(flops / s * 1e-12);
+  return t;
+}
+bench::series ratio_of(const bench::series& tflops) {
+  bench::series r;
+  for (double t : tflops.values) r.add(t / peak_tflops);
+  return r;
+}
+
+struct problem_size {
+  std::int64_t batch = 2, seq = 8192, heads = 16, dim = 128;
+  [[nodiscard]] std::size_t elements() const { return static_cast<std::size_t>(batch * seq * heads * dim); }
+  [[nodiscard]] double forward_flops(bool causal) const {
+    const double full = 4.0 * static_cast<double>(seq) * static_cast<double>(seq) * static_cast<double>(dim * heads * batch);
+    return causal ? full / 2 : full;
+  }
+};
+
+template <class S>
+struct operands {
+  problem_size p;
+  device_tensor<S> q, k, v, out, dout, dq, dk, dv;
+  float* lse = nullptr;
+  explicit operands(const problem_size& size)
+      : p(size), q(size.elements(), 1), k(size.elements(), 2), v(size.elements(), 3), out(size.elements(), 4),
+        dout(size.elements(), 5), dq(size.elements(), 6), dk(size.elements(), 7), dv(size.elements(), 8) {
+    check(cudaMalloc(&lse, static_cast<std::size_t>(p.batch * p.heads * p.seq) * sizeof(float)), "cudaMalloc");
+  }
+  ~operands() { (void)cudaFree(lse); }
+  [[nodiscard]] baton::tensor_view<S, 4> view(const device_tensor<S>& t) const {
+    return baton::make_tensor_view(t.data, {p.batch, p.seq, p.heads, p.dim});
+  }
+  [[nodiscard]] baton::tensor_view<float, 3> lse_view() const {
+    return baton::make_tensor_view(lse, {p.batch, p.heads, p.seq});
+  }
+};
+
+template <class S, class Mask>
+void bench_forward(const operands<S>& o, const Mask& mask, bool causal, const std::string& name, cudaStream_t stream,
+                   int reps, bool with_ratio) {
+  baton::cuda_attention backend(stream);
+  const auto seconds = time_calls(
+      [&] { backend.forward(o.view(o.q), o.view(o.k), o.view(o.v), mask, o.view(o.out), o.lse_view(), {}); }, stream, reps);
+  const bench::series t = tflops_of(seconds, o.p.forward_flops(causal));
+  bench::print("cuda_fwd_tflops_" + name, t);
+  if (with_ratio) bench::print("cuda_fwd_ratio_" + name, ratio_of(t), "%.3f");
+}
+
+template <class S, class Mask>
+void bench_backward(const operands<S>& o, const Mask& mask, bool causal, const std::string& name, cudaStream_t stream,
+                    int reps) {
+#if BATON_CUDA_ATTENTION_HAS_BACKWARD
+  baton::cuda_attention backend(stream);
+  backend.forward(o.view(o.q), o.view(o.k), o.view(o.v), mask, o.view(o.out), o.lse_view(), {});
+  const baton::tensor_view<const float, 3> lse = o.lse_view();
+  const auto seconds = time_calls(
+      [&] {
+        backend.backward(o.view(o.q), o.view(o.k), o.view(o.v), o.view(o.out), lse, o.view(o.dout), mask, o.view(o.dq),
+                         o.view(o.dk), o.view(o.dv), {});
+      },
+      stream, reps);
+  const bench::series t = tflops_of(seconds, 2.5 * o.p.forward_flops(causal));
+  bench::print("cuda_bwd_tflops_" + name, t);
+  bench::print("cuda_bwd_ratio_" + name, ratio_of(t), "%.3f");
+#else
+  (void)o, (void)mask, (void)causal, (void)stream, (void)reps;
+  std::printf("cuda_bwd_tflops_%s: SKIP (no backward in this build)\n", name.c_str());
+#endif
+}
+
+/// The forward with tiling (MT, TK) through the detail launch (no mask), to compare tilings.
+template <int MT, int TK>
+void bench_tiling(const operands<baton::bfloat16>& o, const std::string& suffix, cudaStream_t stream, int reps) {
+  namespace dc = baton::detail::cuda;
+  constexpr int D = 128;
+  const dc::forward_config cfg = dc::make_forward_config(2, D, MT, TK);
+  const baton::positions all(0, o.p.seq);
+  const dc::tile_plan plan = dc::make_tile_plan(baton::no_mask{}, all, all, o.p.seq, o.p.seq, cfg.tile_q, cfg.tile_k);
+  void* plan_device = nullptr;
+  std::uint8_t* flags = nullptr;
+  check(cudaMalloc(&plan_device, plan.size_bytes()), "cudaMalloc");
+  check(cudaMalloc(&flags, dc::key_flag_bytes(o.p.batch, o.p.heads, o.p.seq)), "cudaMalloc");
+  check(cudaMemcpy(plan_device, plan.blob(), plan.size_bytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  baton::detail::attention::checked_call call;
+  call.batch = o.p.batch, call.seq_q = call.seq_k = o.p.seq, call.heads_q = call.heads_kv = o.p.heads, call.dim = D;
+  call.scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const baton::tensor_view<const baton::bfloat16, 4> q = o.view(o.q), k = o.view(o.k), v = o.view(o.v);
+  dc::launch_key_flags(dc::key_flag_args_for<baton::bfloat16>(k, v, call, flags), stream);
+  const auto args = dc::forward_args_for<baton::bfloat16>(q, k, v, o.view(o.out), o.lse_view(), call, plan.view(plan_device), flags);
+  const auto seconds = time_calls([&] { dc::launch_forward_tiled<baton::bfloat16, D, MT, TK>(args, stream); }, stream, reps);
+  bench::print("cuda_fwd_tflops_" + suffix, tflops_of(seconds, o.p.forward_flops(false)));
+  (void)cudaFree(plan_device);
+  (void)cudaFree(flags);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int reps = 10;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device (bench_cuda_attention needs one)\n");
+    return 0;
+  }
+  try {
+    bench::print_build();
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    bench::print_load("before");
+    problem_size size;
+    if (quick) size.seq = 2048;
+    const std::string tag = "S" + std::to_string(size.seq) + "_D128";
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    {
+      const operands<baton::bfloat16> bf(size);
+      bench_forward(bf, baton::no_mask{}, false, tag + "_bf16", stream, reps, true);
+      bench_forward(bf, baton::causal_mask{}, true, tag + "_bf16_causal", stream, reps, true);
+      bench_backward(bf, baton::no_mask{}, false, tag + "_bf16", stream, reps);
+      bench_backward(bf, baton::causal_mask{}, true, tag + "_bf16_causal", stream, reps);
+      // Tilings other than forward_config_for's (128 x 32 at D = 128), to tune it on hardware.
+      bench_tiling<2, 64>(bf, tag + "_bf16_tile128x64", stream, reps);
+      bench_tiling<1, 64>(bf, tag + "_bf16_tile64x64", stream, reps);
+      bench_tiling<1, 32>(bf, tag + "_bf16_tile64x32", stream, reps);
+    }
+    {
+      const operands<baton::float16> h(size);
+      bench_forward(h, baton::no_mask{}, false, tag + "_fp16", stream, reps, false);
+    }
+    {
+      const operands<float> f(size);
+      bench_forward(f, baton::no_mask{}, false, tag + "_fp32", stream, std::max(3, reps / 3), false);
+    }
+    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+    bench::print_load("after");
+  } catch (const std::exception& e) {
+    std::printf("bench_cuda_attention: FAILED: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
