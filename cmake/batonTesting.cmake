@@ -16,12 +16,18 @@ function(baton_warnings target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${BATON_WARNINGS}>)
 endfunction()
 
-# baton_add_test(NAME n SOURCES a.cpp... [LIBS l...] [LABELS l...] [THREADS] [TIMEOUT s] [ARGS a...])
+# baton_add_test(NAME n SOURCES a.cpp... [LIBS l...] [LABELS l...] [THREADS] [ASAN_SKIPS_IT] [TIMEOUT s] [ARGS a...])
 #   One executable, one ctest entry. THREADS marks tests that run ranks (or any work) on
 #   several threads: they are the ones the tsan preset runs (label "threads").
+#   ASAN_SKIPS_IT: not built by the ASan+UBSan preset — for a test that instantiates again,
+#   for another policy, code whose memory accesses other tests already check under ASan (the
+#   ThreadSanitizer preset still builds it when it is THREADS).
 function(baton_add_test)
-  cmake_parse_arguments(arg "THREADS" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(arg "THREADS;ASAN_SKIPS_IT" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
   if(BATON_ONLY_THREAD_TESTS AND NOT arg_THREADS)
+    return()
+  endif()
+  if(arg_ASAN_SKIPS_IT AND CMAKE_CXX_FLAGS MATCHES "-fsanitize=address")
     return()
   endif()
   add_executable(${arg_NAME} ${arg_SOURCES})

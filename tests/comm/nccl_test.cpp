@@ -2,6 +2,7 @@
 // ranks as threads of the local world, NCCL bootstrapped over it). Without a CUDA device the
 // GPU case skips: BATON_SKIP, in its own ctest entry (baton_comm_nccl.comm_nccl_gpu).
 #include "catch.hpp"
+#include "cuda_devices.hpp"
 #include "skip.hpp"
 #include "suite.hpp"
 
@@ -18,12 +19,6 @@
 #include <vector>
 
 namespace {
-
-int visible_devices() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
-  return count;
-}
 
 /// Managed memory, so that the host can fill and check what NCCL moves.
 template <class T>
@@ -154,7 +149,7 @@ TEST_CASE("nccl: both ends of every message pick the same point-to-point lane", 
 }
 
 TEST_CASE("nccl: transfers on every visible GPU", "[comm][nccl][gpu][can-skip]") {
-  const int devices = visible_devices();
+  const int devices = baton_test::visible_cuda_devices();
   if (devices == 0) BATON_SKIP("no CUDA device");
   const int n = std::min(devices, 4);  // NCCL needs one GPU per rank
   REQUIRE_NOTHROW(baton::run_local(n, [](baton::local_communicator& host) { nccl_rank_body(host); },

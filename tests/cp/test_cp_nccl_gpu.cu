@@ -28,6 +28,7 @@
 //    any machine with one GPU.
 #include "catch.hpp"
 #include "cp_test_support.hpp"
+#include "cuda_devices.hpp"
 #include "skip.hpp"
 
 #include <baton/comm/local.hpp>
@@ -55,15 +56,6 @@
 namespace {
 
 using cp_test::mode;
-
-int visible_devices() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
 
 void cuda_check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
@@ -369,17 +361,17 @@ TEST_CASE("cp gpu: the device memory space and the adapters model the concepts",
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid on one device (staged reference backend), double", "[cp][cuda][gpu][one_device][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   check_staged_on_one_device<double>();
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid on one device (staged reference backend), float", "[cp][cuda][gpu][one_device_float][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   check_staged_on_one_device<float>();
 }
 
 TEST_CASE("cp gpu: host tensors given to a CUDA backend fail on every rank", "[cp][cuda][gpu][host_tensors][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   const cp_test::dims d = small_dims<double>();
   const baton::sequence_sharding sharding(baton::shard_layout::contiguous, d.seq, 2);
   std::vector<std::string> messages(2);  // checked on the main thread (Catch is not thread-safe)
@@ -408,7 +400,7 @@ TEST_CASE("cp gpu: host tensors given to a CUDA backend fail on every rank", "[c
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid over NCCL (staged reference backend)", "[cp][cuda][gpu][nccl][can-skip]") {
-  const int devices = std::min(visible_devices(), 8);
+  const int devices = std::min(baton_test::visible_cuda_devices(), 8);
   if (devices == 0) BATON_SKIP("no CUDA device");
   // One rank per GPU; with one GPU a ring of 1 (see the file comment).
   cp_test::dims d = small_dims<double>();
@@ -454,7 +446,7 @@ constexpr double cuda_attention_tolerance = 1e-4;  // see the file comment
 #endif
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention on one device", "[cp][cuda][gpu][cuda_attention][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
 #if !CP_GPU_HAS_CUDA_ATTENTION
   BATON_SKIP("baton::cuda_attention is not available (<baton/attention/cuda.hpp> was not found at build time)");
 #else
@@ -471,7 +463,7 @@ TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention on one device", 
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention over NCCL", "[cp][cuda][gpu][nccl_cuda_attention][can-skip]") {
-  const int devices = std::min(visible_devices(), 4);
+  const int devices = std::min(baton_test::visible_cuda_devices(), 4);
   if (devices == 0) BATON_SKIP("no CUDA device");
 #if !CP_GPU_HAS_CUDA_ATTENTION
   BATON_SKIP("baton::cuda_attention is not available (<baton/attention/cuda.hpp> was not found at build time)");
@@ -512,7 +504,7 @@ cp_test::tensors<float> as_float(const cp_test::tensors<baton::bfloat16>& t, con
 #endif
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention in bfloat16 on one device", "[cp][cuda][gpu][cuda_attention_bf16][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
 #if !CP_GPU_HAS_CUDA_ATTENTION
   BATON_SKIP("baton::cuda_attention is not available (<baton/attention/cuda.hpp> was not found at build time)");
 #else

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -41,9 +42,11 @@ class host_backed {
     std::fill(t.values_.begin(), t.values_.end(), static_cast<T>(-777));  // indeterminate: must be overwritten
     return t;
   }
+  // Called on the ranks' threads: a size mismatch throws (the executor carries it out of
+  // run_local) rather than asserting, since Catch's assertions are not thread-safe.
   static host_backed from_host(std::vector<std::int64_t> shape, std::span<const T> values) {
     host_backed t(std::move(shape));
-    REQUIRE(values.size() == t.values_.size());
+    if (values.size() != t.values_.size()) throw std::logic_error("host_backed::from_host: size mismatch");
     std::copy(values.begin(), values.end(), t.values_.begin());
     return t;
   }
@@ -56,7 +59,7 @@ class host_backed {
   host_backed clone() const { return from_host(shape_, values_); }
   std::vector<T> to_host() const { return values_; }
   void copy_from_host(std::span<const T> values) {
-    REQUIRE(values.size() == values_.size());
+    if (values.size() != values_.size()) throw std::logic_error("host_backed::copy_from_host: size mismatch");
     std::copy(values.begin(), values.end(), values_.begin());
   }
   const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
@@ -215,7 +218,10 @@ TEST_CASE("device traits split, merge and scale through the copier", "[pipeline]
 
 TEST_CASE("a device payload never travels inline in the header", "[pipeline][cuda][device-payload]") {
   // Both payloads are 64 bytes, far under the inline limit: only host_accessible decides.
-  baton::run_local(2, [](baton::local_communicator& comm) {
+  // The ranks record what they saw; the checks run on this thread (Catch is not thread-safe).
+  bool device_inline = true, host_inline = false;
+  std::vector<double> received;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
     using namespace baton::detail::pipeline;
     const message_id id{1, 0, 0, 0};
     if (comm.rank() == 0) {
@@ -223,22 +229,24 @@ TEST_CASE("a device payload never travels inline in the header", "[pipeline][cud
       send_spares<baton::local_request, baton::host_tensor<double>> host_spares;
       auto device = post_send(comm, stand_in::from_host({2, 4}, iota_values(8)), 1, 5, id, device_spares);
       auto host = post_send(comm, baton::host_tensor<double>({2, 4}), 1, 6, id, host_spares);
-      CHECK_FALSE(static_cast<outgoing_payload<baton::local_request, stand_in>&>(*device).header.data_inline());
-      CHECK(static_cast<outgoing_payload<baton::local_request, baton::host_tensor<double>>&>(*host).header.data_inline());
+      device_inline = static_cast<outgoing_payload<baton::local_request, stand_in>&>(*device).header.data_inline();
+      host_inline = static_cast<outgoing_payload<baton::local_request, baton::host_tensor<double>>&>(*host).header.data_inline();
       device->wait();
       host->wait();
     } else {
       buffer_pool<stand_in> pool;
       incoming<baton::local_request, stand_in> in;
       post_recv(comm, in, 0, 5, id);
-      const stand_in got = complete_recv(comm, in, pool);
-      CHECK(got.to_host() == iota_values(8));
+      received = complete_recv(comm, in, pool).to_host();
       buffer_pool<baton::host_tensor<double>> host_pool;
       incoming<baton::local_request, baton::host_tensor<double>> host_in;
       post_recv(comm, host_in, 0, 6, id);
       (void)complete_recv(comm, host_in, host_pool);
     }
   });
+  CHECK_FALSE(device_inline);
+  CHECK(host_inline);
+  CHECK(received == iota_values(8));
 }
 
 TEMPLATE_TEST_CASE("1F1B and ZBV with device-routed payloads match the sequential run", "[pipeline][cuda][device-payload]",

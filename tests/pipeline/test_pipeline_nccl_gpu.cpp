@@ -19,6 +19,7 @@
 #include "catch.hpp"
 #include "device_parity.hpp"
 #include "nccl_gpu_kernels.hpp"
+#include "cuda_devices.hpp"
 #include "skip.hpp"
 
 #include <baton/comm/local.hpp>
@@ -39,12 +40,6 @@
 namespace {
 
 using tensor = baton::cuda::device_tensor<double>;
-
-int visible_devices() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
-  return count;
-}
 
 // The stage's kernels on the payload stream (complete when each returns: the executor hands
 // a stage's output to NCCL on the communicator's stream).
@@ -209,7 +204,7 @@ TEST_CASE("nccl pipeline: device_tensor is a device payload the executor can sen
 }
 
 TEST_CASE("nccl pipeline: device tensors copy, split and merge", "[pipeline][nccl][gpu][device][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   std::vector<double> values(6 * 5);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i) - 3.5;
@@ -242,7 +237,7 @@ TEST_CASE("nccl pipeline: device tensors copy, split and merge", "[pipeline][ncc
 }
 
 TEST_CASE("pipeline on one GPU: 1F1B and ZBV on 2, 3 ranks, staged local world", "[pipeline][gpu][staged_local][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   for (const int ranks : {2, 3}) {
     check_policy_staged_on_one_device<baton::one_f_one_b>(ranks);
     check_policy_staged_on_one_device<baton::zbv>(ranks);
@@ -250,13 +245,13 @@ TEST_CASE("pipeline on one GPU: 1F1B and ZBV on 2, 3 ranks, staged local world",
 }
 
 TEST_CASE("nccl pipeline: 1F1B with device stages matches the sequential run", "[pipeline][nccl][gpu][one_f_one_b][can-skip]") {
-  const int devices = visible_devices();
+  const int devices = baton_test::visible_cuda_devices();
   if (devices == 0) BATON_SKIP("no CUDA device");
   check_policy_over_nccl<baton::one_f_one_b>(std::min(devices, 8));
 }
 
 TEST_CASE("nccl pipeline: ZBV with device stages matches the sequential run", "[pipeline][nccl][gpu][zbv][can-skip]") {
-  const int devices = visible_devices();
+  const int devices = baton_test::visible_cuda_devices();
   if (devices == 0) BATON_SKIP("no CUDA device");
   check_policy_over_nccl<baton::zbv>(std::min(devices, 8));
 }

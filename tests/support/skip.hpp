@@ -1,7 +1,7 @@
 // Skipping one test case when the machine lacks what it needs (a GPU, a rank count).
 //
 //   TEST_CASE("nccl: transfers on every visible GPU", "[comm][nccl][can-skip]") {
-//     if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+//     if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");  // cuda_devices.hpp
 //     ...
 //   }
 //

@@ -4,6 +4,8 @@
 // the backward_args over host memory — and the comparison of gradients against the reference.
 #pragma once
 
+#include "catch.hpp"
+
 #include "../attention_test_util.hpp"
 #include "../nonfinite_oracle.hpp"
 
@@ -207,6 +209,68 @@ std::string compare(const std::vector<S>& got_storage, const std::vector<float>&
   const std::string nan = attn_test::nan_pattern_mismatch(got, want, tolerance<S>());
   if (!nan.empty()) return std::string(name) + ": " + nan;
   return "";
+}
+
+
+/// The reference's gradients against the kernels' (p.sdq, p.sdk, p.sdv), with the shape.
+template <class S>
+void check_gradients(const problem<S>& p, const std::string& what) {
+  INFO(what << " [" << storage_name<S>() << ", batch " << p.s.batch << ", " << p.s.seq_q << "/" << p.s.seq_k
+            << ", heads " << p.s.heads_q << "/" << p.s.heads_kv << ", dim " << p.s.dim << "]");
+  CHECK(compare(p.sdq, p.want.dq, "dq") == "");
+  CHECK(compare(p.sdk, p.want.dk, "dk") == "");
+  CHECK(compare(p.sdv, p.want.dv, "dv") == "");
+}
+
+/// One problem through the kernels under test: `run(p)` is the host emulation in the CPU
+/// test and the device launch in the GPU test, so both check the same cases.
+template <class S, class Run, class Mask>
+void compare_case(Run&& run, const shape& s, const Mask& mask, const baton::attention_params& params,
+                  const std::string& what, unsigned seed, bool accumulate = false) {
+  auto p = make_problem<S>(s, mask, params, seed, accumulate);
+  run(p);
+  check_gradients(p, what);
+}
+
+/// Packed documents of lengths 13, 1+..., over `total` global positions.
+std::vector<std::int64_t> document_ids(std::int64_t total) {
+  std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
+  for (std::int64_t pos = 0, doc = 0, left = 13; pos < total; ++pos, --left) {
+    if (left == 0) {
+      ++doc;
+      left = std::int64_t{1} + (doc * 29) % 41;
+    }
+    segments[static_cast<std::size_t>(pos)] = doc;
+  }
+  return segments;
+}
+
+/// Every mask type of masks.hpp, with positions as context-parallel shards have them
+/// (offset queries, zigzag lists), on one shape.
+template <class S, class Run>
+void mask_grid(Run&& run, const shape& s, unsigned seed, const std::string& what) {
+  const std::int64_t total = s.seq_q + s.seq_k;
+  const std::vector<std::int64_t> ids = document_ids(total);
+  baton::attention_params params;
+  compare_case<S>(run, s, baton::no_mask{}, params, what + ", no mask", ++seed);
+  compare_case<S>(run, s, baton::causal_mask{}, params, what + ", causal", ++seed);
+  params.q_pos = baton::positions(s.seq_k / 3, s.seq_q);
+  compare_case<S>(run, s, baton::causal_mask{}, params, what + ", causal, offset queries", ++seed);
+  compare_case<S>(run, s, baton::sliding_window_mask{20, 3}, params, what + ", sliding window", ++seed);
+  compare_case<S>(run, s, baton::prefix_lm_mask{17}, params, what + ", prefix-LM", ++seed);
+  compare_case<S>(run, s, baton::document_mask(ids), params, what + ", documents", ++seed);
+  compare_case<S>(run, s, baton::intersect(baton::document_mask(ids), baton::causal_mask{}), params,
+                  what + ", causal documents", ++seed);
+  compare_case<S>(run, s, baton::padding_mask(baton::causal_mask{}, total - 5), params, what + ", padding", ++seed);
+  std::vector<std::int64_t> q_list, k_list;
+  for (std::int64_t i = 0; i < s.seq_q; ++i) q_list.push_back(i < s.seq_q / 2 ? total - s.seq_q / 2 + i : i);
+  for (std::int64_t i = 0; i < s.seq_k; ++i) k_list.push_back(i < s.seq_k / 2 ? total - s.seq_k / 2 + i : i);
+  params.q_pos = baton::positions::list(q_list);
+  const baton::block_mask sinks_and_window(
+      [](std::int64_t q, std::int64_t k) { return k <= q && (k < 4 || q - k < 48); }, total, total);
+  compare_case<S>(run, s, sinks_and_window, params, what + ", block mask, zigzag queries", ++seed);
+  params.k_pos = baton::positions::list(k_list);
+  compare_case<S>(run, s, baton::causal_mask{}, params, what + ", causal, zigzag queries and keys", ++seed);
 }
 
 }  // namespace cuda_bwd_test

@@ -30,62 +30,18 @@ void run_emulated(cuda_bwd_test::problem<S>& p) {
   bc::emulate_backward(cuda_bwd_test::host_args(p));
 }
 
-template <class S>
-void check_gradients(const cuda_bwd_test::problem<S>& p, const std::string& what) {
-  INFO(what << " [" << cuda_bwd_test::storage_name<S>() << ", batch " << p.s.batch << ", " << p.s.seq_q << "/"
-            << p.s.seq_k << ", heads " << p.s.heads_q << "/" << p.s.heads_kv << ", dim " << p.s.dim << "]");
-  CHECK(cuda_bwd_test::compare(p.sdq, p.want.dq, "dq") == "");
-  CHECK(cuda_bwd_test::compare(p.sdk, p.want.dk, "dk") == "");
-  CHECK(cuda_bwd_test::compare(p.sdv, p.want.dv, "dv") == "");
-}
+using cuda_bwd_test::check_gradients;
+using cuda_bwd_test::document_ids;
 
 template <class S, class Mask>
 void compare_case(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
                   unsigned seed, bool accumulate = false) {
-  auto p = cuda_bwd_test::make_problem<S>(s, mask, params, seed, accumulate);
-  run_emulated(p);
-  check_gradients(p, what);
+  cuda_bwd_test::compare_case<S>(run_emulated<S>, s, mask, params, what, seed, accumulate);
 }
 
-/// Packed documents of lengths 13, 1+..., over `total` global positions.
-std::vector<std::int64_t> document_ids(std::int64_t total) {
-  std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
-  for (std::int64_t pos = 0, doc = 0, left = 13; pos < total; ++pos, --left) {
-    if (left == 0) {
-      ++doc;
-      left = std::int64_t{1} + (doc * 29) % 41;
-    }
-    segments[static_cast<std::size_t>(pos)] = doc;
-  }
-  return segments;
-}
-
-/// Every mask type of masks.hpp, with positions as context-parallel shards have them
-/// (offset queries, zigzag lists), on one shape.
 template <class S>
 void mask_grid(const shape& s, unsigned seed, const std::string& what) {
-  const std::int64_t total = s.seq_q + s.seq_k;
-  const std::vector<std::int64_t> ids = document_ids(total);
-  baton::attention_params params;
-  compare_case<S>(s, baton::no_mask{}, params, what + ", no mask", ++seed);
-  compare_case<S>(s, baton::causal_mask{}, params, what + ", causal", ++seed);
-  params.q_pos = baton::positions(s.seq_k / 3, s.seq_q);
-  compare_case<S>(s, baton::causal_mask{}, params, what + ", causal, offset queries", ++seed);
-  compare_case<S>(s, baton::sliding_window_mask{20, 3}, params, what + ", sliding window", ++seed);
-  compare_case<S>(s, baton::prefix_lm_mask{17}, params, what + ", prefix-LM", ++seed);
-  compare_case<S>(s, baton::document_mask(ids), params, what + ", documents", ++seed);
-  compare_case<S>(s, baton::intersect(baton::document_mask(ids), baton::causal_mask{}), params,
-                  what + ", causal documents", ++seed);
-  compare_case<S>(s, baton::padding_mask(baton::causal_mask{}, total - 5), params, what + ", padding", ++seed);
-  std::vector<std::int64_t> q_list, k_list;
-  for (std::int64_t i = 0; i < s.seq_q; ++i) q_list.push_back(i < s.seq_q / 2 ? total - s.seq_q / 2 + i : i);
-  for (std::int64_t i = 0; i < s.seq_k; ++i) k_list.push_back(i < s.seq_k / 2 ? total - s.seq_k / 2 + i : i);
-  params.q_pos = baton::positions::list(q_list);
-  const baton::block_mask sinks_and_window(
-      [](std::int64_t q, std::int64_t k) { return k <= q && (k < 4 || q - k < 48); }, total, total);
-  compare_case<S>(s, sinks_and_window, params, what + ", block mask, zigzag queries", ++seed);
-  params.k_pos = baton::positions::list(k_list);
-  compare_case<S>(s, baton::causal_mask{}, params, what + ", causal, zigzag queries and keys", ++seed);
+  cuda_bwd_test::mask_grid<S>(run_emulated<S>, s, seed, what);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // through launch_backward on device memory, plus shapes with many tiles. Without a device
 // every case reports itself skipped (tests/support/skip.hpp), never passed.
 #include "catch.hpp"
+#include "cuda_devices.hpp"
 #include "skip.hpp"
 
 #include "backward_test_util.hpp"
@@ -23,11 +24,6 @@ namespace {
 
 using cuda_bwd_test::shape;
 namespace bc = baton::detail::cuda;
-
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
@@ -81,65 +77,24 @@ void run_on_device(cuda_bwd_test::problem<S>& p) {
   download(p.sdv, dv);
 }
 
-template <class S>
-void check_gradients(const cuda_bwd_test::problem<S>& p, const std::string& what) {
-  INFO(what << " [" << cuda_bwd_test::storage_name<S>() << ", batch " << p.s.batch << ", " << p.s.seq_q << "/"
-            << p.s.seq_k << ", heads " << p.s.heads_q << "/" << p.s.heads_kv << ", dim " << p.s.dim << "]");
-  CHECK(cuda_bwd_test::compare(p.sdq, p.want.dq, "dq") == "");
-  CHECK(cuda_bwd_test::compare(p.sdk, p.want.dk, "dk") == "");
-  CHECK(cuda_bwd_test::compare(p.sdv, p.want.dv, "dv") == "");
-}
+using cuda_bwd_test::check_gradients;
+using cuda_bwd_test::document_ids;
 
 template <class S, class Mask>
 void compare_case(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
                   unsigned seed, bool accumulate = false) {
-  auto p = cuda_bwd_test::make_problem<S>(s, mask, params, seed, accumulate);
-  run_on_device(p);
-  check_gradients(p, what);
-}
-
-std::vector<std::int64_t> document_ids(std::int64_t total) {
-  std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
-  for (std::int64_t pos = 0, doc = 0, left = 13; pos < total; ++pos, --left) {
-    if (left == 0) {
-      ++doc;
-      left = std::int64_t{1} + (doc * 29) % 41;
-    }
-    segments[static_cast<std::size_t>(pos)] = doc;
-  }
-  return segments;
+  cuda_bwd_test::compare_case<S>(run_on_device<S>, s, mask, params, what, seed, accumulate);
 }
 
 template <class S>
 void mask_grid(const shape& s, unsigned seed, const std::string& what) {
-  const std::int64_t total = s.seq_q + s.seq_k;
-  const std::vector<std::int64_t> ids = document_ids(total);
-  baton::attention_params params;
-  compare_case<S>(s, baton::no_mask{}, params, what + ", no mask", ++seed);
-  compare_case<S>(s, baton::causal_mask{}, params, what + ", causal", ++seed);
-  params.q_pos = baton::positions(s.seq_k / 3, s.seq_q);
-  compare_case<S>(s, baton::causal_mask{}, params, what + ", causal, offset queries", ++seed);
-  compare_case<S>(s, baton::sliding_window_mask{20, 3}, params, what + ", sliding window", ++seed);
-  compare_case<S>(s, baton::prefix_lm_mask{17}, params, what + ", prefix-LM", ++seed);
-  compare_case<S>(s, baton::document_mask(ids), params, what + ", documents", ++seed);
-  compare_case<S>(s, baton::intersect(baton::document_mask(ids), baton::causal_mask{}), params,
-                  what + ", causal documents", ++seed);
-  compare_case<S>(s, baton::padding_mask(baton::causal_mask{}, total - 5), params, what + ", padding", ++seed);
-  std::vector<std::int64_t> q_list, k_list;
-  for (std::int64_t i = 0; i < s.seq_q; ++i) q_list.push_back(i < s.seq_q / 2 ? total - s.seq_q / 2 + i : i);
-  for (std::int64_t i = 0; i < s.seq_k; ++i) k_list.push_back(i < s.seq_k / 2 ? total - s.seq_k / 2 + i : i);
-  params.q_pos = baton::positions::list(q_list);
-  const baton::block_mask sinks_and_window(
-      [](std::int64_t q, std::int64_t k) { return k <= q && (k < 4 || q - k < 48); }, total, total);
-  compare_case<S>(s, sinks_and_window, params, what + ", block mask, zigzag queries", ++seed);
-  params.k_pos = baton::positions::list(k_list);
-  compare_case<S>(s, baton::causal_mask{}, params, what + ", causal, zigzag queries and keys", ++seed);
+  cuda_bwd_test::mask_grid<S>(run_on_device<S>, s, seed, what);
 }
 
 }  // namespace
 
 TEST_CASE("cuda backward (device): every mask, tile edges, GQA, float", "[attention][cuda][gpu][bwd-float][can-skip]") {
-  if (!have_device()) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   mask_grid<float>({1, 70, 45, 4, 2, 64}, 10, "GQA 2:1, Sq > Sk");
   mask_grid<float>({2, 33, 65, 2, 2, 64}, 30, "MHA, batch 2, Sk > a tile");
   mask_grid<float>({1, 130, 200, 4, 1, 128}, 40, "MQA, dim 128, many tiles");
@@ -147,7 +102,7 @@ TEST_CASE("cuda backward (device): every mask, tile edges, GQA, float", "[attent
 }
 
 TEST_CASE("cuda backward (device): bf16 and fp16 storage", "[attention][cuda][gpu][bwd-16bit][can-skip]") {
-  if (!have_device()) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   mask_grid<baton::bfloat16>({1, 70, 45, 4, 2, 64}, 70, "GQA 2:1");
   mask_grid<baton::bfloat16>({1, 200, 190, 4, 1, 128}, 90, "MQA, dim 128, many tiles");
   mask_grid<baton::bfloat16>({2, 129, 70, 2, 2, 256}, 110, "dim 256, batch 2");
@@ -157,7 +112,7 @@ TEST_CASE("cuda backward (device): bf16 and fp16 storage", "[attention][cuda][gp
 }
 
 TEST_CASE("cuda backward (device): accumulate, rows and keys without pairs", "[attention][cuda][gpu][bwd-edges][can-skip]") {
-  if (!have_device()) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   compare_case<float>({1, 50, 70, 4, 2, 64}, baton::causal_mask{}, {}, "accumulate, float", 200, true);
   compare_case<baton::bfloat16>({1, 150, 170, 2, 1, 128}, baton::no_mask{}, {}, "accumulate, bf16", 201, true);
   const baton::block_mask holes([](std::int64_t q, std::int64_t k) { return k <= q && q % 7 != 3; }, 70, 70, 8);
@@ -175,7 +130,7 @@ TEST_CASE("cuda backward (device): accumulate, rows and keys without pairs", "[a
 }
 
 TEST_CASE("cuda backward (device): the non-finite rule", "[attention][cuda][gpu][bwd-nonfinite][can-skip]") {
-  if (!have_device()) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const shape s{1, 70, 66, 4, 2, 64};
   const std::vector<std::int64_t> ids = document_ids(140);
@@ -198,7 +153,7 @@ TEST_CASE("cuda backward (device): the non-finite rule", "[attention][cuda][gpu]
 }
 
 TEST_CASE("cuda backward (device): two runs are bitwise equal", "[attention][cuda][gpu][bwd-determinism][can-skip]") {
-  if (!have_device()) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   const shape s{2, 300, 257, 8, 2, 128};
   auto a = cuda_bwd_test::make_problem<baton::bfloat16>(s, baton::causal_mask{}, {}, 400);
   auto b = cuda_bwd_test::make_problem<baton::bfloat16>(s, baton::causal_mask{}, {}, 400);

@@ -3,6 +3,7 @@
 // tolerances are argued in forward_test_util.hpp), a multi-tile causal problem, the
 // non-finite rule, strided views, and bad input. Every case skips without a CUDA device.
 #include "catch.hpp"
+#include "cuda_devices.hpp"
 #include "skip.hpp"
 
 #include "forward_test_util.hpp"
@@ -25,15 +26,6 @@ namespace {
 using attn_test::shape;
 using cuda_test::make_problem;
 using cuda_test::problem;
-
-int visible_devices() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
 
 void cuda_check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
@@ -107,22 +99,22 @@ void run_grid(unsigned seed) {
 }  // namespace
 
 TEST_CASE("cuda_attention forward on the device: the Kokkos grid, float storage", "[cuda][gpu][grid_float][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   run_grid<float>(1000);
 }
 
 TEST_CASE("cuda_attention forward on the device: the Kokkos grid, bfloat16 storage", "[cuda][gpu][grid_bf16][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   run_grid<baton::bfloat16>(2000);
 }
 
 TEST_CASE("cuda_attention forward on the device: the Kokkos grid, float16 storage", "[cuda][gpu][grid_fp16][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   run_grid<baton::float16>(3000);
 }
 
 TEST_CASE("cuda_attention forward on the device: many tiles, causal and documents", "[cuda][gpu][many_tiles][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   for (const int dim : {64, 128, 256}) {
     const shape s{1, 700, 900, 4, 2, dim};
     baton::attention_params params;
@@ -139,7 +131,7 @@ TEST_CASE("cuda_attention forward on the device: many tiles, causal and document
 }
 
 TEST_CASE("cuda_attention on the device: one object, changing masks and shapes (workspace and plan reuse)", "[cuda][gpu][reuse][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
   {
@@ -161,7 +153,7 @@ TEST_CASE("cuda_attention on the device: one object, changing masks and shapes (
 }
 
 TEST_CASE("cuda_attention forward on the device: the non-finite rule", "[cuda][gpu][nonfinite][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   for (const float bad : {nan, inf, -inf}) {
     problem<float> p = make_problem<float>({1, 150, 150, 2, 1, 64}, 5000);
@@ -178,7 +170,7 @@ TEST_CASE("cuda_attention forward on the device: the non-finite rule", "[cuda][g
 }
 
 TEST_CASE("cuda_attention on the device: head dim 96 and misaligned rows are rejected", "[cuda][gpu][bad_input][can-skip]") {
-  if (visible_devices() == 0) BATON_SKIP("no CUDA device");
+  if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   const shape s{1, 4, 4, 1, 1, 96};
   const problem<float> p = make_problem<float>(s, 6000);
   std::vector<float> out(p.q.size()), lse(4);
