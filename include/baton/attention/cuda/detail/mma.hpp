@@ -104,6 +104,29 @@ inline void split_tf32(const lanes<float, N>& x, lanes<std::uint32_t, N>& big, l
   }
 }
 
+/// The C/D half of a host-emulated mma: d (warp w's lanes, in the C fragment layout) += A B,
+/// the fp32 product of the 16 x K and K x 8 operands the caller gathered from its fragments.
+template <int N, int K>
+inline void accumulate_c(lanes<float, N> (&d)[4], int w, const float (&A)[16][K], const float (&B)[K][8]) noexcept {
+  float C[16][8];
+  for (int l = 0; l < warp_size; ++l)
+    for (int i = 0; i < 4; ++i) {
+      const element_at e = frag::c(l, i);
+      C[e.row][e.col] = d[i].v[w + l];
+    }
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      float acc = C[i][j];
+      for (int k = 0; k < K; ++k) acc += A[i][k] * B[k][j];
+      C[i][j] = acc;
+    }
+  for (int l = 0; l < warp_size; ++l)
+    for (int i = 0; i < 4; ++i) {
+      const element_at e = frag::c(l, i);
+      d[i].v[w + l] = C[e.row][e.col];
+    }
+}
+
 /// d += a b for one m16n8k16 per warp (host emulation): a, b hold S = bfloat16 or float16.
 template <class S, int N>
   requires(N > 1)
@@ -111,7 +134,7 @@ inline void mma_m16n8k16(lanes<float, N> (&d)[4], const lanes<std::uint32_t, N> 
                          const lanes<std::uint32_t, N> (&b)[2]) noexcept {
   static_assert(N % warp_size == 0, "baton simt: the host emulation runs whole warps");
   for (int w = 0; w < N; w += warp_size) {
-    float A[16][16], B[16][8], C[16][8];
+    float A[16][16], B[16][8];
     for (int l = 0; l < warp_size; ++l) {
       for (int r = 0; r < 4; ++r)
         for (int h = 0; h < 2; ++h) {
@@ -123,22 +146,8 @@ inline void mma_m16n8k16(lanes<float, N> (&d)[4], const lanes<std::uint32_t, N> 
           const element_at e = frag::b16(l, r, h);
           B[e.row][e.col] = half_to_float<S>(static_cast<std::uint16_t>(b[r].v[w + l] >> (16 * h)));
         }
-      for (int i = 0; i < 4; ++i) {
-        const element_at e = frag::c(l, i);
-        C[e.row][e.col] = d[i].v[w + l];
-      }
     }
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 8; ++j) {
-        float acc = C[i][j];
-        for (int k = 0; k < 16; ++k) acc += A[i][k] * B[k][j];
-        C[i][j] = acc;
-      }
-    for (int l = 0; l < warp_size; ++l)
-      for (int i = 0; i < 4; ++i) {
-        const element_at e = frag::c(l, i);
-        d[i].v[w + l] = C[e.row][e.col];
-      }
+    accumulate_c(d, w, A, B);
   }
 }
 
@@ -150,7 +159,7 @@ inline void mma_m16n8k8_tf32(lanes<float, N> (&d)[4], const lanes<std::uint32_t,
                              const lanes<std::uint32_t, N> (&b)[2]) noexcept {
   static_assert(N % warp_size == 0, "baton simt: the host emulation runs whole warps");
   for (int w = 0; w < N; w += warp_size) {
-    float A[16][8], B[8][8], C[16][8];
+    float A[16][8], B[8][8];
     for (int l = 0; l < warp_size; ++l) {
       for (int r = 0; r < 4; ++r) {
         const element_at e = frag::a_tf32(l, r);
@@ -160,22 +169,8 @@ inline void mma_m16n8k8_tf32(lanes<float, N> (&d)[4], const lanes<std::uint32_t,
         const element_at e = frag::b_tf32(l, r);
         B[e.row][e.col] = bits_float(b[r].v[w + l] & 0xffffe000u);
       }
-      for (int i = 0; i < 4; ++i) {
-        const element_at e = frag::c(l, i);
-        C[e.row][e.col] = d[i].v[w + l];
-      }
     }
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 8; ++j) {
-        float acc = C[i][j];
-        for (int k = 0; k < 8; ++k) acc += A[i][k] * B[k][j];
-        C[i][j] = acc;
-      }
-    for (int l = 0; l < warp_size; ++l)
-      for (int i = 0; i < 4; ++i) {
-        const element_at e = frag::c(l, i);
-        d[i].v[w + l] = C[e.row][e.col];
-      }
+    accumulate_c(d, w, A, B);
   }
 }
 
