@@ -2,8 +2,7 @@
 // the examples of docs/training.md and of baton/train/lm_trainer.hpp's comment (between the
 // doc markers; ctest -L docs checks that the documents show them verbatim).
 //
-// Each case trains 3 AdamW steps (2 in the sanitizer builds: BATON_TRAIN_PARITY_STEPS, see
-// CMakeLists.txt) on a mesh of local ranks (threads) and on one rank
+// Each case trains 3 AdamW steps on a mesh of local ranks (threads) and on one rank
 // (baton::train::lm_reference: one forward and backward of the whole global batch), and
 // compares after every step the loss and every parameter of the model, gathered from the
 // mesh. Tolerances, relative to the largest magnitude of the compared values:
@@ -15,9 +14,6 @@
 //    float cases use eps = 1e-5 (instead of torch's 1e-8), under which such an element moves
 //    by at most lr x noise / eps. Measured worst differences after 3 steps: 7e-7 with eps
 //    1e-5; 1.8e-5 with eps 1e-8, all of it in such elements (double: 3e-14 either way).
-#ifndef BATON_TRAIN_PARITY_STEPS
-#define BATON_TRAIN_PARITY_STEPS 3
-#endif
 
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
@@ -97,7 +93,7 @@ struct comparison {
 // Trains the scenario on its mesh and on one rank; returns the losses and, per step, the worst
 // parameter difference relative to the largest parameter.
 template <class T, class Backend>
-comparison compare(const scenario& s, int steps = BATON_TRAIN_PARITY_STEPS) {
+comparison compare(const scenario& s, int steps = 3) {
   train::lm_config config = small_config<T>(s.layers);
   config.seq = s.seq;
   const int world = s.parallelism.mesh.size();
@@ -203,13 +199,11 @@ std::vector<scenario> scenarios() {
                         "1F0,1F1,1I0,1F2,1I1,1W0,1F3,1I2,1W1,1I3,1W2,1W3\n"
                         "2F0,2I0,2F1,2I1,2W0,2F2,2I2,2W1,2F3,2I3,2W2,2W3\n"),
        6},
-#if !defined(BATON_TRAIN_SANITIZED)  // release only: see tests/train/CMakeLists.txt
       // Issue 17: lengths no layout divides and head counts the degree does not divide.
       {"pp2 x cp3 1F1B, ring zigzag, 17 tokens (shards 6 6 5)",
        {{.pp = 2, .cp_ring = 3}, cp_mode::ring, shard_layout::zigzag}, schedule_of<baton::one_f_one_b>(2), 8, false, 17},
       {"cp3 Ulysses striped, 19 tokens, 4 heads over 3 ranks (2 1 1)",
        {{.pp = 1, .cp_ulysses = 3}, cp_mode::ulysses, shard_layout::striped}, schedule_of<baton::gpipe>(1), 8, false, 19},
-#endif
   };
 }
 
