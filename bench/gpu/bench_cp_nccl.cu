@@ -6,10 +6,9 @@
 // overhead over a plain call, not a speed-up.
 //
 // Figures (interleaved pairs with the single-GPU call as the baseline, bench_common.hpp):
-//   cp_nccl_gpus, cp_single_gpu_<pass>_ms_<size>, cp_ring<N>_<pass>_ms_<size>,
+//   cp_nccl_gpus, cp_single_gpu_fwd_bwd_ms_<size>, cp_ring<N>_fwd_bwd_ms_<size>,
 //   cp_ring<N>_speedup_vs_single_gpu_<size> (single / ring per pair), and the same for
-//   Ulysses when the heads divide among the ranks. <pass> is fwd_bwd (fwd where the backend
-//   has no backward yet).
+//   Ulysses when the heads divide among the ranks.
 //
 //   ./bench_cp_nccl [--quick] [--pairs N]
 #include "bench_common.hpp"
@@ -78,17 +77,13 @@ struct problem {
   }
 };
 
-constexpr bool with_backward = BATON_CUDA_ATTENTION_HAS_BACKWARD != 0;
-
 // Forward (+ backward) of `attn` on p: the single call and the CP layers take the same arguments.
 template <class Attention>
 void run(Attention& attn, problem& p) {
   const baton::causal_mask mask{};
   attn.forward(p.in(p.q), p.in(p.k), p.in(p.v), mask, p.outv(p.out), p.lse_view());
-  if constexpr (with_backward) {
-    attn.backward(p.in(p.q), p.in(p.k), p.in(p.v), p.in(p.out), p.lse_in(), p.in(p.dout), mask, p.outv(p.dq),
-                  p.outv(p.dk), p.outv(p.dv));
-  }
+  attn.backward(p.in(p.q), p.in(p.k), p.in(p.v), p.in(p.out), p.lse_in(), p.in(p.dout), mask, p.outv(p.dq),
+                p.outv(p.dk), p.outv(p.dv));
 }
 
 }  // namespace
@@ -105,7 +100,7 @@ int main(int argc, char** argv) {
   const int n = std::min(devices, 8);
   const std::int64_t batch = 1, seq = quick ? 2048 : 8192, heads = 8, dim = 128;
   const std::string size = "S" + std::to_string(seq) + "_D" + std::to_string(dim) + "_f32_causal";
-  const std::string pass = with_backward ? "fwd_bwd" : "fwd";
+  const std::string pass = "fwd_bwd";
   bench::print_build();
   bench::print_load("before");
   bench::print_value("cp_nccl_gpus", n);

@@ -6,15 +6,9 @@
 // what remains untested without a GPU is the launch itself.
 #include "catch.hpp"
 
+#include <baton/attention/cuda/storage.hpp>
 #include <baton/cp/detail/cuda_elementwise.hpp>
 #include <baton/cp/memory.hpp>
-
-#if __has_include(<baton/attention/cuda/storage.hpp>)
-#include <baton/attention/cuda/storage.hpp>
-#define CP_ELEMENTWISE_STORAGE 1
-#else
-#define CP_ELEMENTWISE_STORAGE 0
-#endif
 
 #include <cmath>
 #include <cstdint>
@@ -155,7 +149,6 @@ TEST_CASE("cp cuda elementwise: index decoding visits every element of a view on
   for (std::size_t o = 0; o < hits.size(); ++o) CHECK(hits[o] == (o % 3 == 0 ? 1 : 0));
 }
 
-#if CP_ELEMENTWISE_STORAGE
 TEST_CASE("cp cuda elementwise: bfloat16 and float16 convert through float", "[cp][cuda][elementwise]") {
   for (const float f : {0.0f, -0.0f, 1.0f, -2.5f, 3.14159f, 65504.0f, 1e-3f}) {
     CHECK(dc::convert<float>(dc::convert<baton::bfloat16>(f)) == baton::bfloat16(f).to_float());
@@ -164,5 +157,7 @@ TEST_CASE("cp cuda elementwise: bfloat16 and float16 convert through float", "[c
     CHECK(dc::convert<baton::bfloat16>(static_cast<double>(f)).bits == baton::bfloat16(f).bits);
   }
   STATIC_REQUIRE(std::is_same_v<baton::lse_t<baton::bfloat16>, float>);
+  STATIC_REQUIRE(std::is_same_v<baton::cp_accumulator_t<baton::bfloat16>, float>);
+  STATIC_REQUIRE(std::is_same_v<baton::cp_accumulator_t<const baton::float16>, float>);
+  STATIC_REQUIRE(std::is_same_v<baton::cp_accumulator_t<double>, double>);
 }
-#endif

@@ -9,7 +9,7 @@
 //    staging, synchronisation) from any attention kernel: tolerance cp_test::tolerance<T>()
 //    (1e-12 double, 1e-5 float: the host parity tests' bounds, since the only difference
 //    from them is the merge kernel's exp/log1p against the host's, a few ulps).
-//  - baton::cuda_attention (when <baton/attention/cuda.hpp> exists): the real thing, float
+//  - baton::cuda_attention: the real thing, float
 //    storage, head dim 64 (a size it supports). Tolerance 1e-4 relative L2: the backend's own
 //    acceptance bound is 1e-5 of the largest magnitude for float storage (issue 16) and the
 //    ring adds fp32 merges and dK/dV sums of R partial results.
@@ -35,13 +35,7 @@
 #include <baton/comm/nccl.hpp>
 #include <baton/cp.hpp>
 #include <baton/cp/cuda.hpp>
-
-#if __has_include(<baton/attention/cuda.hpp>)
 #include <baton/attention/cuda.hpp>
-#define CP_GPU_HAS_CUDA_ATTENTION 1
-#else
-#define CP_GPU_HAS_CUDA_ATTENTION 0
-#endif
 
 #include <cuda_runtime.h>
 
@@ -355,9 +349,7 @@ TEST_CASE("cp gpu: the device memory space and the adapters model the concepts",
   STATIC_REQUIRE(baton::detail::cp::device_communicator<baton::nccl_communicator>);
   STATIC_REQUIRE(baton::ring_communicator<baton::nccl_communicator>);
   STATIC_REQUIRE(baton::all_to_all_communicator<baton::nccl_communicator>);
-#if CP_GPU_HAS_CUDA_ATTENTION
   STATIC_REQUIRE(std::is_same_v<baton::cp_memory_space_t<baton::cuda_attention>, baton::cuda_device_memory>);
-#endif
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid on one device (staged reference backend), double", "[cp][cuda][gpu][one_device][can-skip]") {
@@ -417,17 +409,10 @@ TEST_CASE("cp gpu: ring, Ulysses and hybrid over NCCL (staged reference backend)
   });
 }
 
-#if CP_GPU_HAS_CUDA_ATTENTION
 namespace {
 
-// cuda_attention on the rank's stream when it takes one, else default-constructed (its
-// memory space then runs on the legacy default stream, cp/cuda.hpp).
-baton::cuda_attention make_cuda_attention([[maybe_unused]] cudaStream_t stream) {
-  if constexpr (std::is_constructible_v<baton::cuda_attention, cudaStream_t>)
-    return baton::cuda_attention(stream);
-  else
-    return baton::cuda_attention{};
-}
+// cuda_attention on the rank's stream (its memory space runs there too, cp/cuda.hpp).
+baton::cuda_attention make_cuda_attention(cudaStream_t stream) { return baton::cuda_attention(stream); }
 
 cp_test::dims cuda_dims(std::int64_t seq) {
   cp_test::dims d;
@@ -443,13 +428,8 @@ constexpr double cuda_attention_tolerance = 1e-4;  // see the file comment
 
 }  // namespace
 
-#endif
-
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention on one device", "[cp][cuda][gpu][cuda_attention][can-skip]") {
   if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
-#if !CP_GPU_HAS_CUDA_ATTENTION
-  BATON_SKIP("baton::cuda_attention is not available (<baton/attention/cuda.hpp> was not found at build time)");
-#else
   const cp_test::dims d = cuda_dims(150);
   cp_test::for_each_mask(d.seq, [&](const auto& mask, const char* mask_name) {
     const auto p = cp_test::make_problem<float>(d, mask, 41);
@@ -459,15 +439,11 @@ TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention on one device", 
       CHECK(cp_test::compare(got, p.reference).max() < cuda_attention_tolerance);
     }
   });
-#endif
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention over NCCL", "[cp][cuda][gpu][nccl_cuda_attention][can-skip]") {
   const int devices = std::min(baton_test::visible_cuda_devices(), 4);
   if (devices == 0) BATON_SKIP("no CUDA device");
-#if !CP_GPU_HAS_CUDA_ATTENTION
-  BATON_SKIP("baton::cuda_attention is not available (<baton/attention/cuda.hpp> was not found at build time)");
-#else
   const cp_test::dims d = cuda_dims(64 * devices + 17);
   const baton::causal_mask mask;
   const auto p = cp_test::make_problem<float>(d, mask, 51);
@@ -476,10 +452,8 @@ TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention over NCCL", "[cp
     const auto got = run_over_nccl<float>(m, devices, p, mask, make_cuda_attention);
     CHECK(cp_test::compare(got, p.reference).max() < cuda_attention_tolerance);
   }
-#endif
 }
 
-#if CP_GPU_HAS_CUDA_ATTENTION
 namespace {
 
 template <class To, class From>
@@ -501,13 +475,9 @@ cp_test::tensors<float> as_float(const cp_test::tensors<baton::bfloat16>& t, con
 }
 
 }  // namespace
-#endif
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention in bfloat16 on one device", "[cp][cuda][gpu][cuda_attention_bf16][can-skip]") {
   if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
-#if !CP_GPU_HAS_CUDA_ATTENTION
-  BATON_SKIP("baton::cuda_attention is not available (<baton/attention/cuda.hpp> was not found at build time)");
-#else
   // bf16 storage, fp32 LSE and accumulators (cp_accumulator_t<bfloat16> = float). The
   // reference is the float problem on the float inputs, so the bound (2e-2, the backend's own
   // bf16 acceptance bound in issue 16) covers the inputs' rounding to bf16 as well.
@@ -524,5 +494,4 @@ TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention in bfloat16 on o
     const auto got = run_on_one_device<baton::bfloat16>(c, pb, mask, make_cuda_attention);
     CHECK(cp_test::compare(as_float(got, d), p.reference).max() < 2e-2);
   }
-#endif
 }

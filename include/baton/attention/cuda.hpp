@@ -25,19 +25,13 @@
 #include <vector>
 
 #include <baton/attention/backend.hpp>
+#include <baton/attention/cuda/detail/backward.cuh>
 #include <baton/attention/cuda/detail/call.hpp>
 #include <baton/attention/cuda/detail/forward.cuh>
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/tensor_view.hpp>
-
-#if __has_include(<baton/attention/cuda/detail/backward.cuh>)
-#include <baton/attention/cuda/detail/backward.cuh>
-#define BATON_CUDA_ATTENTION_HAS_BACKWARD 1
-#else
-#define BATON_CUDA_ATTENTION_HAS_BACKWARD 0
-#endif
 
 namespace baton {
 
@@ -109,7 +103,6 @@ class cuda_attention {
   void backward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                 tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
                 tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
-#if BATON_CUDA_ATTENTION_HAS_BACKWARD
     namespace dc = detail::cuda;
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
@@ -124,10 +117,6 @@ class cuda_attention {
     dc::launch_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, doc, dq, dk, dv, c, params.accumulate,
                                                  bc.plan.view(base), base + plan_bytes),
                         stream_);
-#else
-    static_assert(sizeof(TQ) == 0, "baton::cuda_attention::backward: cuda/detail/backward.cuh is missing from this build");
-    (void)q, (void)k, (void)v, (void)out, (void)lse, (void)dout, (void)mask, (void)dq, (void)dk, (void)dv, (void)params;
-#endif
   }
 
  private:

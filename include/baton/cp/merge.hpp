@@ -11,15 +11,17 @@
 #include <string>
 #include <type_traits>
 
+#include <baton/attention/backend.hpp>
+
 namespace baton {
 
-/// The type the context-parallel layer accumulates outputs, LSE and gradients in: fp32 or
-/// better (float for float and narrower types, double for double). A storage type without
-/// arithmetic (a 16-bit float struct) specialises cp_accumulator (<baton/cp/cuda.hpp> maps
-/// baton::bfloat16 and baton::float16 to float).
+/// The type the context-parallel layer accumulates outputs, LSE and gradients in: the
+/// backends' LSE type, fp32 or better (float for float and the 16-bit storage types, double
+/// for double). A storage type with an lse_type specialisation needs nothing more;
+/// specialise cp_accumulator only to accumulate in another type than the LSE's.
 template <class T>
 struct cp_accumulator {
-  using type = std::common_type_t<T, float>;
+  using type = lse_t<T>;
 };
 template <class T>
 using cp_accumulator_t = typename cp_accumulator<std::remove_cv_t<T>>::type;

@@ -5,15 +5,9 @@
 // index, against host_memory (tests/cp/test_cp_cuda_elementwise.cpp).
 #pragma once
 
+#include <baton/attention/cuda/storage.hpp>
 #include <baton/cp/detail/view4.hpp>
 #include <baton/cp/merge.hpp>
-
-#if __has_include(<baton/attention/cuda/storage.hpp>)
-#include <baton/attention/cuda/storage.hpp>
-#define BATON_CP_CUDA_STORAGE 1
-#else
-#define BATON_CP_CUDA_STORAGE 0
-#endif
 
 #include <cmath>
 #include <cstdint>
@@ -23,20 +17,6 @@
 #define BATON_CP_HD __host__ __device__
 #else
 #define BATON_CP_HD
-#endif
-
-#if BATON_CP_CUDA_STORAGE
-namespace baton {
-/// The 16-bit storage types of the CUDA backend accumulate in fp32 in the CP layer.
-template <>
-struct cp_accumulator<bfloat16> {
-  using type = float;
-};
-template <>
-struct cp_accumulator<float16> {
-  using type = float;
-};
-}  // namespace baton
 #endif
 
 namespace baton::detail::cp::cuda {
