@@ -93,7 +93,8 @@ set(old_end_style "^[ \t]*// ${LBR}[a-z0-9_-]+ end${RBR}[ \t]*$")
 
 # ---- 1. the regions of the test and example sources -----------------------------------------
 file(GLOB_RECURSE sources RELATIVE "${ROOT}"
-     "${ROOT}/tests/*.cpp" "${ROOT}/tests/*.hpp" "${ROOT}/examples/*.cpp" "${ROOT}/examples/*.hpp")
+     "${ROOT}/tests/*.cpp" "${ROOT}/tests/*.cu" "${ROOT}/tests/*.hpp" "${ROOT}/examples/*.cpp"
+     "${ROOT}/examples/*.hpp")
 list(SORT sources)
 set(regions "")          # ids (hash of file:name), in order of appearance
 set(output_regions "")
@@ -202,19 +203,27 @@ foreach(id IN LISTS regions)
   list(APPEND by_key_${key} ${id})
 endforeach()
 
-# Is a source compiled? A .cpp named in its folder's CMakeLists.txt; a header included by one.
+# Is a source compiled? A .cpp or .cu named in the CMakeLists.txt of its folder or of a folder
+# above it (by its path from there); a header included by such a .cpp.
 function(is_compiled rel out)
   get_filename_component(dir "${rel}" DIRECTORY)
   get_filename_component(name "${rel}" NAME)
   string(REPLACE "." "\\." pattern "${name}")
   set(result FALSE)
-  if(name MATCHES "\\.cpp$")
-    if(EXISTS "${ROOT}/${dir}/CMakeLists.txt")
-      file(READ "${ROOT}/${dir}/CMakeLists.txt" cmakelists)
-      if(cmakelists MATCHES "(^|[^A-Za-z0-9_.-])${pattern}($|[^A-Za-z0-9_.])")
-        set(result TRUE)
+  if(name MATCHES "\\.(cpp|cu)$")
+    set(lists_dir "${dir}")
+    set(named "${pattern}")
+    while(NOT result AND NOT lists_dir STREQUAL "")
+      if(EXISTS "${ROOT}/${lists_dir}/CMakeLists.txt")
+        file(READ "${ROOT}/${lists_dir}/CMakeLists.txt" cmakelists)
+        if(cmakelists MATCHES "(^|[^A-Za-z0-9_.-])${named}($|[^A-Za-z0-9_.])")
+          set(result TRUE)
+        endif()
       endif()
-    endif()
+      get_filename_component(folder "${lists_dir}" NAME)
+      get_filename_component(lists_dir "${lists_dir}" DIRECTORY)
+      set(named "${folder}/${named}")
+    endwhile()
   else()
     file(GLOB siblings RELATIVE "${ROOT}" "${ROOT}/${dir}/*.cpp")
     foreach(sibling IN LISTS siblings)

@@ -6,6 +6,6 @@
 baton_add_test(NAME test_cuda_backward_cpu SOURCES test_cuda_backward_cpu.cpp LABELS cuda)
 
 if(BATON_HAVE_NVCC AND TARGET baton::cuda)
-  baton_add_test(NAME test_cuda_backward_gpu SOURCES test_cuda_backward_gpu.cu LIBS baton::cuda LABELS cuda gpu)
+  baton_add_test(NAME test_cuda_backward_gpu SOURCES test_cuda_backward_gpu.cu LIBS baton_test_cuda_kernels LABELS cuda gpu)
   baton_cuda_target(test_cuda_backward_gpu)
 endif()

@@ -11,8 +11,10 @@
 
 #include <baton/attention/cuda/detail/backward_args.hpp>
 #include <baton/attention/cuda/detail/backward_kernel.hpp>
+#include <baton/attention/cuda/detail/launches.cuh>
 #include <baton/attention/cuda/detail/mma.cuh>
 #include <baton/attention/cuda/detail/simt.cuh>
+#include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/error.hpp>
 
 namespace baton::detail::cuda {
@@ -89,3 +91,11 @@ void launch_backward(const backward_args<S>& a, cudaStream_t stream) {
 }
 
 }  // namespace baton::detail::cuda
+
+// With BATON_CUDA_ATTENTION_EXTERN_KERNELS the kernels are compiled elsewhere in the program
+// (cuda/instantiate.cuh says how); this translation unit only queues them.
+#if defined(BATON_CUDA_ATTENTION_EXTERN_KERNELS)
+BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(extern, float)
+BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(extern, ::baton::bfloat16)
+BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(extern, ::baton::float16)
+#endif

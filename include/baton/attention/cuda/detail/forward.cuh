@@ -10,9 +10,11 @@
 #include <string>
 
 #include <baton/attention/cuda/detail/forward_kernel.hpp>
+#include <baton/attention/cuda/detail/launches.cuh>
 #include <baton/attention/cuda/detail/mma.cuh>
 #include <baton/attention/cuda/detail/simt.cuh>
 #include <baton/attention/cuda/plan.hpp>
+#include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/error.hpp>
 
 namespace baton::detail::cuda {
@@ -79,3 +81,11 @@ void launch_forward(const forward_args<S>& a, cudaStream_t stream) {
 }
 
 }  // namespace baton::detail::cuda
+
+// With BATON_CUDA_ATTENTION_EXTERN_KERNELS the kernels are compiled elsewhere in the program
+// (cuda/instantiate.cuh says how); this translation unit only queues them.
+#if defined(BATON_CUDA_ATTENTION_EXTERN_KERNELS)
+BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(extern, float)
+BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(extern, ::baton::bfloat16)
+BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(extern, ::baton::float16)
+#endif

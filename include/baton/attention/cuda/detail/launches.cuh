@@ -1,0 +1,16 @@
+// baton/attention/cuda/detail/launches.cuh — the launch functions of every storage type as
+// explicit instantiations: declared extern by forward.cuh and backward.cuh when
+// BATON_CUDA_ATTENTION_EXTERN_KERNELS is defined, defined by the macros of
+// cuda/instantiate.cuh. Preprocessor only.
+#pragma once
+
+// KEYWORD is `extern` (a declaration) or nothing (the definition); written at global scope.
+#define BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(KEYWORD, S)                      \
+  namespace baton::detail::cuda {                                                    \
+  KEYWORD template void launch_key_flags<S>(const key_flag_args<S>&, cudaStream_t); \
+  KEYWORD template void launch_forward<S>(const forward_args<S>&, cudaStream_t);    \
+  }
+#define BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(KEYWORD, S)                    \
+  namespace baton::detail::cuda {                                                   \
+  KEYWORD template void launch_backward<S>(const backward_args<S>&, cudaStream_t); \
+  }
