@@ -16,7 +16,12 @@
 //
 // A third mask, causal packed documents (lengths uniform in [64, S/4]), times the ring over
 // balanced_sharding (baton/cp/balance.hpp, blocks of S/64) and over zigzag against the same
-// baseline: ring2_efficiency_document and ring2_efficiency_document_zigzag.
+// baseline: ring2_efficiency_document and ring2_efficiency_document_zigzag. Its roof is
+// measured too: both ranks run the whole one-rank baseline at once, and
+//   ring2_roof_document = T(one rank alone) / T(each of 2 ranks, both at once)
+// is the efficiency a ring with no overhead and a perfect split would reach on this machine
+// (below 1 where two busy cores slow each other: shared caches, memory bandwidth, clocks);
+// ring2_efficiency_document_vs_roof is the ratio of the two, per pair.
 //
 //   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N] [--balance-only]
 //
@@ -201,6 +206,7 @@ struct mask_figures {
 // zigzag.
 struct document_figures {
   bench::series single_s, balanced_s, zigzag_s, balanced_eff, zigzag_eff, balanced_work, zigzag_work;
+  bench::series both_s, roof, balanced_vs_roof;
   double balance_ratio = 0, zigzag_ratio = 0;
 };
 
@@ -234,7 +240,7 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
     baton::ring_attention ring_doc_balanced(comm, backend_t{}, balanced), ring_doc_zigzag(comm, backend_t{}, zigzag);
     baton::ulysses_attention uly_full(comm, backend_t{}, contiguous), uly_causal(comm, backend_t{}, zigzag);
     std::optional<single_rank> single;
-    if (me == 0) single.emplace(p);
+    single.emplace(p);  // rank 1's runs only in the roof measurement
     // Times `work` on every rank: wall time on rank 0, CPU time of each rank's thread.
     const auto timed = [&](std::size_t layer, auto&& work) {
       local.barrier();
@@ -285,12 +291,13 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
     };
     // The document mask: the baseline, the ring over the balanced sharding, over zigzag.
     const auto documents_pair = [&](int pair, bool warmup) {
-      sample base, bal, zz;
+      sample base, bal, zz, both;
       const auto run_single = [&] {
         base.seconds = timed(0, [&] {
           if (me == 0) single->run(document_mask);
         });
         base.cpu_seconds = cpu[0][0];
+        both.seconds = timed(0, [&] { single->run(document_mask); });  // the roof: both ranks at once
       };
       const auto run_ring = [&](sample& out, shards& sh, auto& ring) {
         out.seconds = timed(1, [&] { sh.run(p, ring, document_mask); });
@@ -313,6 +320,9 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
       documents.zigzag_eff.add(base.seconds / (2 * zz.seconds));
       documents.balanced_work.add(base.cpu_seconds / bal.cpu_seconds);
       documents.zigzag_work.add(base.cpu_seconds / zz.cpu_seconds);
+      documents.both_s.add(both.seconds);
+      documents.roof.add(base.seconds / both.seconds);
+      documents.balanced_vs_roof.add((base.seconds / (2 * bal.seconds)) / (base.seconds / both.seconds));
     };
     // One untimed round first: packing buffers, Ulysses' head-sharded buffers, first touches.
     for (int pair = -1; pair < pairs; ++pair) {
@@ -463,6 +473,9 @@ int main(int argc, char** argv) {
   bench::print("ring2_efficiency_document_zigzag", documents.zigzag_eff, "%.3f");
   bench::print("ring2_work_efficiency_document", documents.balanced_work, "%.3f");
   bench::print("ring2_work_efficiency_document_zigzag", documents.zigzag_work, "%.3f");
+  bench::print("single_document_both_ranks_seconds", documents.both_s);
+  bench::print("ring2_roof_document", documents.roof, "%.3f");
+  bench::print("ring2_efficiency_document_vs_roof", documents.balanced_vs_roof, "%.3f");
   const auto most = [](const std::array<std::int64_t, 2>& b) { return static_cast<double>(std::max(b[0], b[1])); };
   bench::print_value("ring_bytes_per_rank", most(full.ring_bytes), "%.0f");
   bench::print_value("ring_bytes_vs_theory", most(full.ring_bytes) / ring_theory);

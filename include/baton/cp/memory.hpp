@@ -20,13 +20,14 @@
 #include <baton/cp/merge.hpp>
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 namespace baton {
 
@@ -47,17 +48,43 @@ view4<T> flat_view(T* p, std::int64_t n) noexcept {
   return {p, {1, 1, 1, n}, {n, n, n, 1}};
 }
 
+// host_memory's buffer: n elements left uninitialised. The layer writes every element before
+// reading it, and a ring call's buffers reach tens of MB: a zero fill would be one more pass
+// over each of them per call.
+template <class T>
+class host_buffer {
+ public:
+  host_buffer() = default;
+  explicit host_buffer(std::size_t n) : data_(n > 0 ? new T[n] : nullptr), size_(n) {}
+  [[nodiscard]] T* data() noexcept { return data_.get(); }
+  [[nodiscard]] const T* data() const noexcept { return data_.get(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  std::size_t size_ = 0;
+};
+
+// Calls f(b, s, h) for every row along the last axis of `ext`: host_memory's loops run along
+// a row through pointers, over unit strides when the views have them (so they vectorise).
+template <class F>
+void for_each_row(const std::array<std::int64_t, 4>& ext, F&& f) {
+  for (std::int64_t b = 0; b < ext[0]; ++b)
+    for (std::int64_t s = 0; s < ext[1]; ++s)
+      for (std::int64_t h = 0; h < ext[2]; ++h) f(b, s, h);
+}
+
 }  // namespace detail::cp
 
-/// The context-parallel layer's memory, on the host: std::vector buffers and plain loops.
+/// The context-parallel layer's memory, on the host: heap buffers and plain loops.
 /// Stateless; every call completes before it returns, so synchronize() has nothing to do.
 struct host_memory {
   static constexpr cp_memory_location location = cp_memory_location::host;
 
   template <class T>
-  using buffer = std::vector<T>;
+  using buffer = detail::cp::host_buffer<T>;
 
-  /// n elements; the layer never reads one before writing it (std::vector zeroes them anyway).
+  /// n elements, uninitialised: the layer never reads one before writing it.
   template <class T>
   buffer<T> allocate(std::size_t n) {
     return buffer<T>(n);
@@ -73,24 +100,33 @@ struct host_memory {
   void copy(const detail::cp::view4<const U>& src, const detail::cp::view4<T>& dst,
             cp_copy_mode mode = cp_copy_mode::exact) {
     using A = cp_accumulator_t<T>;
-    for (std::int64_t b = 0; b < dst.ext[0]; ++b)
-      for (std::int64_t s = 0; s < dst.ext[1]; ++s)
-        for (std::int64_t h = 0; h < dst.ext[2]; ++h)
-          for (std::int64_t x = 0; x < dst.ext[3]; ++x) {
-            if (mode == cp_copy_mode::exact)
-              dst(b, s, h, x) = static_cast<T>(src(b, s, h, x));
-            else
-              dst(b, s, h, x) = static_cast<T>(A(0) + static_cast<A>(src(b, s, h, x)));
-          }
+    const std::int64_t n = dst.ext[3], si = src.str[3], di = dst.str[3];
+    detail::cp::for_each_row(dst.ext, [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+      const U* in = &src(b, s, h, 0);
+      T* out = &dst(b, s, h, 0);
+      if (mode == cp_copy_mode::exact) {
+        if (si == 1 && di == 1)
+          for (std::int64_t x = 0; x < n; ++x) out[x] = static_cast<T>(in[x]);
+        else
+          for (std::int64_t x = 0; x < n; ++x) out[x * di] = static_cast<T>(in[x * si]);
+      } else {
+        for (std::int64_t x = 0; x < n; ++x) out[x * di] = static_cast<T>(A(0) + static_cast<A>(in[x * si]));
+      }
+    });
   }
 
   /// acc += A(src) elementwise (gradient accumulation in fp32 or better).
   template <class A, class T>
   void accumulate(const detail::cp::view4<A>& acc, const detail::cp::view4<const T>& src) {
-    for (std::int64_t b = 0; b < acc.ext[0]; ++b)
-      for (std::int64_t s = 0; s < acc.ext[1]; ++s)
-        for (std::int64_t h = 0; h < acc.ext[2]; ++h)
-          for (std::int64_t x = 0; x < acc.ext[3]; ++x) acc(b, s, h, x) += static_cast<A>(src(b, s, h, x));
+    const std::int64_t n = acc.ext[3], si = src.str[3], ai = acc.str[3];
+    detail::cp::for_each_row(acc.ext, [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+      const T* in = &src(b, s, h, 0);
+      A* out = &acc(b, s, h, 0);
+      if (si == 1 && ai == 1)
+        for (std::int64_t x = 0; x < n; ++x) out[x] += static_cast<A>(in[x]);
+      else
+        for (std::int64_t x = 0; x < n; ++x) out[x * ai] += static_cast<A>(in[x * si]);
+    });
   }
 
   /// Merges the partial result (out_b [b, s, h, d], lse_b [b, s, h, 1]) into the running

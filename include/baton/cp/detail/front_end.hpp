@@ -84,14 +84,21 @@ std::string check_backward_tensors(const local_shape& s, const tensor_view<const
                         expect(dout, "dout", qs), expect(dq, "dq", qs), expect(dk, "dk", kvs), expect(dv, "dv", kvs)});
 }
 
-// Host memory spaces take float or double; a device space also whatever element types its
-// backend and kernels take (bf16 / fp16 storage with fp32 accumulation).
+// The element types of host memory: float, double, and storage types that convert
+// explicitly to and from float (baton::bfloat16, baton::float16; accumulated in
+// cp_accumulator_t<T>, fp32). A device space takes whatever its backend and kernels take.
+template <class T>
+inline constexpr bool host_storage_type_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> ||
+    (!std::is_arithmetic_v<T> && std::is_trivially_copyable_v<T> && std::is_constructible_v<T, float> &&
+     std::is_constructible_v<float, T>);
+
 template <class Backend, class T, class Memory = host_memory>
 constexpr bool static_check_backend() {
-  constexpr bool element_ok =
-      std::is_same_v<T, float> || std::is_same_v<T, double> || Memory::location != cp_memory_location::host;
+  constexpr bool element_ok = host_storage_type_v<T> || Memory::location != cp_memory_location::host;
   static_assert(element_ok,
-                "baton context parallelism: tensors must hold float or double (the element type of out / dq)");
+                "baton context parallelism: tensors must hold float, double or a 16-bit storage type converting to "
+                "and from float (baton::bfloat16, baton::float16) (the element type of out / dq)");
   static_assert(attention_backend<std::remove_cvref_t<Backend>, T>,
                 "baton context parallelism: the backend must model baton::attention_backend<B, T>: "
                 "b.forward(q, k, v, mask, out, lse, params) and b.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, "

@@ -117,10 +117,14 @@ std::vector<block_call> plan_step(const Mask& mask, std::span<const shard_piece>
 template <class T, class M, class Buffer>
 void pack_kv(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity,
              Buffer& buffer) {
-  mem.fill(std::span<T>(buffer.data(), static_cast<std::size_t>(2 * capacity)), T(0));
   const auto kv = as_view4(k), vv = as_view4(v);
+  const std::int64_t used = kv.size(), padding = capacity - used;
   mem.copy(kv, bshd(buffer.data(), kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]));
   mem.copy(vv, bshd(buffer.data() + capacity, vv.ext[0], vv.ext[1], vv.ext[2], vv.ext[3]));
+  if (padding > 0) {
+    mem.fill(std::span<T>(buffer.data() + used, static_cast<std::size_t>(padding)), T(0));
+    mem.fill(std::span<T>(buffer.data() + capacity + used, static_cast<std::size_t>(padding)), T(0));
+  }
 }
 
 struct ring_geometry {
@@ -251,8 +255,13 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   // `capacity`.
   auto grad_step = mem.template allocate<A>(kv_size), grad_in = mem.template allocate<A>(kv_size),
        grad_out = mem.template allocate<A>(kv_size);
-  auto dq_blk = mem.template allocate<T>(dq_size), dk_blk = mem.template allocate<T>(static_cast<std::size_t>(capacity)),
-       dv_blk = mem.template allocate<T>(static_cast<std::size_t>(capacity));
+  // When the accumulators have the element type (float, double), the backend adds into them
+  // itself (params.accumulate); otherwise each call writes a block that is then accumulated.
+  constexpr bool backend_accumulates = std::is_same_v<A, T>;
+  const std::size_t block_size = backend_accumulates ? 0 : dq_size;
+  const std::size_t kv_block_size = backend_accumulates ? 0 : static_cast<std::size_t>(capacity);
+  auto dq_blk = mem.template allocate<T>(block_size), dk_blk = mem.template allocate<T>(kv_block_size),
+       dv_blk = mem.template allocate<T>(kv_block_size);
   const view4<A> dq_all = bshd(dq_acc.data(), b, sl, hq, d);
   std::vector<std::int64_t> q_store, k_store;
   in_flight<shift_request_t<Ring>> grad_transfer;
@@ -279,17 +288,27 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
       params.q_pos = positions_for(my_pieces, c.q_piece_begin, c.q_piece_end, q_store);
       params.k_pos = positions_for(k_pieces, c.k_piece_begin, c.k_piece_end, k_store);
       params.softmax_scale = softmax_scale;
-      const auto gq = bshd_view<T>(dq_blk.data(), b, c.q_count, hq, d);
-      const auto gk = bshd_view<T>(dk_blk.data(), b, c.k_count, hkv, d);
-      const auto gv = bshd_view<T>(dv_blk.data(), b, c.k_count, hkv, d);
       // The K/V of THIS step, and the final merged out / lse (never anything from step 0).
-      backend.backward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
-                       slice_axis(vb, 1, c.k_offset, c.k_count), slice_axis(out, 1, c.q_offset, c.q_count),
-                       slice_axis(lse, 2, c.q_offset, c.q_count), slice_axis(dout, 1, c.q_offset, c.q_count), mask,
-                       gq, gk, gv, params);
-      mem.accumulate(dq_all.seq_slice(c.q_offset, c.q_count), as_view4(gq).as_const());
-      mem.accumulate(dk_all.seq_slice(c.k_offset, c.k_count), as_view4(gk).as_const());
-      mem.accumulate(dv_all.seq_slice(c.k_offset, c.k_count), as_view4(gv).as_const());
+      const auto call = [&](tensor_view<T, 4> gq, tensor_view<T, 4> gk, tensor_view<T, 4> gv) {
+        backend.backward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
+                         slice_axis(vb, 1, c.k_offset, c.k_count), slice_axis(out, 1, c.q_offset, c.q_count),
+                         slice_axis(lse, 2, c.q_offset, c.q_count), slice_axis(dout, 1, c.q_offset, c.q_count), mask,
+                         gq, gk, gv, params);
+      };
+      if constexpr (backend_accumulates) {
+        params.accumulate = true;
+        call(as_tensor_view(dq_all.seq_slice(c.q_offset, c.q_count)),
+             as_tensor_view(dk_all.seq_slice(c.k_offset, c.k_count)),
+             as_tensor_view(dv_all.seq_slice(c.k_offset, c.k_count)));
+      } else {
+        const auto gq = bshd_view<T>(dq_blk.data(), b, c.q_count, hq, d);
+        const auto gk = bshd_view<T>(dk_blk.data(), b, c.k_count, hkv, d);
+        const auto gv = bshd_view<T>(dv_blk.data(), b, c.k_count, hkv, d);
+        call(gq, gk, gv);
+        mem.accumulate(dq_all.seq_slice(c.q_offset, c.q_count), as_view4(gq).as_const());
+        mem.accumulate(dk_all.seq_slice(c.k_offset, c.k_count), as_view4(gk).as_const());
+        mem.accumulate(dv_all.seq_slice(c.k_offset, c.k_count), as_view4(gv).as_const());
+      }
     }
     // The held block's accumulator so far arrives from its previous holder (none at the first
     // active step): grad_out = grad_in + grad_step, or 0 + grad_step at the first.

@@ -30,6 +30,11 @@ view4<T> as_view4(const tensor_view<T, 4>& v) noexcept {
   return {v.data, v.extents, v.strides};
 }
 
+template <class T>
+tensor_view<T, 4> as_tensor_view(const view4<T>& v) noexcept {
+  return {v.data, v.ext, v.str};
+}
+
 // LSE [b, h, s] seen as [b, s, h, 1].
 template <class T>
 view4<T> lse_as_view4(const tensor_view<T, 3>& v) noexcept {
