@@ -122,4 +122,18 @@ bool all_finite(const std::vector<A>& a) {
   return std::all_of(a.begin(), a.end(), [](const A& x) { return std::isfinite(static_cast<double>(x)); });
 }
 
+/// Packed documents of lengths 13, 1, 40, 9, ... over `total` global positions (the segment
+/// id of each position), for document_mask.
+inline std::vector<std::int64_t> packed_document_ids(std::int64_t total) {
+  std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
+  for (std::int64_t pos = 0, doc = 0, left = 13; pos < total; ++pos, --left) {
+    if (left == 0) {
+      ++doc;
+      left = std::int64_t{1} + (doc * 29) % 41;
+    }
+    segments[static_cast<std::size_t>(pos)] = doc;
+  }
+  return segments;
+}
+
 }  // namespace attn_test

@@ -72,15 +72,7 @@ void run_grid() {
     compare<T>(s, baton::intersect(baton::causal_mask{}, baton::sliding_window_mask{70, 3}), params,
                std::string(g.what) + ", causal window", ++seed);
 
-    // Packed documents of lengths 13, 1, 40, 9, ... over the global positions.
-    std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
-    for (std::int64_t p = 0, doc = 0, left = 13; p < total; ++p, --left) {
-      if (left == 0) {
-        ++doc;
-        left = std::int64_t{1} + (doc * 29) % 41;
-      }
-      segments[static_cast<std::size_t>(p)] = doc;
-    }
+    const std::vector<std::int64_t> segments = attn_test::packed_document_ids(total);
     compare<T>(s, baton::document_mask(segments), params, std::string(g.what) + ", documents", ++seed);
     compare<T>(s, baton::intersect(baton::document_mask(segments), baton::causal_mask{}), params,
                std::string(g.what) + ", causal documents", ++seed);

@@ -232,25 +232,14 @@ void compare_case(Run&& run, const shape& s, const Mask& mask, const baton::atte
   check_gradients(p, what);
 }
 
-/// Packed documents of lengths 13, 1+..., over `total` global positions.
-std::vector<std::int64_t> document_ids(std::int64_t total) {
-  std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
-  for (std::int64_t pos = 0, doc = 0, left = 13; pos < total; ++pos, --left) {
-    if (left == 0) {
-      ++doc;
-      left = std::int64_t{1} + (doc * 29) % 41;
-    }
-    segments[static_cast<std::size_t>(pos)] = doc;
-  }
-  return segments;
-}
+using attn_test::packed_document_ids;
 
 /// Every mask type of masks.hpp, with positions as context-parallel shards have them
 /// (offset queries, zigzag lists), on one shape.
 template <class S, class Run>
 void mask_grid(Run&& run, const shape& s, unsigned seed, const std::string& what) {
   const std::int64_t total = s.seq_q + s.seq_k;
-  const std::vector<std::int64_t> ids = document_ids(total);
+  const std::vector<std::int64_t> ids = packed_document_ids(total);
   baton::attention_params params;
   compare_case<S>(run, s, baton::no_mask{}, params, what + ", no mask", ++seed);
   compare_case<S>(run, s, baton::causal_mask{}, params, what + ", causal", ++seed);

@@ -183,14 +183,7 @@ void check_mask_grid(const Run& run, const shape& s, unsigned seed, const std::s
   check(baton::sliding_window_mask{20, 3}, params, "sliding window");
   check(baton::prefix_lm_mask{17}, params, "prefix-LM");
   check(baton::intersect(baton::causal_mask{}, baton::sliding_window_mask{70, 3}), params, "causal window");
-  std::vector<std::int64_t> segments(static_cast<std::size_t>(total));
-  for (std::int64_t q = 0, doc = 0, left = 13; q < total; ++q, --left) {
-    if (left == 0) {
-      ++doc;
-      left = std::int64_t{1} + (doc * 29) % 41;
-    }
-    segments[static_cast<std::size_t>(q)] = doc;
-  }
+  const std::vector<std::int64_t> segments = attn_test::packed_document_ids(total);
   check(baton::document_mask(segments), params, "documents");
   check(baton::intersect(baton::document_mask(segments), baton::causal_mask{}), params, "causal documents");
   std::vector<std::int64_t> q_list;

@@ -31,7 +31,7 @@ void run_emulated(cuda_bwd_test::problem<S>& p) {
 }
 
 using cuda_bwd_test::check_gradients;
-using cuda_bwd_test::document_ids;
+using cuda_bwd_test::packed_document_ids;
 
 template <class S, class Mask>
 void compare_case(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
@@ -104,7 +104,7 @@ TEST_CASE("cuda backward (emulated): the non-finite rule", "[attention][cuda][ba
   // gradients for every pair they touch. Masked NaNs must not leak.
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const shape s{1, 70, 66, 4, 2, 64};
-  const std::vector<std::int64_t> ids = document_ids(140);
+  const std::vector<std::int64_t> ids = packed_document_ids(140);
   const std::vector<std::pair<std::vector<cuda_bwd_test::poke>, const char*>> cases{
       {{{'q', 0, 3, 1, 0, nan}}, "NaN in one query"},
       {{{'q', 0, 66, 3, 2, inf}}, "+inf in one query"},
@@ -253,6 +253,6 @@ TEST_CASE("cuda backend (emulated): forward then backward from its own out and l
     CHECK(attn_test::nan_pattern_mismatch(got.dv, want.dv, 1e-5) == "");
   };
   check(baton::causal_mask{}, "causal");
-  check(baton::document_mask(document_ids(140)), "documents");
+  check(baton::document_mask(packed_document_ids(140)), "documents");
   check(baton::sliding_window_mask{10, 10}, "symmetric window");
 }

@@ -78,7 +78,7 @@ void run_on_device(cuda_bwd_test::problem<S>& p) {
 }
 
 using cuda_bwd_test::check_gradients;
-using cuda_bwd_test::document_ids;
+using cuda_bwd_test::packed_document_ids;
 
 template <class S, class Mask>
 void compare_case(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
@@ -133,7 +133,7 @@ TEST_CASE("cuda backward (device): the non-finite rule", "[attention][cuda][gpu]
   if (baton_test::visible_cuda_devices() == 0) BATON_SKIP("no CUDA device");
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const shape s{1, 70, 66, 4, 2, 64};
-  const std::vector<std::int64_t> ids = document_ids(140);
+  const std::vector<std::int64_t> ids = packed_document_ids(140);
   const std::vector<std::pair<std::vector<cuda_bwd_test::poke>, const char*>> cases{
       {{{'q', 0, 3, 1, 0, nan}}, "NaN in one query"},
       {{{'k', 0, 40, 0, 2, inf}}, "+inf in one key"},
