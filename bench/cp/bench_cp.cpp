@@ -46,7 +46,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -239,8 +238,7 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
     baton::ring_attention ring_full(comm, backend_t{}, contiguous), ring_causal(comm, backend_t{}, zigzag);
     baton::ring_attention ring_doc_balanced(comm, backend_t{}, balanced), ring_doc_zigzag(comm, backend_t{}, zigzag);
     baton::ulysses_attention uly_full(comm, backend_t{}, contiguous), uly_causal(comm, backend_t{}, zigzag);
-    std::optional<single_rank> single;
-    single.emplace(p);  // rank 1's runs only in the roof measurement
+    single_rank single(p);  // rank 1's runs only in the roof measurement
     // Times `work` on every rank: wall time on rank 0, CPU time of each rank's thread.
     const auto timed = [&](std::size_t layer, auto&& work) {
       local.barrier();
@@ -255,7 +253,7 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
       sample base, r, u;
       const auto run_single = [&] {
         base.seconds = timed(0, [&] {
-          if (me == 0) single->run(mask);
+          if (me == 0) single.run(mask);
         });
         base.cpu_seconds = cpu[0][0];
       };
@@ -294,10 +292,10 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
       sample base, bal, zz, both;
       const auto run_single = [&] {
         base.seconds = timed(0, [&] {
-          if (me == 0) single->run(document_mask);
+          if (me == 0) single.run(document_mask);
         });
         base.cpu_seconds = cpu[0][0];
-        both.seconds = timed(0, [&] { single->run(document_mask); });  // the roof: both ranks at once
+        both.seconds = timed(0, [&] { single.run(document_mask); });  // the roof: both ranks at once
       };
       const auto run_ring = [&](sample& out, shards& sh, auto& ring) {
         out.seconds = timed(1, [&] { sh.run(p, ring, document_mask); });

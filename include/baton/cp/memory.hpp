@@ -134,11 +134,10 @@ struct host_memory {
   template <class A, class T, class L>
   void merge(const detail::cp::view4<A>& out, const detail::cp::view4<A>& lse, const detail::cp::view4<const T>& out_b,
              const detail::cp::view4<const L>& lse_b) {
-    for (std::int64_t b = 0; b < out.ext[0]; ++b)
-      for (std::int64_t s = 0; s < out.ext[1]; ++s)
-        for (std::int64_t h = 0; h < out.ext[2]; ++h)
-          detail::cp::merge_row(&out(b, s, h, 0), out.str[3], lse(b, s, h, 0), &out_b(b, s, h, 0), out_b.str[3],
-                                lse_b(b, s, h, 0), out.ext[3]);
+    detail::cp::for_each_row(out.ext, [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+      detail::cp::merge_row(&out(b, s, h, 0), out.str[3], lse(b, s, h, 0), &out_b(b, s, h, 0), out_b.str[3],
+                            lse_b(b, s, h, 0), out.ext[3]);
+    });
   }
 
   /// Called before a buffer is handed to the communicator: every operation issued so far
