@@ -23,12 +23,13 @@
 // (below 1 where two busy cores slow each other: shared caches, memory bandwidth, clocks);
 // ring2_efficiency_document_vs_roof is the ratio of the two, per pair.
 //
-//   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N] [--balance-only]
+//   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N] [--balance-only] [--documents-only]
 //
 // After the timed figures (or alone, with --balance-only) it prints the balance figures of
 // baton/cp/balance.hpp: pure computation, no timing. balance_ratio_* = the most loaded
 // rank's attention cost / the average (1 = perfect), R = 8 ranks, 32768 tokens, blocks of 64,
-// costs from the masks' block classification (empty 0, full 1, partial 1).
+// costs from the masks' block classification (empty 0, full 1, partial 1). --documents-only
+// times only the document mask (the baseline, its roof and both rings), for work on that figure.
 #include "bench_common.hpp"
 
 #include <baton/attention.hpp>
@@ -218,7 +219,8 @@ std::int64_t balance_block(const problem& p) { return std::max<std::int64_t>(1, 
 
 // Runs `pairs` pairs on 2 local ranks: per pair and mask, the one-rank baseline (rank 0; rank 1
 // waits asleep at the barrier), then ring, then Ulysses — or the reverse order on odd pairs.
-void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& causal, document_figures& documents) {
+void run_pairs(const problem& p, int pairs, bool documents_only, mask_figures& full, mask_figures& causal,
+               document_figures& documents) {
   const baton::no_mask no_mask;
   const baton::causal_mask causal_mask;
   const auto document_mask = bench_documents(p);
@@ -324,8 +326,10 @@ void run_pairs(const problem& p, int pairs, mask_figures& full, mask_figures& ca
     };
     // One untimed round first: packing buffers, Ulysses' head-sharded buffers, first touches.
     for (int pair = -1; pair < pairs; ++pair) {
-      one_mask(pair, pair < 0, no_mask, by_block, ring_full, uly_full, full);
-      one_mask(pair, pair < 0, causal_mask, by_zigzag, ring_causal, uly_causal, causal);
+      if (!documents_only) {
+        one_mask(pair, pair < 0, no_mask, by_block, ring_full, uly_full, full);
+        one_mask(pair, pair < 0, causal_mask, by_zigzag, ring_causal, uly_causal, causal);
+      }
       documents_pair(pair, pair < 0);
     }
   });
@@ -396,7 +400,7 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
 #endif
   problem p;
-  bool quick = false, balance_only = false;
+  bool quick = false, balance_only = false, documents_only = false;
   const int pairs = bench::pairs_from_args(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -406,6 +410,7 @@ int main(int argc, char** argv) {
     else if (a == "--heads") p.h = p.hkv = next();
     else if (a == "--dim") p.d = next();
     else if (a == "--balance-only") balance_only = true;
+    else if (a == "--documents-only") documents_only = true;
   }
   if (balance_only) {
     bench::print_build();
@@ -442,24 +447,26 @@ int main(int argc, char** argv) {
 
   mask_figures full, causal;
   document_figures documents;
-  run_pairs(p, pairs, full, causal, documents);
+  run_pairs(p, pairs, documents_only, full, causal, documents);
 
-  bench::print("single_full_seconds", full.single_s);
-  bench::print("single_causal_seconds", causal.single_s);
-  bench::print("ring2_full_seconds", full.ring_s);
-  bench::print("ring2_causal_seconds", causal.ring_s);
-  bench::print("ulysses2_full_seconds", full.uly_s);
-  bench::print("ulysses2_causal_seconds", causal.uly_s);
-  bench::print("ring2_efficiency_full", full.ring_eff, "%.3f");
-  bench::print("ring2_efficiency_causal", causal.ring_eff, "%.3f");
-  bench::print("ulysses2_efficiency_full", full.uly_eff, "%.3f");
-  bench::print("ulysses2_efficiency_causal", causal.uly_eff, "%.3f");
-  // The same ratios from CPU time (the sum over both ranks): what the layer costs in work,
-  // independent of whether the machine really had 2 idle cores during the run.
-  bench::print("ring2_work_efficiency_full", full.ring_work, "%.3f");
-  bench::print("ring2_work_efficiency_causal", causal.ring_work, "%.3f");
-  bench::print("ulysses2_work_efficiency_full", full.uly_work, "%.3f");
-  bench::print("ulysses2_work_efficiency_causal", causal.uly_work, "%.3f");
+  if (!documents_only) {
+    bench::print("single_full_seconds", full.single_s);
+    bench::print("single_causal_seconds", causal.single_s);
+    bench::print("ring2_full_seconds", full.ring_s);
+    bench::print("ring2_causal_seconds", causal.ring_s);
+    bench::print("ulysses2_full_seconds", full.uly_s);
+    bench::print("ulysses2_causal_seconds", causal.uly_s);
+    bench::print("ring2_efficiency_full", full.ring_eff, "%.3f");
+    bench::print("ring2_efficiency_causal", causal.ring_eff, "%.3f");
+    bench::print("ulysses2_efficiency_full", full.uly_eff, "%.3f");
+    bench::print("ulysses2_efficiency_causal", causal.uly_eff, "%.3f");
+    // The same ratios from CPU time (the sum over both ranks): what the layer costs in work,
+    // independent of whether the machine really had 2 idle cores during the run.
+    bench::print("ring2_work_efficiency_full", full.ring_work, "%.3f");
+    bench::print("ring2_work_efficiency_causal", causal.ring_work, "%.3f");
+    bench::print("ulysses2_work_efficiency_full", full.uly_work, "%.3f");
+    bench::print("ulysses2_work_efficiency_causal", causal.uly_work, "%.3f");
+  }
   // Causal documents (lengths uniform in [64, S/4], seed 1): ring over balanced_sharding
   // (blocks of S/64) against ring over zigzag, each against the same one-rank baseline.
   bench::print_value("document_balance_ratio_R2", documents.balance_ratio, "%.4f");
@@ -475,13 +482,16 @@ int main(int argc, char** argv) {
   bench::print("ring2_roof_document", documents.roof, "%.3f");
   bench::print("ring2_efficiency_document_vs_roof", documents.balanced_vs_roof, "%.3f");
   const auto most = [](const std::array<std::int64_t, 2>& b) { return static_cast<double>(std::max(b[0], b[1])); };
-  bench::print_value("ring_bytes_per_rank", most(full.ring_bytes), "%.0f");
-  bench::print_value("ring_bytes_vs_theory", most(full.ring_bytes) / ring_theory);
-  bench::print_value("ring_bytes_vs_theory_causal", most(causal.ring_bytes) / ring_theory);
-  bench::print_value("ulysses_bytes_per_rank", most(full.uly_bytes), "%.0f");
-  bench::print_value("ulysses_bytes_vs_theory", most(full.uly_bytes) / ulysses_theory);
-  bench::print_value("ulysses_bytes_vs_theory_causal", most(causal.uly_bytes) / ulysses_theory);
+  if (!documents_only) {
+    bench::print_value("ring_bytes_per_rank", most(full.ring_bytes), "%.0f");
+    bench::print_value("ring_bytes_vs_theory", most(full.ring_bytes) / ring_theory);
+    bench::print_value("ring_bytes_vs_theory_causal", most(causal.ring_bytes) / ring_theory);
+    bench::print_value("ulysses_bytes_per_rank", most(full.uly_bytes), "%.0f");
+    bench::print_value("ulysses_bytes_vs_theory", most(full.uly_bytes) / ulysses_theory);
+    bench::print_value("ulysses_bytes_vs_theory_causal", most(causal.uly_bytes) / ulysses_theory);
+  }
   bench::print_load("after");
+  if (documents_only) return 0;
   balance_figures();  // after the timed part and its load reading: it must not disturb them
   return 0;
 }
