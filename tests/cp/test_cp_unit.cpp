@@ -1,12 +1,13 @@
 // The pieces of the CP layer that need no communicator: sharding and its positions,
 // shard / unshard, the (out, lse) merge, the ring's bookkeeping and step planner, and the
-// Ulysses layout transforms.
+// Ulysses layout transforms, and host_memory's buffers.
 #include "catch.hpp"
 
 #include <baton/attention/masks.hpp>
 #include <baton/cp/detail/ring_core.hpp>
 #include <baton/cp/detail/ring_plan.hpp>
 #include <baton/cp/detail/ulysses_layout.hpp>
+#include <baton/cp/memory.hpp>
 #include <baton/cp/merge.hpp>
 #include <baton/cp/sharding.hpp>
 
@@ -16,6 +17,8 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <thread>
+#include <utility>
 #include <vector>
 
 using baton::sequence_sharding;
@@ -466,4 +469,46 @@ TEST_CASE("Ulysses layout: uneven head groups and kv heads dealt per query head"
   REQUIRE(d.kv.uniform());
   for (std::int64_t j = 0; j < 2; ++j)
     for (std::int64_t i = 0; i < 6; ++i) REQUIRE(d.kv.source(j, i) == (6 * j + i) / 4);
+}
+
+TEST_CASE("host_memory: a thread's buffers are kept for its next call, and any thread may free one",
+          "[cp][memory]") {
+  baton::host_memory mem;
+  baton::host_memory::release_cached();
+  const float* first = nullptr;
+  {
+    auto a = mem.allocate<float>(100000);
+    first = a.data();
+    a.data()[99999] = 1.0f;  // the whole size is usable
+  }
+  {
+    // Given back when destroyed: the next buffer of that size is the same memory (no fresh
+    // pages to fault in), whichever memory object asks.
+    baton::host_memory other;
+    auto b = other.allocate<float>(100000);
+    CHECK(b.data() == first);
+    CHECK(b.size() == 100000);
+    // A move assignment gives the buffer it replaces back first.
+    auto c = mem.allocate<float>(10);
+    const float* small = c.data();
+    c = mem.allocate<float>(20);
+    CHECK(c.data() != small);
+    auto d = mem.allocate<float>(10);
+    CHECK(d.data() == small);
+    auto empty = mem.allocate<float>(0);
+    CHECK(empty.data() == nullptr);
+    CHECK(empty.size() == 0);
+  }
+  // A buffer taken on a thread that has ended, freed here: it keeps its pool alive (ASan
+  // would see a use after free otherwise).
+  baton::host_memory::buffer<double> moved;
+  std::thread([&] {
+    baton::host_memory local;
+    moved = local.allocate<double>(4096);
+    moved.data()[4095] = 2.0;
+  }).join();
+  CHECK(moved.data()[4095] == 2.0);
+  moved = baton::host_memory::buffer<double>();
+  CHECK(moved.data() == nullptr);
+  baton::host_memory::release_cached();
 }

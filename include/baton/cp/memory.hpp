@@ -16,6 +16,7 @@
 // check at compile time that its location is the backend's and the communicator's.
 #pragma once
 
+#include <baton/attention/detail/workspace.hpp>
 #include <baton/cp/detail/view4.hpp>
 #include <baton/cp/merge.hpp>
 
@@ -28,6 +29,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace baton {
 
@@ -48,20 +50,52 @@ view4<T> flat_view(T* p, std::int64_t n) noexcept {
   return {p, {1, 1, 1, n}, {n, n, n, 1}};
 }
 
-// host_memory's buffer: n elements left uninitialised. The layer writes every element before
-// reading it, and a ring call's buffers reach tens of MB: a zero fill would be one more pass
-// over each of them per call.
+// The buffers host_memory hands out on this thread, kept for the next call: a ring call
+// asks for ~13 buffers of up to tens of MB, and fresh ones cost a page fault per 4 KiB on
+// first touch (measured: the document-mask ring on two ranks went from 0.86 to 0.62 of the
+// one-rank time when glibc returned them to the kernel between calls). One pool per thread,
+// not per attention object: the layers of a model run one call at a time on a rank's thread,
+// so the pool holds one call's worth, however many layers there are. A buffer keeps its pool
+// alive, so it may outlive the thread or be freed on another one.
+inline const std::shared_ptr<attention::workspace_pool>& thread_buffer_pool() {
+  thread_local const std::shared_ptr<attention::workspace_pool> pool = std::make_shared<attention::workspace_pool>();
+  return pool;
+}
+
+// host_memory's buffer: n elements, uninitialised (the layer writes every element before
+// reading it), leased from the thread's pool and given back when the buffer is destroyed.
 template <class T>
 class host_buffer {
+  static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= 64, "host_memory buffers hold plain numbers");
+
  public:
   host_buffer() = default;
-  explicit host_buffer(std::size_t n) : data_(n > 0 ? new T[n] : nullptr), size_(n) {}
-  [[nodiscard]] T* data() noexcept { return data_.get(); }
-  [[nodiscard]] const T* data() const noexcept { return data_.get(); }
+  explicit host_buffer(std::size_t n) : size_(n) {
+    if (n == 0) return;
+    pool_ = thread_buffer_pool();
+    lease_.reset(new attention::workspace_pool::lease(pool_->acquire(n * sizeof(T))));
+  }
+  host_buffer(host_buffer&& other) noexcept
+      : pool_(std::move(other.pool_)), lease_(std::move(other.lease_)), size_(std::exchange(other.size_, 0)) {}
+  // Through a temporary: the lease must go back before the pool it came from can be dropped.
+  host_buffer& operator=(host_buffer&& other) noexcept {
+    host_buffer taken(std::move(other));
+    std::swap(pool_, taken.pool_);
+    std::swap(lease_, taken.lease_);
+    std::swap(size_, taken.size_);
+    return *this;
+  }
+  host_buffer(const host_buffer&) = delete;
+  host_buffer& operator=(const host_buffer&) = delete;
+  ~host_buffer() { lease_.reset(); }
+
+  [[nodiscard]] T* data() noexcept { return lease_ ? reinterpret_cast<T*>(lease_->data()) : nullptr; }
+  [[nodiscard]] const T* data() const noexcept { return lease_ ? reinterpret_cast<const T*>(lease_->data()) : nullptr; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
-  std::unique_ptr<T[]> data_;
+  std::shared_ptr<attention::workspace_pool> pool_;  // declared first: destroyed after the lease
+  std::unique_ptr<attention::workspace_pool::lease> lease_;
   std::size_t size_ = 0;
 };
 
@@ -77,7 +111,10 @@ void for_each_row(const std::array<std::int64_t, 4>& ext, F&& f) {
 }  // namespace detail::cp
 
 /// The context-parallel layer's memory, on the host: heap buffers and plain loops.
-/// Stateless; every call completes before it returns, so synchronize() has nothing to do.
+/// Every call completes before it returns, so synchronize() has nothing to do. The objects
+/// are stateless; the buffers come from a pool per thread that keeps them for the next call
+/// (one call's worth, shared by every attention object on the thread): release_cached()
+/// frees what the calling thread keeps.
 struct host_memory {
   static constexpr cp_memory_location location = cp_memory_location::host;
 
@@ -89,6 +126,10 @@ struct host_memory {
   buffer<T> allocate(std::size_t n) {
     return buffer<T>(n);
   }
+
+  /// Frees the buffers this thread keeps between calls (not those in use); the next call
+  /// allocates again.
+  static void release_cached() noexcept { detail::cp::thread_buffer_pool()->release(); }
 
   template <class T>
   void fill(std::span<T> dst, T value) {

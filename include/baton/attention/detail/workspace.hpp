@@ -35,6 +35,8 @@ class workspace_pool {
    public:
     lease(const lease&) = delete;
     lease& operator=(const lease&) = delete;
+    lease(lease&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)), buf_(std::exchange(other.buf_, {})) {}
+    lease& operator=(lease&&) = delete;
     ~lease() {
       if (pool_) pool_->give_back(buf_);
     }
