@@ -203,9 +203,10 @@ TEST_CASE("ring: a step no rank needs is skipped by every rank, compute and tran
     const auto logs = run_counted(p, mask, sequence_sharding(shard_layout::contiguous, d.seq, R), result);
     CHECK(compare(result, p.reference).max() <= 1e-12);
     for (const shift_log& log : logs) {
-      // forward: one K/V hop (step 0 -> 1) instead of R-1; backward: the same K/V hop, the
-      // accumulator's hop with it, and its return to the owner (R-1 hops back, in one shift)
-      const std::vector<std::pair<int, int>> want{{kv, 1}, {kv, 1}, {grad, 1}, {grad, R - 1}};
+      // forward: one K/V hop (step 0 -> 1) instead of R-1, K and V one message each;
+      // backward: the same K/V hop, the accumulator's hop with it, and its return to the
+      // owner (R-1 hops back, in one shift)
+      const std::vector<std::pair<int, int>> want{{kv, 1}, {kv, 1}, {kv, 1}, {kv, 1}, {grad, 1}, {grad, R - 1}};
       CHECK(log.shifts == want);
     }
   }
@@ -218,7 +219,7 @@ TEST_CASE("ring: a step no rank needs is skipped by every rank, compute and tran
     const auto logs = run_counted(p, mask, sequence_sharding(shard_layout::contiguous, d.seq, R), result);
     CHECK(compare(result, p.reference).max() <= 1e-12);
     for (const shift_log& log : logs) {
-      const std::vector<std::pair<int, int>> want{{kv, 1}, {kv, 1}, {grad, R - 1}};
+      const std::vector<std::pair<int, int>> want{{kv, 1}, {kv, 1}, {kv, 1}, {kv, 1}, {grad, R - 1}};
       CHECK(log.shifts == want);
     }
     CHECK(logs[0].compute_calls == 0);  // rank 0's queries attend to nothing
@@ -237,7 +238,7 @@ TEST_CASE("ring: a step no rank needs is skipped by every rank, compute and tran
         CHECK(k == 1);
         ++count[tag];
       }
-      CHECK(count[kv] == 2 * (R - 1));
+      CHECK(count[kv] == 2 * 2 * (R - 1));  // forward and backward, K and V apart
       CHECK(count[grad] == R);
     }
   }

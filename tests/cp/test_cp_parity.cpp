@@ -7,7 +7,10 @@
 #include "catch.hpp"
 #include "cp_test_support.hpp"
 
+#include <array>
+#include <cstring>
 #include <sstream>
+#include <vector>
 
 using namespace cp_test;
 using baton::shard_layout;
@@ -293,18 +296,125 @@ TEST_CASE("ring: the next K/V transfer and the dK/dV transfer overlap a block's 
     std::vector<std::string> e;  // without the agreement's traffic
     for (const auto& x : log.events)
       if (x.find(std::to_string(baton::detail::cp::tag_agree)) == std::string::npos) e.push_back(x);
-    // forward: R-1 times [start K/V shift, compute, wait K/V], then the last block
+    // forward: R-1 times [start K/V shifts (K and V), compute, wait for both], then the last
+    // block
     std::vector<std::string> forward;
-    for (int s = 0; s < R - 1; ++s) forward.insert(forward.end(), {"shift " + kv, "compute", "wait " + kv});
+    for (int s = 0; s < R - 1; ++s)
+      forward.insert(forward.end(), {"shift " + kv, "shift " + kv, "compute", "wait " + kv, "wait " + kv});
     forward.push_back("compute");
     // backward: the accumulator's shift starts after a step's compute and is waited for only
     // after the NEXT step's compute; the last one (the hop home) after the loop
-    std::vector<std::string> backward{"shift " + kv, "compute", "shift " + grad, "wait " + kv};
+    std::vector<std::string> backward{"shift " + kv, "shift " + kv, "compute", "shift " + grad, "wait " + kv,
+                                      "wait " + kv};
     for (int s = 1; s < R - 1; ++s)
-      backward.insert(backward.end(), {"shift " + kv, "compute", "wait " + grad, "shift " + grad, "wait " + kv});
+      backward.insert(backward.end(),
+                      {"shift " + kv, "shift " + kv, "compute", "wait " + grad, "shift " + grad, "wait " + kv, "wait " + kv});
     backward.insert(backward.end(), {"compute", "wait " + grad, "shift " + grad, "wait " + grad});
     std::vector<std::string> expected = forward;
     expected.insert(expected.end(), backward.begin(), backward.end());
     CHECK(e == expected);
   }
+}
+
+namespace {
+// run_rank with every output a strided view into padded storage (head dim padded by 2, LSE
+// rows by 3), so that the ring accumulates in buffers of its own and copies at the end,
+// where dense float and double outputs are accumulated in place. The padding holds a
+// sentinel the ring must leave alone.
+template <class T, class Attention, class Mask>
+void run_rank_padded(Attention& attn, const baton::sequence_sharding& sharding, int rank, const problem<T>& p,
+                     const Mask& mask, tensors<T>& result, std::int64_t& padding_changed) {
+  using L = baton::lse_t<T>;
+  const dims& d = p.d;
+  const std::int64_t sl = sharding.local_len(rank), pd = d.dim + 2, ps = sl + 3;
+  const std::vector<std::int64_t> qshape{d.batch, d.seq, d.heads_q, d.dim}, kvshape{d.batch, d.seq, d.heads_kv, d.dim},
+      lshape{d.batch, d.heads_q, d.seq};
+  const auto q = baton::shard_sequence<T>(sharding, rank, p.q, qshape, 1);
+  const auto k = baton::shard_sequence<T>(sharding, rank, p.k, kvshape, 1);
+  const auto v = baton::shard_sequence<T>(sharding, rank, p.v, kvshape, 1);
+  const auto dout = baton::shard_sequence<T>(sharding, rank, p.dout, qshape, 1);
+  const T sentinel = T(-12345);
+  std::vector<T> out(static_cast<std::size_t>(d.batch * sl * d.heads_q * pd), sentinel), dq(out),
+      dk(static_cast<std::size_t>(d.batch * sl * d.heads_kv * pd), sentinel), dv(dk);
+  std::vector<L> lse(static_cast<std::size_t>(d.batch * d.heads_q * ps), L(sentinel));
+  const auto padded = [&](auto* data, std::int64_t heads) {
+    return baton::make_tensor_view(data, std::array<std::int64_t, 4>{d.batch, sl, heads, d.dim},
+                                   std::array<std::int64_t, 4>{sl * heads * pd, heads * pd, pd, 1});
+  };
+  const auto lse_view = [&](auto* data) {
+    return baton::make_tensor_view(data, std::array<std::int64_t, 3>{d.batch, d.heads_q, sl},
+                                   std::array<std::int64_t, 3>{d.heads_q * ps, ps, 1});
+  };
+  attn.forward(cview4(q, d.batch, sl, d.heads_q, d.dim), cview4(k, d.batch, sl, d.heads_kv, d.dim),
+               cview4(v, d.batch, sl, d.heads_kv, d.dim), mask, padded(out.data(), d.heads_q), lse_view(lse.data()));
+  attn.backward(cview4(q, d.batch, sl, d.heads_q, d.dim), cview4(k, d.batch, sl, d.heads_kv, d.dim),
+                cview4(v, d.batch, sl, d.heads_kv, d.dim), padded(static_cast<const T*>(out.data()), d.heads_q),
+                lse_view(static_cast<const L*>(lse.data())), cview4(dout, d.batch, sl, d.heads_q, d.dim), mask,
+                padded(dq.data(), d.heads_q), padded(dk.data(), d.heads_kv), padded(dv.data(), d.heads_kv));
+  // Back to dense, counting the padding elements that lost their sentinel.
+  const auto dense = [&](const std::vector<T>& src, std::int64_t heads) {
+    std::vector<T> o(static_cast<std::size_t>(d.batch * sl * heads * d.dim));
+    for (std::size_t row = 0; row < static_cast<std::size_t>(d.batch * sl * heads); ++row)
+      for (std::size_t x = 0; x < static_cast<std::size_t>(pd); ++x) {
+        const T value = src[row * static_cast<std::size_t>(pd) + x];
+        if (x < static_cast<std::size_t>(d.dim)) o[row * static_cast<std::size_t>(d.dim) + x] = value;
+        else padding_changed += value != sentinel;
+      }
+    return o;
+  };
+  std::vector<L> lse_dense(static_cast<std::size_t>(d.batch * d.heads_q * sl));
+  for (std::size_t row = 0; row < static_cast<std::size_t>(d.batch * d.heads_q); ++row)
+    for (std::size_t s = 0; s < static_cast<std::size_t>(ps); ++s) {
+      const L value = lse[row * static_cast<std::size_t>(ps) + s];
+      if (s < static_cast<std::size_t>(sl)) lse_dense[row * static_cast<std::size_t>(sl) + s] = value;
+      else padding_changed += value != L(sentinel);
+    }
+  baton::unshard_sequence<T>(sharding, rank, dense(out, d.heads_q), qshape, 1, result.out);
+  baton::unshard_sequence<L>(sharding, rank, lse_dense, lshape, 2, result.lse);
+  baton::unshard_sequence<T>(sharding, rank, dense(dq, d.heads_q), qshape, 1, result.dq);
+  baton::unshard_sequence<T>(sharding, rank, dense(dk, d.heads_kv), kvshape, 1, result.dk);
+  baton::unshard_sequence<T>(sharding, rank, dense(dv, d.heads_kv), kvshape, 1, result.dv);
+}
+
+template <class T>
+void check_padded_outputs() {
+  const dims d{};
+  for_each_mask(d.seq, [&](const auto& mask, const char* mask_name) {
+    const problem<T> p = make_problem<T>(d, mask, 97);
+    for (const config& c : {config{mode::ring, shard_layout::zigzag, 3}, config{mode::hybrid, shard_layout::striped, 2, 2}}) {
+      INFO(c.text() << ", mask " << mask_name);
+      const tensors<T> dense = run_cp<T>(c, p, mask);
+      const baton::sequence_sharding sharding = c.m == mode::hybrid
+                                                    ? baton::sequence_sharding(c.layout, d.seq, c.degree, c.inner_degree)
+                                                    : baton::sequence_sharding(c.layout, d.seq, c.degree);
+      tensors<T> strided(d);
+      std::vector<std::int64_t> changed(static_cast<std::size_t>(c.world()), 0);
+      baton::run_local(c.world(), [&](baton::local_communicator& comm) {
+        std::int64_t& mine = changed[static_cast<std::size_t>(comm.rank())];
+        if (c.m == mode::ring) {
+          baton::ring_attention attn(comm, baton::reference_attention{}, sharding);
+          run_rank_padded<T>(attn, sharding, attn.shard_index(), p, mask, strided, mine);
+        } else {
+          auto mesh = baton::make_cp_mesh(comm, c.degree, c.inner_degree);
+          baton::hybrid_attention attn(mesh, baton::reference_attention{}, sharding);
+          run_rank_padded<T>(attn, sharding, attn.shard_index(), p, mask, strided, mine);
+        }
+      });
+      for (std::int64_t n : changed) CHECK(n == 0);
+      CHECK(strided.out == dense.out);
+      CHECK(std::memcmp(strided.lse.data(), dense.lse.data(), dense.lse.size() * sizeof(dense.lse[0])) == 0);
+      CHECK(strided.dq == dense.dq);
+      CHECK(strided.dk == dense.dk);
+      CHECK(strided.dv == dense.dv);
+    }
+  });
+}
+}  // namespace
+
+// Dense float and double outputs are the ring's accumulators themselves; strided ones get
+// accumulators of their own and a copy at the end. Both must give the same bits.
+TEST_CASE("ring and hybrid write strided outputs with the bits of dense ones, and leave the padding alone",
+          "[cp][ring][hybrid]") {
+  check_padded_outputs<float>();
+  check_padded_outputs<double>();
 }

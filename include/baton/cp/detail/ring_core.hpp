@@ -1,8 +1,9 @@
 // baton/cp/detail/ring_core.hpp — the ring attention algorithm, shared by ring_attention
 // (shards of one rank) and hybrid_attention (shards re-assembled by Ulysses over a group).
 //
-// Forward: K and V travel around the ring in one buffer; at step s rank r holds the block
-// of rank (r - s) mod R. The transfer of the next block is started before the current block
+// Forward: K and V travel around the ring (two messages per hop, sent from the rank's own
+// tensors where they are dense: kv_blocks); at step s rank r holds the block of rank
+// (r - s) mod R. The transfer of the next block is started before the current block
 // is computed, so it overlaps the compute. Each step's partial (out, lse) is merged into
 // fp32-or-better accumulators with the sigmoid form.
 //
@@ -35,6 +36,7 @@
 #include <baton/cp/sharding.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -110,22 +112,109 @@ std::vector<block_call> plan_step(const Mask& mask, std::span<const shard_piece>
   });
 }
 
-// K then V of a block, each contiguous, in element type T: the unit that travels the ring.
-// The buffer holds 2 x `capacity` elements (the longest shard's K or V); V starts at
-// `capacity`, whatever this block's own length. The padding past a short block is zeroed:
-// it travels but is never read.
-template <class T, class M, class Buffer>
-void pack_kv(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity,
-             Buffer& buffer) {
-  const auto kv = as_view4(k), vv = as_view4(v);
-  const std::int64_t used = kv.size(), padding = capacity - used;
-  mem.copy(kv, bshd(buffer.data(), kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]));
-  mem.copy(vv, bshd(buffer.data() + capacity, vv.ext[0], vv.ext[1], vv.ext[2], vv.ext[3]));
-  if (padding > 0) {
-    mem.fill(std::span<T>(buffer.data() + used, static_cast<std::size_t>(padding)), T(0));
-    mem.fill(std::span<T>(buffer.data() + capacity + used, static_cast<std::size_t>(padding)), T(0));
-  }
+// Whether `v` has the strides `layout` (those of its axes of extent 1 are free).
+template <class T>
+bool has_layout(const view4<T>& v, const std::array<std::int64_t, 4>& layout) noexcept {
+  for (std::size_t axis = 0; axis < 4; ++axis)
+    if (v.ext[axis] != 1 && v.str[axis] != layout[axis]) return false;
+  return true;
 }
+
+// An accumulator of element type A with the extents of `target` and the strides `layout`
+// (dense: its elements are one contiguous run, so it can be filled as a span). It is
+// `target` itself when that already has type A and that layout (the user's float or double
+// output): no buffer, and no copy at the end (`in_place`). Otherwise a buffer of M, which
+// the caller copies into `target` at the end.
+template <class A, class T, class M>
+view4<A> accumulator_for(M& mem, const view4<T>& target, const std::array<std::int64_t, 4>& layout,
+                         typename M::template buffer<A>& storage, bool& in_place) {
+  if constexpr (std::is_same_v<A, T>) {
+    if (has_layout(target, layout)) {
+      in_place = true;
+      return target;
+    }
+  }
+  in_place = false;
+  storage = mem.template allocate<A>(static_cast<std::size_t>(target.size()));
+  return {storage.data(), target.ext, layout};
+}
+
+// A K/V block in flight: K and V travel as two messages.
+template <class Ring>
+struct kv_transfer {
+  in_flight<shift_request_t<Ring>> k, v;
+  bool active() const noexcept { return k.active(); }
+  void wait() {
+    k.wait();
+    v.wait();
+  }
+};
+
+// The K/V block a rank holds, and the buffer the next one arrives in. K and V travel as two
+// messages of `capacity` elements each (the longest shard's K or V, so that every rank sends
+// the same count); in a buffer, V starts at `capacity` whatever the block's own length. The
+// rank's own K and V, when dense and that long, are computed on and sent from where they
+// are; otherwise they are first packed into the buffer, the padding past a short shard
+// zeroed (it travels but is never read).
+template <class T, class M>
+class kv_blocks {
+ public:
+  kv_blocks(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity)
+      : mem_(&mem), k_(k), v_(v), capacity_(capacity) {
+    const auto kv = as_view4(k), vv = as_view4(v);
+    const std::array<std::int64_t, 4> dense = bshd<const T>(nullptr, kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]).str;
+    own_in_place_ = kv.size() == capacity && has_layout(kv, dense) && has_layout(vv, dense);
+    if (own_in_place_) return;
+    held_ = mem.template allocate<T>(static_cast<std::size_t>(2 * capacity));
+    const std::int64_t used = kv.size(), padding = capacity - used;
+    mem.copy(kv, bshd(held_.data(), kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]));
+    mem.copy(vv, bshd(held_.data() + capacity, vv.ext[0], vv.ext[1], vv.ext[2], vv.ext[3]));
+    if (padding > 0) {
+      mem.fill(std::span<T>(held_.data() + used, static_cast<std::size_t>(padding)), T(0));
+      mem.fill(std::span<T>(held_.data() + capacity + used, static_cast<std::size_t>(padding)), T(0));
+    }
+  }
+
+  // K and V of the block held, whose owner's shard has `len` positions.
+  tensor_view<const T, 4> k(std::int64_t len) const noexcept {
+    return own_in_place_ ? k_ : bshd_view<const T>(held_.data(), k_.extents[0], len, k_.extents[2], k_.extents[3]);
+  }
+  tensor_view<const T, 4> v(std::int64_t len) const noexcept {
+    return own_in_place_ ? v_
+                         : bshd_view<const T>(held_.data() + capacity_, v_.extents[0], len, v_.extents[2], v_.extents[3]);
+  }
+
+  // Sends the block held `hops` ranks on and receives the one `hops` ranks back, once
+  // everything the memory space was asked to do has completed.
+  template <class Ring>
+  kv_transfer<Ring> start_shift(Ring& ring, int hops) {
+    const T* k_send = own_in_place_ ? k_.data : held_.data();
+    const T* v_send = own_in_place_ ? v_.data : held_.data() + capacity_;
+    const auto n = static_cast<std::size_t>(capacity_);
+    if (next_.size() == 0) next_ = mem_->template allocate<T>(2 * n);  // (none when nothing travels)
+    mem_->synchronize();
+    kv_transfer<Ring> t;
+    t.k = in_flight<shift_request_t<Ring>>(ring.shift(std::as_bytes(std::span<const T>(k_send, n)),
+                                                      std::as_writable_bytes(std::span<T>(next_.data(), n)), hops, tag_kv));
+    t.v = in_flight<shift_request_t<Ring>>(ring.shift(std::as_bytes(std::span<const T>(v_send, n)),
+                                                      std::as_writable_bytes(std::span<T>(next_.data() + n, n)), hops,
+                                                      tag_kv));
+    return t;
+  }
+  // After a transfer's wait(): the block that arrived is the one held.
+  void take_arrived() noexcept {
+    std::swap(held_, next_);
+    own_in_place_ = false;
+  }
+
+ private:
+  using buffer_t = typename M::template buffer<T>;
+  M* mem_;
+  tensor_view<const T, 4> k_, v_;
+  std::int64_t capacity_;
+  buffer_t held_, next_;
+  bool own_in_place_ = false;
+};
 
 struct ring_geometry {
   // pieces[g]: the shard ring rank g holds (its queries, and its K/V block), in local order.
@@ -181,54 +270,109 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
   const std::vector<int> active = active_ring_steps(mask, g);
 
-  const auto kv_size = static_cast<std::size_t>(2 * capacity);
   const auto out_size = static_cast<std::size_t>(b * sl * hq * d), lse_size = static_cast<std::size_t>(b * hq * sl);
-  auto held = mem.template allocate<T>(kv_size), next = mem.template allocate<T>(kv_size);
-  pack_kv<T>(mem, k, v, capacity, held);
-  auto out_acc = mem.template allocate<A>(out_size), lse_acc = mem.template allocate<A>(lse_size);
-  mem.fill(std::span<A>(out_acc.data(), out_size), A(0));
-  mem.fill(std::span<A>(lse_acc.data(), lse_size), -std::numeric_limits<A>::infinity());
-  auto out_blk = mem.template allocate<T>(out_size);
-  auto lse_blk = mem.template allocate<L>(lse_size);
-  const view4<A> out_all = bshd(out_acc.data(), b, sl, hq, d), lse_all = lse_as_bshd(lse_acc.data(), b, hq, sl);
+  kv_blocks<T, M> blocks(mem, k, v, capacity);
+  // The running (out, lse), in fp32 or better: the caller's out and lse themselves when they
+  // have that type and are dense.
+  typename M::template buffer<A> out_acc, lse_acc;
+  bool out_in_place = false, lse_in_place = false;
+  const view4<A> out_all = accumulator_for<A>(mem, as_view4(out), bshd<A>(nullptr, b, sl, hq, d).str, out_acc, out_in_place);
+  const view4<A> lse_all =
+      accumulator_for<A>(mem, lse_as_view4(lse), lse_as_bshd<A>(nullptr, b, hq, sl).str, lse_acc, lse_in_place);
+  // A query row's accumulators start as the empty result (0, -inf), set when first needed:
+  // when the backend's output types are the accumulator's, a call whose rows nothing has
+  // touched yet writes its result straight into them (merging it into (0, -inf) would give
+  // those same bits), which saves the fill and that merge; the other calls merge a block.
+  constexpr bool write_first = std::is_same_v<A, T> && std::is_same_v<A, L>;
+  std::vector<char> touched(static_cast<std::size_t>(sl), 0);
+  const auto set_empty = [&](std::int64_t row, std::int64_t count) {  // rows [row, row + count), every batch
+    if (count == sl) {  // all of them: one run each
+      mem.fill(std::span<A>(out_all.data, out_size), A(0));
+      mem.fill(std::span<A>(lse_all.data, lse_size), -std::numeric_limits<A>::infinity());
+      return;
+    }
+    for (std::int64_t bi = 0; bi < b; ++bi) {
+      mem.fill(std::span<A>(&out_all(bi, row, 0, 0), static_cast<std::size_t>(count * hq * d)), A(0));
+      for (std::int64_t h = 0; h < hq; ++h)
+        mem.fill(std::span<A>(&lse_all(bi, row, h, 0), static_cast<std::size_t>(count)),
+                 -std::numeric_limits<A>::infinity());
+    }
+  };
+  const auto untouched = [&](std::int64_t row, std::int64_t count) {
+    return std::none_of(touched.begin() + row, touched.begin() + row + count, [](char t) { return t != 0; });
+  };
+  // Marks rows [row, row + count) touched, first setting those that were not to the empty
+  // result when `set` (before a merge into them, or at the end).
+  const auto touch = [&](std::int64_t row, std::int64_t count, bool set) {
+    for (std::int64_t r = row; r < row + count;) {
+      if (touched[static_cast<std::size_t>(r)]) {
+        ++r;
+        continue;
+      }
+      std::int64_t end = r;
+      while (end < row + count && !touched[static_cast<std::size_t>(end)]) touched[static_cast<std::size_t>(end++)] = 1;
+      if (set) set_empty(r, end - r);
+      r = end;
+    }
+  };
+  if constexpr (!write_first) touch(0, sl, true);  // every call merges: all rows start empty, in two fills
+  const std::size_t blk_size = write_first ? 0 : 1;  // (write_first: allocated at the first merge)
+  auto out_blk = mem.template allocate<T>(blk_size * out_size);
+  auto lse_blk = mem.template allocate<L>(blk_size * lse_size);
   std::vector<std::int64_t> q_store, k_store;
 
   // At active step s the block held is rank (me - s)'s. When nobody needs the own block
   // (step 0), the first needed one is fetched before anything is computed.
   if (!active.empty() && active.front() != 0) {
-    start_shift(ring, mem, held, next, active.front(), tag_kv).wait();
-    std::swap(held, next);
+    blocks.start_shift(ring, active.front()).wait();
+    blocks.take_arrived();
   }
   for (std::size_t i = 0; i < active.size(); ++i) {
     const int step = active[i];
     const int owner = schedule.kv_owner(me, step);
-    in_flight<shift_request_t<Ring>> transfer;
+    kv_transfer<Ring> transfer;
     if (i + 1 < active.size())  // overlaps this step; skipped steps are jumped in one shift
-      transfer = start_shift(ring, mem, held, next, active[i + 1] - step, tag_kv);
+      transfer = blocks.start_shift(ring, active[i + 1] - step);
 
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
-    const auto kb = bshd_view<const T>(held.data(), b, kl, hkv, d);
-    const auto vb = bshd_view<const T>(held.data() + capacity, b, kl, hkv, d);
+    const auto kb = blocks.k(kl), vb = blocks.v(kl);
     for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params;
       params.q_pos = positions_for(my_pieces, c.q_piece_begin, c.q_piece_end, q_store);
       params.k_pos = positions_for(k_pieces, c.k_piece_begin, c.k_piece_end, k_store);
       params.softmax_scale = softmax_scale;
+      const auto call = [&](tensor_view<T, 4> ob, tensor_view<L, 3> lb) {
+        backend.forward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
+                        slice_axis(vb, 1, c.k_offset, c.k_count), mask, ob, lb, params);
+      };
+      if constexpr (write_first) {
+        if (untouched(c.q_offset, c.q_count)) {
+          touch(c.q_offset, c.q_count, false);
+          call(as_tensor_view(out_all.seq_slice(c.q_offset, c.q_count)),
+               lse_as_tensor_view(lse_all.seq_slice(c.q_offset, c.q_count)));
+          continue;
+        }
+        if (out_blk.size() == 0) {  // the first merge: its block buffers, as large as any call
+          out_blk = mem.template allocate<T>(out_size);
+          lse_blk = mem.template allocate<L>(lse_size);
+        }
+      }
+      touch(c.q_offset, c.q_count, true);
       const auto ob = bshd_view<T>(out_blk.data(), b, c.q_count, hq, d);
       const auto lb = lse_view<L>(lse_blk.data(), b, hq, c.q_count);
-      backend.forward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
-                      slice_axis(vb, 1, c.k_offset, c.k_count), mask, ob, lb, params);
+      call(ob, lb);
       mem.merge(out_all.seq_slice(c.q_offset, c.q_count), lse_all.seq_slice(c.q_offset, c.q_count),
                 as_view4(ob).as_const(), lse_as_view4(lb).as_const());
     }
     if (transfer.active()) {
       transfer.wait();
-      std::swap(held, next);
+      blocks.take_arrived();
     }
   }
-  mem.copy(out_all.as_const(), as_view4(out));
-  mem.copy(lse_all.as_const(), lse_as_view4(lse));
+  touch(0, sl, true);  // rows no block reached: the empty result
+  if (!out_in_place) mem.copy(out_all.as_const(), as_view4(out));
+  if (!lse_in_place) mem.copy(lse_all.as_const(), lse_as_view4(lse));
 }
 
 template <class T, class Ring, class Backend, class Mask, class M>
@@ -245,12 +389,14 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   const std::vector<int> active = active_ring_steps(mask, g);
 
   const auto kv_size = static_cast<std::size_t>(2 * capacity), dq_size = static_cast<std::size_t>(b * sl * hq * d);
-  auto held = mem.template allocate<T>(kv_size), next = mem.template allocate<T>(kv_size);
-  pack_kv<T>(mem, k, v, capacity, held);
-  auto dq_acc = mem.template allocate<A>(dq_size);
-  mem.fill(std::span<A>(dq_acc.data(), dq_size), A(0));
-  // This step's dK/dV for the held block; the accumulator arriving from the previous holder;
-  // the sum sent on. Three buffers so that the send of one step overlaps the next compute.
+  kv_blocks<T, M> blocks(mem, k, v, capacity);
+  typename M::template buffer<A> dq_acc;
+  bool dq_in_place = false;
+  const view4<A> dq_all = accumulator_for<A>(mem, as_view4(dq), bshd<A>(nullptr, b, sl, hq, d).str, dq_acc, dq_in_place);
+  mem.fill(std::span<A>(dq_all.data, dq_size), A(0));
+  // This step's dK/dV for the held block (then its sum with what arrived); the accumulator
+  // arriving from the previous holder; the sum being sent on. Three buffers so that the
+  // send of one step overlaps the next compute.
   // Each is laid out as the held block's owner's K and V: [b, len(owner), hkv, d] at 0 and at
   // `capacity`.
   auto grad_step = mem.template allocate<A>(kv_size), grad_in = mem.template allocate<A>(kv_size),
@@ -262,26 +408,24 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   const std::size_t kv_block_size = backend_accumulates ? 0 : static_cast<std::size_t>(capacity);
   auto dq_blk = mem.template allocate<T>(block_size), dk_blk = mem.template allocate<T>(kv_block_size),
        dv_blk = mem.template allocate<T>(kv_block_size);
-  const view4<A> dq_all = bshd(dq_acc.data(), b, sl, hq, d);
   std::vector<std::int64_t> q_store, k_store;
   in_flight<shift_request_t<Ring>> grad_transfer;
 
   if (!active.empty() && active.front() != 0) {
-    start_shift(ring, mem, held, next, active.front(), tag_kv).wait();
-    std::swap(held, next);
+    blocks.start_shift(ring, active.front()).wait();
+    blocks.take_arrived();
   }
   for (std::size_t i = 0; i < active.size(); ++i) {
     const int step = active[i];
     const int owner = schedule.kv_owner(me, step);
     const bool last = i + 1 == active.size();
-    in_flight<shift_request_t<Ring>> kv_transfer;
-    if (!last) kv_transfer = start_shift(ring, mem, held, next, active[i + 1] - step, tag_kv);
+    kv_transfer<Ring> next_block;
+    if (!last) next_block = blocks.start_shift(ring, active[i + 1] - step);
 
     mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
-    const auto kb = bshd_view<const T>(held.data(), b, kl, hkv, d);
-    const auto vb = bshd_view<const T>(held.data() + capacity, b, kl, hkv, d);
+    const auto kb = blocks.k(kl), vb = blocks.v(kl);
     const view4<A> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
     for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params;
@@ -311,15 +455,12 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
       }
     }
     // The held block's accumulator so far arrives from its previous holder (none at the first
-    // active step): grad_out = grad_in + grad_step, or 0 + grad_step at the first.
+    // active step) and is added to this step's in place; the sum becomes grad_out (whose
+    // previous send has completed: grad_transfer was waited for) and grad_step is reused.
     grad_transfer.wait();
-    const view4<A> sum = flat_view(grad_out.data(), 2 * capacity);
-    if (i == 0) {
-      mem.copy(flat_view(grad_step.data(), 2 * capacity).as_const(), sum, cp_copy_mode::through_accumulator);
-    } else {
-      mem.copy(flat_view(grad_in.data(), 2 * capacity).as_const(), sum);
-      mem.accumulate(sum, flat_view(grad_step.data(), 2 * capacity).as_const());
-    }
+    if (i != 0)
+      mem.accumulate(flat_view(grad_step.data(), 2 * capacity), flat_view(grad_in.data(), 2 * capacity).as_const());
+    std::swap(grad_step, grad_out);
     // Send it on with the block; after the last active step, back to the owner (me - step):
     // a shift by -step, none when the last block held is the own one.
     const int hop = last ? (ranks - step) % ranks : active[i + 1] - step;
@@ -328,15 +469,15 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     else
       std::swap(grad_in, grad_out);
 
-    if (kv_transfer.active()) {
-      kv_transfer.wait();
-      std::swap(held, next);
+    if (next_block.active()) {
+      next_block.wait();
+      blocks.take_arrived();
     }
   }
   grad_transfer.wait();  // grad_in now holds the dK/dV of my own keys, from every rank's queries
   if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 
-  mem.copy(dq_all.as_const(), as_view4(dq));
+  if (!dq_in_place) mem.copy(dq_all.as_const(), as_view4(dq));
   mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, sl, hkv, d), as_view4(dk));
   mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, sl, hkv, d), as_view4(dv));
 }

@@ -41,6 +41,13 @@ view4<T> lse_as_view4(const tensor_view<T, 3>& v) noexcept {
   return {v.data, {v.extents[0], v.extents[2], v.extents[1], 1}, {v.strides[0], v.strides[2], v.strides[1], 1}};
 }
 
+// The inverse: a view4 [b, s, h, 1] of an LSE as the tensor [b, h, s].
+template <class T>
+tensor_view<T, 3> lse_as_tensor_view(const view4<T>& v) noexcept {
+  return make_tensor_view(v.data, std::array<std::int64_t, 3>{v.ext[0], v.ext[2], v.ext[1]},
+                          std::array<std::int64_t, 3>{v.str[0], v.str[2], v.str[1]});
+}
+
 template <class T>
 tensor_view<T, 4> bshd_view(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
   return make_tensor_view(p, std::array<std::int64_t, 4>{b, s, h, d});
