@@ -104,6 +104,28 @@ struct config {
   }
 };
 
+// One rank's shards of the problem's inputs, and the full shapes they were cut from (and
+// that the results are written back into).
+template <class T>
+struct rank_inputs {
+  std::vector<std::int64_t> qshape, kvshape, lshape;
+  std::vector<T> q, k, v, dout;
+};
+
+template <class T>
+rank_inputs<T> shard_inputs(const baton::sequence_sharding& sharding, int rank, const problem<T>& p) {
+  const dims& d = p.d;
+  rank_inputs<T> in;
+  in.qshape = {d.batch, d.seq, d.heads_q, d.dim};
+  in.kvshape = {d.batch, d.seq, d.heads_kv, d.dim};
+  in.lshape = {d.batch, d.heads_q, d.seq};
+  in.q = baton::shard_sequence<T>(sharding, rank, p.q, in.qshape, 1);
+  in.k = baton::shard_sequence<T>(sharding, rank, p.k, in.kvshape, 1);
+  in.v = baton::shard_sequence<T>(sharding, rank, p.v, in.kvshape, 1);
+  in.dout = baton::shard_sequence<T>(sharding, rank, p.dout, in.qshape, 1);
+  return in;
+}
+
 // One rank's part: shard the full inputs, run forward and backward, write the results into
 // this rank's global positions of `result` (ranks write disjoint elements).
 template <class T, class Attention, class Mask>
@@ -112,12 +134,9 @@ void run_rank(Attention& attn, const baton::sequence_sharding& sharding, int ran
   using L = baton::lse_t<T>;
   const dims& d = p.d;
   const std::int64_t sl = sharding.local_len(rank);
-  const std::vector<std::int64_t> qshape{d.batch, d.seq, d.heads_q, d.dim}, kvshape{d.batch, d.seq, d.heads_kv, d.dim},
-      lshape{d.batch, d.heads_q, d.seq};
-  const auto q = baton::shard_sequence<T>(sharding, rank, p.q, qshape, 1);
-  const auto k = baton::shard_sequence<T>(sharding, rank, p.k, kvshape, 1);
-  const auto v = baton::shard_sequence<T>(sharding, rank, p.v, kvshape, 1);
-  const auto dout = baton::shard_sequence<T>(sharding, rank, p.dout, qshape, 1);
+  const rank_inputs<T> in = shard_inputs(sharding, rank, p);
+  const auto &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  const auto &qshape = in.qshape, &kvshape = in.kvshape, &lshape = in.lshape;
   std::vector<T> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size());
   std::vector<L> lse(static_cast<std::size_t>(d.batch * d.heads_q * sl));
   const baton::cp_params params{scale};

@@ -327,12 +327,9 @@ void run_rank_padded(Attention& attn, const baton::sequence_sharding& sharding, 
   using L = baton::lse_t<T>;
   const dims& d = p.d;
   const std::int64_t sl = sharding.local_len(rank), pd = d.dim + 2, ps = sl + 3;
-  const std::vector<std::int64_t> qshape{d.batch, d.seq, d.heads_q, d.dim}, kvshape{d.batch, d.seq, d.heads_kv, d.dim},
-      lshape{d.batch, d.heads_q, d.seq};
-  const auto q = baton::shard_sequence<T>(sharding, rank, p.q, qshape, 1);
-  const auto k = baton::shard_sequence<T>(sharding, rank, p.k, kvshape, 1);
-  const auto v = baton::shard_sequence<T>(sharding, rank, p.v, kvshape, 1);
-  const auto dout = baton::shard_sequence<T>(sharding, rank, p.dout, qshape, 1);
+  const rank_inputs<T> in = shard_inputs(sharding, rank, p);
+  const auto &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  const auto &qshape = in.qshape, &kvshape = in.kvshape, &lshape = in.lshape;
   const T sentinel = T(-12345);
   std::vector<T> out(static_cast<std::size_t>(d.batch * sl * d.heads_q * pd), sentinel), dq(out),
       dk(static_cast<std::size_t>(d.batch * sl * d.heads_kv * pd), sentinel), dv(dk);
