@@ -127,6 +127,10 @@ if(want)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     baton_add_backend(cuda "CUDA ${CUDAToolkit_VERSION}" baton CUDA::cudart)
+    # A requirement of baton's device code, not a preference: its kernels index strided
+    # layouts (baton/core/layout.hpp) whose std::array members are constexpr host functions,
+    # which nvcc calls from device code only with this flag (CUTLASS and CuTe need it too).
+    target_compile_options(baton_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
     find_package(NCCL QUIET)
     if(NCCL_FOUND)
       baton_add_backend(nccl "NCCL ${NCCL_VERSION}" baton_cuda NCCL::nccl)

@@ -10,7 +10,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
 #include <baton/attention/reference.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 #if BATON_HAS_KOKKOS()
 #include <baton/attention/kokkos.hpp>

@@ -5,6 +5,7 @@
 
 #include <baton/config.hpp>
 
+#include <baton/core.hpp>
 #include <baton/payload.hpp>
 #include <baton/schedule.hpp>
 #include <baton/comm.hpp>

@@ -233,7 +233,7 @@ TEST_CASE("docs/attention.md examples", "[attention][docs]") {
     Kokkos::View<float****, Kokkos::LayoutRight, Kokkos::HostSpace> q("q", 2, 128, 8, 64);
     baton::tensor_view<float, 4> qv = baton::make_tensor_view(q);
     // [/doc:kokkos_view]
-    CHECK(qv.strides[0] == 128 * 8 * 64);
+    CHECK(qv.stride(0) == 128 * 8 * 64);
   }
 
   SECTION("Kokkos views and the Kokkos backend") {

@@ -60,7 +60,7 @@ TEST_CASE("tensor_view: row-major views, strides, element access", "[attention][
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
   auto v = baton::make_tensor_view(data.data(), {2, 3, 4, 5});
   STATIC_REQUIRE(std::is_same_v<decltype(v), baton::tensor_view<float, 4>>);
-  CHECK(v.strides == std::array<std::int64_t, 4>{60, 20, 5, 1});
+  CHECK(v.strides() == std::array<std::int64_t, 4>{60, 20, 5, 1});
   CHECK(v.size() == 120);
   CHECK(v.is_contiguous());
   CHECK(v(1, 2, 3, 4) == 119.0f);

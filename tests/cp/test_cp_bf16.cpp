@@ -33,14 +33,14 @@ std::vector<double> widened(baton::tensor_view<S, N> t) {
   std::vector<double> out;
   out.reserve(static_cast<std::size_t>(t.size()));
   if constexpr (N == 4) {
-    for (std::int64_t b = 0; b < t.extents[0]; ++b)
-      for (std::int64_t s = 0; s < t.extents[1]; ++s)
-        for (std::int64_t h = 0; h < t.extents[2]; ++h)
-          for (std::int64_t x = 0; x < t.extents[3]; ++x) out.push_back(static_cast<double>(t(b, s, h, x).to_float()));
+    for (std::int64_t b = 0; b < t.extent(0); ++b)
+      for (std::int64_t s = 0; s < t.extent(1); ++s)
+        for (std::int64_t h = 0; h < t.extent(2); ++h)
+          for (std::int64_t x = 0; x < t.extent(3); ++x) out.push_back(static_cast<double>(t(b, s, h, x).to_float()));
   } else {
-    for (std::int64_t b = 0; b < t.extents[0]; ++b)
-      for (std::int64_t h = 0; h < t.extents[1]; ++h)
-        for (std::int64_t s = 0; s < t.extents[2]; ++s) out.push_back(static_cast<double>(t(b, h, s)));
+    for (std::int64_t b = 0; b < t.extent(0); ++b)
+      for (std::int64_t h = 0; h < t.extent(1); ++h)
+        for (std::int64_t s = 0; s < t.extent(2); ++s) out.push_back(static_cast<double>(t(b, h, s)));
   }
   return out;
 }
@@ -51,18 +51,18 @@ template <class E, std::size_t N>
 void store(const std::vector<double>& values, baton::tensor_view<E, N> t, bool add) {
   std::size_t i = 0;
   if constexpr (N == 4) {
-    for (std::int64_t b = 0; b < t.extents[0]; ++b)
-      for (std::int64_t s = 0; s < t.extents[1]; ++s)
-        for (std::int64_t h = 0; h < t.extents[2]; ++h)
-          for (std::int64_t x = 0; x < t.extents[3]; ++x, ++i) {
+    for (std::int64_t b = 0; b < t.extent(0); ++b)
+      for (std::int64_t s = 0; s < t.extent(1); ++s)
+        for (std::int64_t h = 0; h < t.extent(2); ++h)
+          for (std::int64_t x = 0; x < t.extent(3); ++x, ++i) {
             E& target = t(b, s, h, x);
             const float sum = (add ? target.to_float() : 0.0f) + static_cast<float>(values[i]);
             target = bfloat16(sum);
           }
   } else {
-    for (std::int64_t b = 0; b < t.extents[0]; ++b)
-      for (std::int64_t h = 0; h < t.extents[1]; ++h)
-        for (std::int64_t s = 0; s < t.extents[2]; ++s, ++i) t(b, h, s) = static_cast<float>(values[i]);
+    for (std::int64_t b = 0; b < t.extent(0); ++b)
+      for (std::int64_t h = 0; h < t.extent(1); ++h)
+        for (std::int64_t s = 0; s < t.extent(2); ++s, ++i) t(b, h, s) = static_cast<float>(values[i]);
   }
 }
 
@@ -83,8 +83,8 @@ struct bf16_reference {
                baton::tensor_view<float, 3> lse, const baton::attention_params& params) const {
     const auto qd = widened(q), kd = widened(k), vd = widened(v);
     std::vector<double> od(static_cast<std::size_t>(out.size())), ld(static_cast<std::size_t>(lse.size()));
-    baton::reference_attention{}.forward(cdense(qd, q.extents), cdense(kd, k.extents), cdense(vd, v.extents), mask,
-                                         dense(od, out.extents), dense(ld, lse.extents), params);
+    baton::reference_attention{}.forward(cdense(qd, q.extents()), cdense(kd, k.extents()), cdense(vd, v.extents()), mask,
+                                         dense(od, out.extents()), dense(ld, lse.extents()), params);
     store(od, out, false);
     store(ld, lse, false);
   }
@@ -101,9 +101,9 @@ struct bf16_reference {
         dvd(static_cast<std::size_t>(dv.size()));
     baton::attention_params overwrite = params;
     overwrite.accumulate = false;
-    baton::reference_attention{}.backward(cdense(qd, q.extents), cdense(kd, k.extents), cdense(vd, v.extents),
-                                          cdense(od, out.extents), cdense(ld, lse.extents), cdense(dod, dout.extents),
-                                          mask, dense(dqd, dq.extents), dense(dkd, dk.extents), dense(dvd, dv.extents),
+    baton::reference_attention{}.backward(cdense(qd, q.extents()), cdense(kd, k.extents()), cdense(vd, v.extents()),
+                                          cdense(od, out.extents()), cdense(ld, lse.extents()), cdense(dod, dout.extents()),
+                                          mask, dense(dqd, dq.extents()), dense(dkd, dk.extents()), dense(dvd, dv.extents()),
                                           overwrite);
     store(dqd, dq, params.accumulate);
     store(dkd, dk, params.accumulate);

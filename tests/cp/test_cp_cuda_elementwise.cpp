@@ -19,7 +19,7 @@
 
 namespace {
 
-using baton::detail::cp::view4;
+using baton::tensor_view;
 namespace dc = baton::detail::cp::cuda;
 
 template <class T>
@@ -69,11 +69,11 @@ void check_copy(baton::cp_copy_mode mode) {
     src[0] = static_cast<U>(-0.0);  // -0 -> +0 through the accumulator
     const auto init = random_vector<T>(static_cast<std::size_t>(c.dst_elems), 4);
     auto want = init, got = init;
-    const view4<const U> s{src.data() + c.src_offset, c.ext, c.src_str};
-    baton::host_memory{}.copy(s, view4<T>{want.data() + c.dst_offset, c.ext, c.dst_str}, mode);
-    const view4<T> d{got.data() + c.dst_offset, c.ext, c.dst_str};
-    const dc::dims4 sd = dc::dims_of(s), dd = dc::dims_of(d);
-    for (std::int64_t i = 0; i < dc::dims_size(dd); ++i)
+    const tensor_view<const U, 4> s{src.data() + c.src_offset, {c.ext, c.src_str}};
+    baton::host_memory{}.copy(s, tensor_view<T, 4>{want.data() + c.dst_offset, {c.ext, c.dst_str}}, mode);
+    const tensor_view<T, 4> d{got.data() + c.dst_offset, {c.ext, c.dst_str}};
+    const baton::strided_layout<4> sd = s.layout, dd = d.layout;
+    for (std::int64_t i = 0; i < dd.size(); ++i)
       dc::copy_element<U, T, A>(s.data, sd, d.data, dd, i, mode == baton::cp_copy_mode::through_accumulator);
     CHECK(same_bits(got, want));
   }
@@ -95,11 +95,11 @@ TEST_CASE("cp cuda elementwise: accumulations equal host_memory's", "[cp][cuda][
     const auto src = random_vector<float>(static_cast<std::size_t>(c.src_elems), 5);
     const auto init = random_vector<float>(static_cast<std::size_t>(c.dst_elems), 6);
     auto want = init, got = init;
-    const view4<const float> s{src.data() + c.src_offset, c.ext, c.src_str};
-    baton::host_memory{}.accumulate(view4<float>{want.data() + c.dst_offset, c.ext, c.dst_str}, s);
-    const view4<float> a{got.data() + c.dst_offset, c.ext, c.dst_str};
-    for (std::int64_t i = 0; i < dc::dims_size(dc::dims_of(a)); ++i)
-      dc::accumulate_element<float, float>(a.data, dc::dims_of(a), s.data, dc::dims_of(s), i);
+    const tensor_view<const float, 4> s{src.data() + c.src_offset, {c.ext, c.src_str}};
+    baton::host_memory{}.accumulate(tensor_view<float, 4>{want.data() + c.dst_offset, {c.ext, c.dst_str}}, s);
+    const tensor_view<float, 4> a{got.data() + c.dst_offset, {c.ext, c.dst_str}};
+    for (std::int64_t i = 0; i < a.size(); ++i)
+      dc::accumulate_element<float, float>(a.data, a.layout, s.data, s.layout, i);
     CHECK(same_bits(got, want));
   }
 }
@@ -122,19 +122,19 @@ TEST_CASE("cp cuda elementwise: the merge equals host_memory's, -inf and NaN row
   lse_b[static_cast<std::size_t>((h + 1) * s + 3)] = -40;
   auto want_out = out0, got_out = out0, want_lse = lse0, got_lse = lse0;
   const auto views = [&](std::vector<double>& out, std::vector<double>& lse) {
-    const view4<double> o = baton::detail::cp::bshd(out.data(), b, s_all, h, d).seq_slice(s0, s);
-    const view4<double> l = baton::detail::cp::lse_as_bshd(lse.data(), b, h, s_all).seq_slice(s0, s);
+    const tensor_view<double, 4> o = baton::detail::cp::bshd(out.data(), b, s_all, h, d).slice(1, s0, s);
+    const tensor_view<double, 4> l = baton::detail::cp::lse_as_bshd(lse.data(), b, h, s_all).slice(1, s0, s);
     return std::pair{o, l};
   };
-  const view4<const double> ob = baton::detail::cp::bshd(out_b.data(), b, s, h, d).as_const();
-  const view4<const double> lb = baton::detail::cp::lse_as_bshd(static_cast<const double*>(lse_b.data()), b, h, s);
+  const tensor_view<const double, 4> ob = baton::detail::cp::bshd(out_b.data(), b, s, h, d).as_const();
+  const tensor_view<const double, 4> lb = baton::detail::cp::lse_as_bshd(static_cast<const double*>(lse_b.data()), b, h, s);
   const auto [wo, wl] = views(want_out, want_lse);
   baton::host_memory{}.merge(wo, wl, ob, lb);
   const auto [go, gl] = views(got_out, got_lse);
   const std::int64_t rows = b * s * h;
   for (std::int64_t r = 0; r < rows; ++r)
-    dc::merge_row_element<double, double, double>(go.data, dc::dims_of(go), gl.data, dc::dims_of(gl), ob.data,
-                                                  dc::dims_of(ob), lb.data, dc::dims_of(lb), r);
+    dc::merge_row_element<double, double, double>(go.data, go.layout, gl.data, gl.layout, ob.data,
+                                                  ob.layout, lb.data, lb.layout, r);
   CHECK(same_bits(got_out, want_out));
   CHECK(same_bits(got_lse, want_lse));
   CHECK(std::isnan(got_lse[static_cast<std::size_t>(2 * s_all + s0 + 2)]));
@@ -143,9 +143,9 @@ TEST_CASE("cp cuda elementwise: the merge equals host_memory's, -inf and NaN row
 }
 
 TEST_CASE("cp cuda elementwise: index decoding visits every element of a view once", "[cp][cuda][elementwise]") {
-  const std::int64_t ext[4] = {3, 4, 2, 5}, str[4] = {4 * 2 * 5 * 3, 2 * 5 * 3, 5 * 3, 3};  // inner stride 3
+  const baton::strided_layout<4> layout{{3, 4, 2, 5}, {4 * 2 * 5 * 3, 2 * 5 * 3, 5 * 3, 3}};  // inner stride 3
   std::vector<int> hits(static_cast<std::size_t>(3 * 4 * 2 * 5 * 3), 0);
-  for (std::int64_t i = 0; i < 3 * 4 * 2 * 5; ++i) ++hits[static_cast<std::size_t>(dc::offset_of(i, ext, str))];
+  for (std::int64_t i = 0; i < 3 * 4 * 2 * 5; ++i) ++hits[static_cast<std::size_t>(layout.offset_of_element(i))];
   for (std::size_t o = 0; o < hits.size(); ++o) CHECK(hits[o] == (o % 3 == 0 ? 1 : 0));
 }
 

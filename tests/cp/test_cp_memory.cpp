@@ -35,7 +35,7 @@
 
 namespace {
 
-using baton::detail::cp::view4;
+using baton::tensor_view;
 
 // The fake device's memory: one arena for all ranks (threads).
 class fake_device {
@@ -116,9 +116,9 @@ std::size_t span_of(const std::array<std::int64_t, 4>& ext, const std::array<std
 }
 
 template <class T>
-view4<T> real_view(const fake_device& dev, const view4<T>& v, const char* who) {
-  view4<T> r = v;
-  r.data = static_cast<T*>(dev.real(v.data, span_of<T>(v.ext, v.str) * sizeof(T), who));
+tensor_view<T, 4> real_view(const fake_device& dev, const tensor_view<T, 4>& v, const char* who) {
+  tensor_view<T, 4> r = v;
+  r.data = static_cast<T*>(dev.real(v.data, span_of<T>(v.extents(), v.strides()) * sizeof(T), who));
   return r;
 }
 
@@ -127,8 +127,8 @@ baton::tensor_view<T, N> real_tensor(const fake_device& dev, baton::tensor_view<
   std::int64_t last = 0;
   bool empty = false;
   for (std::size_t i = 0; i < N; ++i) {
-    if (v.extents[i] == 0) empty = true;
-    last += (v.extents[i] - 1) * v.strides[i];
+    if (v.extent(i) == 0) empty = true;
+    last += (v.extent(i) - 1) * v.stride(i);
   }
   v.data = empty ? nullptr : static_cast<T*>(dev.real(v.data, static_cast<std::size_t>(last + 1) * sizeof(T), who));
   return v;
@@ -193,24 +193,24 @@ class fake_memory {
   // The shape contracts the device kernels rely on (each decodes its index with each view's
   // own extents) are checked here, on every call the layer makes.
   template <class U, class T>
-  void copy(const view4<const U>& src, const view4<T>& dst, baton::cp_copy_mode mode = baton::cp_copy_mode::exact) {
-    if (src.ext != dst.ext) throw std::logic_error("copy: the views' extents differ");
+  void copy(const tensor_view<const U, 4>& src, const tensor_view<T, 4>& dst, baton::cp_copy_mode mode = baton::cp_copy_mode::exact) {
+    if (src.extents() != dst.extents()) throw std::logic_error("copy: the views' extents differ");
     ++state_->copies;
     state_->pending = true;
     host_.copy(real_view(dev(), src, "copy (source)"), real_view(dev(), dst, "copy (destination)"), mode);
   }
   template <class A, class T>
-  void accumulate(const view4<A>& acc, const view4<const T>& src) {
+  void accumulate(const tensor_view<A, 4>& acc, const tensor_view<const T, 4>& src) {
     static_assert(std::is_same_v<A, baton::cp_accumulator_t<A>>, "accumulators are fp32 or wider");
-    if (acc.ext != src.ext) throw std::logic_error("accumulate: the views' extents differ");
+    if (acc.extents() != src.extents()) throw std::logic_error("accumulate: the views' extents differ");
     ++state_->accumulates;
     state_->pending = true;
     host_.accumulate(real_view(dev(), acc, "accumulate"), real_view(dev(), src, "accumulate (source)"));
   }
   template <class A, class T, class L>
-  void merge(const view4<A>& out, const view4<A>& lse, const view4<const T>& out_b, const view4<const L>& lse_b) {
-    const std::array<std::int64_t, 4> rows{out.ext[0], out.ext[1], out.ext[2], 1};
-    if (out_b.ext != out.ext || lse.ext != rows || lse_b.ext != rows)
+  void merge(const tensor_view<A, 4>& out, const tensor_view<A, 4>& lse, const tensor_view<const T, 4>& out_b, const tensor_view<const L, 4>& lse_b) {
+    const std::array<std::int64_t, 4> rows{out.extent(0), out.extent(1), out.extent(2), 1};
+    if (out_b.extents() != out.extents() || lse.extents() != rows || lse_b.extents() != rows)
       throw std::logic_error("merge: out, out_b must be [b, s, h, d] and lse, lse_b [b, s, h, 1] of the same rows");
     ++state_->merges;
     state_->pending = true;

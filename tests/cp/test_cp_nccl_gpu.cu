@@ -60,8 +60,8 @@ template <class T, std::size_t N>
 std::size_t span_of(const baton::tensor_view<T, N>& v) {
   std::int64_t last = 0;
   for (std::size_t i = 0; i < N; ++i) {
-    if (v.extents[i] == 0) return 0;
-    last += (v.extents[i] - 1) * v.strides[i];
+    if (v.extent(i) == 0) return 0;
+    last += (v.extent(i) - 1) * v.stride(i);
   }
   return static_cast<std::size_t>(last + 1);
 }

@@ -119,7 +119,7 @@ struct area_counting_backend {
 
   template <class Q, class K, class V, class M, class O, class L>
   void forward(Q q, K k, V v, const M& mask, O out, L lse, const baton::attention_params& p) const {
-    (*areas)[static_cast<std::size_t>(rank)].push_back(q.extents[1] * k.extents[1]);
+    (*areas)[static_cast<std::size_t>(rank)].push_back(q.extent(1) * k.extent(1));
     inner.forward(q, k, v, mask, out, lse, p);
   }
   template <class Q, class K, class V, class O, class L, class D, class M, class G1, class G2, class G3>

@@ -45,8 +45,8 @@ struct stale_kv_backend {
       slot.first.assign(k.data, k.data + k.size());
       slot.second.assign(v.data, v.data + v.size());
     }
-    const auto stale_k = baton::make_tensor_view(static_cast<const double*>(slot.first.data()), k.extents);
-    const auto stale_v = baton::make_tensor_view(static_cast<const double*>(slot.second.data()), v.extents);
+    const auto stale_k = baton::make_tensor_view(static_cast<const double*>(slot.first.data()), k.extents());
+    const auto stale_v = baton::make_tensor_view(static_cast<const double*>(slot.second.data()), v.extents());
     inner.backward(q, stale_k, stale_v, out, lse, dout, mask, dq, dk, dv, p);
   }
 };

@@ -18,8 +18,9 @@
 #include <baton/attention/error.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
-#include <baton/attention/tensor_view.hpp>
-#include <baton/detail/shape_text.hpp>
+#include <baton/core/float16.hpp>
+#include <baton/core/sizes.hpp>
+#include <baton/core/tensor_view.hpp>
 
 namespace baton {
 
@@ -31,6 +32,15 @@ struct lse_type {
                 "baton attention: the element type must be float or double (add an lse_type "
                 "specialisation for a custom type, mapping it to float or wider)");
   using type = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
+};
+/// The 16-bit storage types keep a float LSE.
+template <>
+struct lse_type<bfloat16> {
+  using type = float;
+};
+template <>
+struct lse_type<float16> {
+  using type = float;
 };
 template <class T>
 using lse_t = typename lse_type<std::remove_cv_t<T>>::type;
@@ -86,19 +96,19 @@ struct checked_call {
 template <class T, std::size_t N>
 void expect_shape(const tensor_view<T, N>& t, const char* name, const std::array<std::int64_t, N>& expected,
                   const char* meaning) {
-  if (t.extents != expected)
+  if (t.extents() != expected)
     throw attention_error(std::string("baton attention: tensor '") + name + "' has shape " +
-                          shape_text(t.extents) + " but expected " + shape_text(expected) + " " + meaning);
+                          core::shape_text(t.extents()) + " but expected " + core::shape_text(expected) + " " + meaning);
   if (t.data == nullptr && t.size() > 0)
     throw attention_error(std::string("baton attention: tensor '") + name + "' has shape " +
-                          shape_text(t.extents) + " but a null data pointer");
+                          core::shape_text(t.extents()) + " but a null data pointer");
 }
 
 template <class T, std::size_t N>
 void expect_unit_last_stride(const tensor_view<T, N>& t, const char* name, const char* backend) {
-  if (t.extents[N - 1] > 1 && t.strides[N - 1] != 1)
+  if (t.extent(N - 1) > 1 && t.stride(N - 1) != 1)
     throw attention_error(std::string("baton attention: tensor '") + name + "' has stride " +
-                          std::to_string(t.strides[N - 1]) + " along its last axis; " + backend +
+                          std::to_string(t.stride(N - 1)) + " along its last axis; " + backend +
                           " needs the head dim contiguous (stride 1): pass a copy laid out [..., dim]");
 }
 
@@ -107,22 +117,22 @@ template <class TQ, class TK, class TV>
 checked_call check_inputs(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v,
                      const attention_params& params) {
   checked_call call;
-  call.batch = q.extents[0];
-  call.seq_q = q.extents[1];
-  call.heads_q = q.extents[2];
-  call.dim = q.extents[3];
-  for (auto e : q.extents)
-    if (e < 0) throw attention_error("baton attention: tensor 'q' has a negative extent " + shape_text(q.extents));
+  call.batch = q.extent(0);
+  call.seq_q = q.extent(1);
+  call.heads_q = q.extent(2);
+  call.dim = q.extent(3);
+  for (auto e : q.extents())
+    if (e < 0) throw attention_error("baton attention: tensor 'q' has a negative extent " + core::shape_text(q.extents()));
   if (q.data == nullptr && q.size() > 0)
-    throw attention_error("baton attention: tensor 'q' has shape " + shape_text(q.extents) + " but a null data pointer");
+    throw attention_error("baton attention: tensor 'q' has shape " + core::shape_text(q.extents()) + " but a null data pointer");
   if (call.dim == 0 && q.size() == 0 && call.batch * call.seq_q * call.heads_q > 0)
     throw attention_error("baton attention: tensor 'q' has head dim 0; expected [batch, seq_q, heads_q, dim] with dim >= 1");
-  call.seq_k = k.extents[1];
-  call.heads_kv = k.extents[2];
+  call.seq_k = k.extent(1);
+  call.heads_kv = k.extent(2);
   if (call.seq_k < 0)
-    throw attention_error("baton attention: tensor 'k' has a negative extent " + shape_text(k.extents));
+    throw attention_error("baton attention: tensor 'k' has a negative extent " + core::shape_text(k.extents()));
   if (call.heads_kv <= 0 && call.heads_q > 0)
-    throw attention_error("baton attention: tensor 'k' has shape " + shape_text(k.extents) +
+    throw attention_error("baton attention: tensor 'k' has shape " + core::shape_text(k.extents()) +
                           "; expected [batch, seq_k, heads_kv, dim] with heads_kv >= 1");
   if (call.heads_kv > 0 && call.heads_q % call.heads_kv != 0)
     throw attention_error("baton attention: q has " + std::to_string(call.heads_q) + " heads and k/v have " +

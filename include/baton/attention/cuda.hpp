@@ -8,7 +8,9 @@
 // Host-only translation units use nothing from here.
 #pragma once
 
-#if !defined(__CUDACC__)
+#include <baton/core/cuda_annotations.hpp>
+
+#if !BATON_CUDA_COMPILATION()
 #error "baton/attention/cuda.hpp holds CUDA kernels: include it from a .cu file compiled by nvcc (link baton::cuda)"
 #endif
 
@@ -31,7 +33,7 @@
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 namespace baton {
 

@@ -27,7 +27,7 @@
 #include <baton/attention/detail/flash_backward.hpp>
 #include <baton/attention/detail/flash_forward.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 namespace baton {
 
@@ -53,8 +53,8 @@ template <class DataType, class... Properties>
   std::size_t strides[8] = {};
   view.stride(strides);
   for (std::size_t d = 0; d < rank; ++d) {
-    t.extents[d] = static_cast<std::int64_t>(view.extent(d));
-    t.strides[d] = static_cast<std::int64_t>(strides[d]);
+    t.layout.extents[d] = static_cast<std::int64_t>(view.extent(d));
+    t.layout.strides[d] = static_cast<std::int64_t>(strides[d]);
   }
   return t;
 }
@@ -103,14 +103,14 @@ class kokkos_attention {
     check_strides(k, "k");
     check_strides(v, "v");
     check_strides(out, "out");
-    da::validate_mask(mask, call.q_pos, call.k_pos);
+    baton::validate_mask(mask, call.q_pos, call.k_pos);
     if (call.batch * call.heads_q * call.seq_q == 0) return;
 
     const da::flash_layout<T> layout(call, threads());
-    da::workspace_carver measure;
+    detail::core::workspace_carver measure;
     (void)da::carve_forward_packing(layout, measure);
     const auto memory = workspace_->acquire(measure.bytes());
-    da::workspace_carver carver(memory.data());
+    detail::core::workspace_carver carver(memory.data());
     const da::forward_packed<T> packed = da::carve_forward_packing(layout, carver);
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
       const da::head_round round = layout.round(r);
@@ -152,13 +152,13 @@ class kokkos_attention {
     check_strides(dq, "dq");
     check_strides(dk, "dk");
     check_strides(dv, "dv");
-    da::validate_mask(mask, call.q_pos, call.k_pos);
+    baton::validate_mask(mask, call.q_pos, call.k_pos);
 
     const da::flash_layout<T> layout(call, threads());
-    da::workspace_carver measure;
+    detail::core::workspace_carver measure;
     (void)da::carve_backward_packing(layout, measure);
     const auto memory = workspace_->acquire(measure.bytes());
-    da::workspace_carver carver(memory.data());
+    detail::core::workspace_carver carver(memory.data());
     const da::backward_packed<T> packed = da::carve_backward_packing(layout, carver);
     const bool accumulate = params.accumulate;
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
@@ -214,7 +214,7 @@ class kokkos_attention {
   // Packed operands (O(seq) bytes per round of heads) are reused across calls instead of
   // reallocated: a fresh allocation costs page faults comparable to a short causal forward.
   // The pool is thread-safe and hands concurrent calls distinct buffers.
-  std::shared_ptr<detail::attention::workspace_pool> workspace_ = std::make_shared<detail::attention::workspace_pool>();
+  std::shared_ptr<detail::core::workspace_pool> workspace_ = std::make_shared<detail::core::workspace_pool>();
 };
 
 }  // namespace baton

@@ -63,17 +63,21 @@ concept mask_with_key_intervals = attention_mask<M> && requires(const M& m, std:
   { m.allowed_keys(q, k, k) } -> std::same_as<key_interval>;
 };
 
+/// Checks that `mask` can describe the pairs of positions q x k (a document mask has a
+/// segment id for every position, ...): calls `mask.validate(q, k)`, which throws
+/// attention_error naming the problem, when the mask has one; a mask without it takes any
+/// positions. Backends and context parallelism call it before any work.
+template <class M>
+void validate_mask(const M& mask, const positions& q, const positions& k) {
+  if constexpr (requires { mask.validate(q, k); }) mask.validate(q, k);
+}
+
 namespace detail::attention {
 /// [lo, hi) clipped to [k_begin, k_end), with begin <= end.
 [[nodiscard]] constexpr key_interval clip_keys(std::int64_t lo, std::int64_t hi, std::int64_t k_begin,
                                                std::int64_t k_end) noexcept {
   const std::int64_t b = std::clamp(lo, k_begin, k_end);
   return {b, std::clamp(hi, b, k_end)};
-}
-
-template <class M>
-void validate_mask(const M& mask, const positions& q, const positions& k) {
-  if constexpr (requires { mask.validate(q, k); }) mask.validate(q, k);
 }
 
 /// A block's kind found by testing every pair: exact but O(|qb| |kb|).
@@ -244,8 +248,8 @@ struct mask_intersection {
     return detail::attention::clip_keys(std::max(a.begin, b.begin), std::min(a.end, b.end), k_begin, k_end);
   }
   void validate(const positions& q, const positions& k) const {
-    detail::attention::validate_mask(first, q, k);
-    detail::attention::validate_mask(second, q, k);
+    baton::validate_mask(first, q, k);
+    baton::validate_mask(second, q, k);
   }
 };
 
@@ -287,7 +291,7 @@ class padding_mask {
   }
   void validate(const positions& q, const positions& k) const {
     std::vector<std::int64_t> q_real, k_real;
-    detail::attention::validate_mask(inner_, real_positions(q, q_real), real_positions(k, k_real));
+    baton::validate_mask(inner_, real_positions(q, q_real), real_positions(k, k_real));
   }
 
   [[nodiscard]] const Mask& inner() const noexcept { return inner_; }

@@ -32,7 +32,7 @@ struct reference_attention {
     detail::attention::static_check_forward_types<TQ, TK, TV, TO, TL>();
     const detail::attention::checked_call call = detail::attention::check_inputs(q, k, v, params);
     detail::attention::check_forward_outputs(call, out, lse);
-    detail::attention::validate_mask(mask, call.q_pos, call.k_pos);
+    baton::validate_mask(mask, call.q_pos, call.k_pos);
 
     const double neg_inf = -std::numeric_limits<double>::infinity();
     const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -103,7 +103,7 @@ struct reference_attention {
     detail::attention::static_check_backward_types<TQ, TK, TV, TO, TL, TD, TG1, TG2, TG3>();
     const detail::attention::checked_call call = detail::attention::check_inputs(q, k, v, params);
     detail::attention::check_backward_tensors(call, out, lse, dout, dq, dk, dv);
-    detail::attention::validate_mask(mask, call.q_pos, call.k_pos);
+    baton::validate_mask(mask, call.q_pos, call.k_pos);
 
     const auto n_q = static_cast<std::size_t>(call.batch * call.seq_q * call.heads_q * call.dim);
     const auto n_kv = static_cast<std::size_t>(call.batch * call.seq_k * call.heads_kv * call.dim);

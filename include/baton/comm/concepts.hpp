@@ -14,6 +14,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <ranges>
 #include <span>
 #include <type_traits>
@@ -152,6 +153,16 @@ template <class C>
 concept collective_communicator = all_reduce_communicator<C> && all_gather_communicator<C> &&
                                   all_to_all_communicator<C> && broadcast_communicator<C> &&
                                   barrier_communicator<C>;
+
+/// The largest message tag `c` accepts: `c.max_tag()` where the communicator has a bound
+/// (MPI's MPI_TAG_UB, at least 32767), else INT_MAX.
+template <communicator C>
+[[nodiscard]] int tag_bound(const C& c) noexcept {
+  if constexpr (requires { { c.max_tag() } -> std::convertible_to<int>; })
+    return c.max_tag();
+  else
+    return std::numeric_limits<int>::max();
+}
 
 /// The request type a point-to-point communicator returns.
 template <point_to_point_communicator C>

@@ -64,7 +64,7 @@ class attention_cost {
           return static_cast<const Mask*>(m)->classify(q, k);
         }),
         validate_([](const void* m, const positions& q, const positions& k) {
-          detail::attention::validate_mask(*static_cast<const Mask*>(m), q, k);
+          baton::validate_mask(*static_cast<const Mask*>(m), q, k);
         }) {
     if (!(layers >= 0.0) || !std::isfinite(layers))
       throw cp_error("baton::attention_cost: the layer count " + std::to_string(layers) +

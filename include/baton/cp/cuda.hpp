@@ -36,16 +36,16 @@
 #pragma once
 
 #include <baton/config.hpp>
+#include <baton/core/cuda_annotations.hpp>
 #include <baton/cp/detail/cuda_elementwise.hpp>
-#include <baton/cp/detail/view4.hpp>
+#include <baton/cp/detail/bshd.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/memory.hpp>
 #include <baton/cp/merge.hpp>
 
 #include <cuda_runtime.h>
 
-
-#if defined(__CUDACC__)
+#if BATON_CUDA_COMPILATION()
 #include <baton/cp/detail/cuda_kernels.cuh>
 #endif
 
@@ -147,7 +147,7 @@ class cuda_device_memory {
       detail::cp::cuda_memory::check(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), stream_), "cudaMemsetAsync");
       return;
     }
-#if defined(__CUDACC__)
+#if BATON_CUDA_COMPILATION()
     detail::cp::cuda::launch_fill<T>(dst.data(), static_cast<std::int64_t>(dst.size()), value, stream_);
 #else
     static_assert(detail::cp::cuda_memory::compiled_by_nvcc<T>,
@@ -156,9 +156,9 @@ class cuda_device_memory {
   }
 
   template <class U, class T>
-  void copy(const detail::cp::view4<const U>& src, const detail::cp::view4<T>& dst,
+  void copy(const tensor_view<const U, 4>& src, const tensor_view<T, 4>& dst,
             cp_copy_mode mode = cp_copy_mode::exact) {
-#if defined(__CUDACC__)
+#if BATON_CUDA_COMPILATION()
     detail::cp::cuda::launch_copy<U, T, cp_accumulator_t<T>>(src, dst, mode == cp_copy_mode::through_accumulator,
                                                              stream_);
 #else
@@ -169,8 +169,8 @@ class cuda_device_memory {
   }
 
   template <class A, class T>
-  void accumulate(const detail::cp::view4<A>& acc, const detail::cp::view4<const T>& src) {
-#if defined(__CUDACC__)
+  void accumulate(const tensor_view<A, 4>& acc, const tensor_view<const T, 4>& src) {
+#if BATON_CUDA_COMPILATION()
     detail::cp::cuda::launch_accumulate<A, T>(acc, src, stream_);
 #else
     (void)acc, (void)src;
@@ -180,9 +180,9 @@ class cuda_device_memory {
   }
 
   template <class A, class T, class L>
-  void merge(const detail::cp::view4<A>& out, const detail::cp::view4<A>& lse, const detail::cp::view4<const T>& out_b,
-             const detail::cp::view4<const L>& lse_b) {
-#if defined(__CUDACC__)
+  void merge(const tensor_view<A, 4>& out, const tensor_view<A, 4>& lse, const tensor_view<const T, 4>& out_b,
+             const tensor_view<const L, 4>& lse_b) {
+#if BATON_CUDA_COMPILATION()
     detail::cp::cuda::launch_merge<A, T, L>(out, lse, out_b, lse_b, stream_);
 #else
     (void)out, (void)lse, (void)out_b, (void)lse_b;

@@ -5,7 +5,7 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/mesh.hpp>
 #include <baton/cp/detail/agree.hpp>
@@ -50,20 +50,22 @@ cp_mesh<Comm> make_cp_mesh(Comm& world, int ring_degree, int ulysses_degree, Mem
                 "and all_to_all_communicator (to agree on the degrees first)");
   using namespace detail::cp;
   call_descriptor mine;
-  mine[call_descriptor::operation] = op_make_cp_mesh;
-  mine[call_descriptor::degree] = ring_degree;
-  mine[call_descriptor::inner_degree] = ulysses_degree;
-  mine[call_descriptor::world_size] = world.size();
-  mine[call_descriptor::rank] = world.rank();
+  mine.protocol = tags::cp::first;
+  mine.operation = op_make_cp_mesh;
+  mine.rank = world.rank();
+  mine.values[call_field::degree] = ring_degree;
+  mine.values[call_field::inner_degree] = ulysses_degree;
+  mine.values[call_field::world_size] = world.size();
   if (ring_degree < 1 || ulysses_degree < 1 || std::int64_t{ring_degree} * ulysses_degree != world.size()) {
-    mine.fail("rank " + std::to_string(world.rank()) + ": the mesh ring " + std::to_string(ring_degree) +
+    mine.fail(1, "rank " + std::to_string(world.rank()) + ": the mesh ring " + std::to_string(ring_degree) +
               " x Ulysses " + std::to_string(ulysses_degree) + " = " +
               std::to_string(std::int64_t{ring_degree} * ulysses_degree) + " ranks does not match the world size " +
               std::to_string(world.size()) + "; choose degrees whose product is the world size");
   }
   [[maybe_unused]] constexpr bool memory_ok = memory_matches_communicator<Memory, Comm>();  // asserts
-  const auto all = all_to_all_gather(world, memory, std::span<const call_descriptor>(&mine, 1));
-  agree_settle_or_throw("baton::make_cp_mesh", all, [&] { settle_all_to_all(world, memory); });
+  const auto all =
+      baton::all_to_all_gather_descriptors(world, std::span<const call_descriptor>(&mine, 1), staged_by(memory));
+  agree_settle_or_throw("baton::make_cp_mesh", all, [&] { baton::settle_all_to_all(world, staged_by(memory)); });
   const int w = world.rank();
   cp_mesh<Comm> mesh{world.split(w / ulysses_degree, w % ulysses_degree), world.split(w % ulysses_degree, w / ulysses_degree),
                      ring_degree, ulysses_degree};
@@ -152,33 +154,39 @@ class hybrid_attention
     return rg;
   }
 
-  template <class T, class Mask>
-  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
-                                     const std::string& caller_problem, const std::string& tensor_problem) {
-    using namespace detail::cp;
-    const std::string problem = first_problem({
-        caller_problem,
-        sharding_.degree() != ring_->size() || sharding_.inner_degree() != ulysses_->size()
-            ? "the sequence_sharding is " + std::to_string(sharding_.degree()) + " (ring) x " +
-                  std::to_string(sharding_.inner_degree()) + " (Ulysses) but the mesh is " +
-                  std::to_string(ring_->size()) + " x " + std::to_string(ulysses_->size()) +
-                  "; build it as sequence_sharding(layout, seq_len, ring.size(), ulysses.size())"
-            : std::string(),
-        check_local(s, sharding_.local_len(shard_index())), tensor_problem,
-        check_head_split(s.heads_q, s.heads_kv, ulysses_->size()), check_mask(mask, sharding_.seq_len())});
-    agree_on_call<T>(backward ? "baton::hybrid_attention::backward" : "baton::hybrid_attention::forward",
-                     backward ? op_hybrid_backward : op_hybrid_forward, s, sharding_, ring_->size() * ulysses_->size(),
-                     shard_index(), problem, mask, scale, [&](const call_descriptor& mine) {
-                       // Inside the Ulysses group first, then around the ring: every rank sees all.
-                       const auto group =
-                           all_to_all_gather(*ulysses_, memory_, std::span<const call_descriptor>(&mine, 1));
-                       return ring_all_gather(*ring_, memory_, std::span<const call_descriptor>(group));
-                     },
-                     [&] {
-                       settle_ring(*ring_, memory_);
-                       settle_all_to_all(*ulysses_, memory_);
-                     });
-    return ulysses_geometry_of(s, sharding_, ring_->rank() * ulysses_->size(), ulysses_->size(), ulysses_->rank());
+  static constexpr const char* name = "baton::hybrid_attention";
+  static constexpr auto forward_op = detail::cp::op_hybrid_forward;
+  static constexpr auto backward_op = detail::cp::op_hybrid_backward;
+  int world_size() const noexcept { return ring_->size() * ulysses_->size(); }
+
+  std::string topology_problem() const {
+    if (sharding_.degree() != ring_->size() || sharding_.inner_degree() != ulysses_->size())
+      return "the sequence_sharding is " + std::to_string(sharding_.degree()) + " (ring) x " +
+             std::to_string(sharding_.inner_degree()) + " (Ulysses) but the mesh is " + std::to_string(ring_->size()) +
+             " x " + std::to_string(ulysses_->size()) +
+             "; build it as sequence_sharding(layout, seq_len, ring.size(), ulysses.size())";
+    return {};
+  }
+  std::string heads_problem(const detail::cp::local_shape& s) const {
+    return detail::cp::check_head_split(s.heads_q, s.heads_kv, ulysses_->size());
+  }
+
+  // Inside the Ulysses group first, then around the ring: every rank sees all.
+  std::vector<detail::cp::call_descriptor> gather(const detail::cp::call_descriptor& mine) {
+    const auto group = baton::all_to_all_gather_descriptors(*ulysses_, std::span(&mine, 1),
+                                                                   detail::cp::staged_by(memory_));
+    return baton::ring_gather_descriptors(*ring_, detail::cp::tag_agree,
+                                                 std::span<const detail::cp::call_descriptor>(group),
+                                                 detail::cp::staged_by(memory_));
+  }
+  void settle() {
+    baton::settle_ring(*ring_, detail::cp::tag_settle, detail::cp::staged_by(memory_));
+    baton::settle_all_to_all(*ulysses_, detail::cp::staged_by(memory_));
+  }
+
+  detail::cp::ulysses_geometry geometry(const detail::cp::local_shape& s) const {
+    return detail::cp::ulysses_geometry_of(s, sharding_, ring_->rank() * ulysses_->size(), ulysses_->size(),
+                                           ulysses_->rank());
   }
 
   template <class T, class Mask>

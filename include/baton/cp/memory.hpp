@@ -16,8 +16,9 @@
 // check at compile time that its location is the backend's and the communicator's.
 #pragma once
 
-#include <baton/attention/detail/workspace.hpp>
-#include <baton/cp/detail/view4.hpp>
+#include <baton/core/workspace.hpp>
+#include <baton/core/tensor_view.hpp>
+#include <baton/cp/detail/bshd.hpp>
 #include <baton/cp/merge.hpp>
 
 #include <algorithm>
@@ -44,12 +45,6 @@ enum class cp_copy_mode : unsigned char { exact, through_accumulator };
 
 namespace detail::cp {
 
-// A contiguous run of n elements as a view4 [1, 1, 1, n].
-template <class T>
-view4<T> flat_view(T* p, std::int64_t n) noexcept {
-  return {p, {1, 1, 1, n}, {n, n, n, 1}};
-}
-
 // The buffers host_memory hands out on this thread, kept for the next call: a ring call
 // asks for ~13 buffers of up to tens of MB, and fresh ones cost a page fault per 4 KiB on
 // first touch (measured: the document-mask ring on two ranks went from 0.86 to 0.62 of the
@@ -57,8 +52,8 @@ view4<T> flat_view(T* p, std::int64_t n) noexcept {
 // not per attention object: the layers of a model run one call at a time on a rank's thread,
 // so the pool holds one call's worth, however many layers there are. A buffer keeps its pool
 // alive, so it may outlive the thread or be freed on another one.
-inline const std::shared_ptr<attention::workspace_pool>& thread_buffer_pool() {
-  thread_local const std::shared_ptr<attention::workspace_pool> pool = std::make_shared<attention::workspace_pool>();
+inline const std::shared_ptr<core::workspace_pool>& thread_buffer_pool() {
+  thread_local const std::shared_ptr<core::workspace_pool> pool = std::make_shared<core::workspace_pool>();
   return pool;
 }
 
@@ -73,7 +68,7 @@ class host_buffer {
   explicit host_buffer(std::size_t n) : size_(n) {
     if (n == 0) return;
     pool_ = thread_buffer_pool();
-    lease_.reset(new attention::workspace_pool::lease(pool_->acquire(n * sizeof(T))));
+    lease_.reset(new core::workspace_pool::lease(pool_->acquire(n * sizeof(T))));
   }
   host_buffer(host_buffer&& other) noexcept
       : pool_(std::move(other.pool_)), lease_(std::move(other.lease_)), size_(std::exchange(other.size_, 0)) {}
@@ -94,8 +89,8 @@ class host_buffer {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
-  std::shared_ptr<attention::workspace_pool> pool_;  // declared first: destroyed after the lease
-  std::unique_ptr<attention::workspace_pool::lease> lease_;
+  std::shared_ptr<core::workspace_pool> pool_;  // declared first: destroyed after the lease
+  std::unique_ptr<core::workspace_pool::lease> lease_;
   std::size_t size_ = 0;
 };
 
@@ -138,11 +133,11 @@ struct host_memory {
 
   /// dst = T(src) elementwise; the two views have the same extents.
   template <class U, class T>
-  void copy(const detail::cp::view4<const U>& src, const detail::cp::view4<T>& dst,
+  void copy(const tensor_view<const U, 4>& src, const tensor_view<T, 4>& dst,
             cp_copy_mode mode = cp_copy_mode::exact) {
     using A = cp_accumulator_t<T>;
-    const std::int64_t n = dst.ext[3], si = src.str[3], di = dst.str[3];
-    detail::cp::for_each_row(dst.ext, [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+    const std::int64_t n = dst.extent(3), si = src.stride(3), di = dst.stride(3);
+    detail::cp::for_each_row(dst.extents(), [&](std::int64_t b, std::int64_t s, std::int64_t h) {
       const U* in = &src(b, s, h, 0);
       T* out = &dst(b, s, h, 0);
       if (mode == cp_copy_mode::exact) {
@@ -158,9 +153,9 @@ struct host_memory {
 
   /// acc += A(src) elementwise (gradient accumulation in fp32 or better).
   template <class A, class T>
-  void accumulate(const detail::cp::view4<A>& acc, const detail::cp::view4<const T>& src) {
-    const std::int64_t n = acc.ext[3], si = src.str[3], ai = acc.str[3];
-    detail::cp::for_each_row(acc.ext, [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+  void accumulate(const tensor_view<A, 4>& acc, const tensor_view<const T, 4>& src) {
+    const std::int64_t n = acc.extent(3), si = src.stride(3), ai = acc.stride(3);
+    detail::cp::for_each_row(acc.extents(), [&](std::int64_t b, std::int64_t s, std::int64_t h) {
       const T* in = &src(b, s, h, 0);
       A* out = &acc(b, s, h, 0);
       if (si == 1 && ai == 1)
@@ -173,11 +168,11 @@ struct host_memory {
   /// Merges the partial result (out_b [b, s, h, d], lse_b [b, s, h, 1]) into the running
   /// (out, lse) of the same shapes, row by row (detail::cp::merge_row, the sigmoid form).
   template <class A, class T, class L>
-  void merge(const detail::cp::view4<A>& out, const detail::cp::view4<A>& lse, const detail::cp::view4<const T>& out_b,
-             const detail::cp::view4<const L>& lse_b) {
-    detail::cp::for_each_row(out.ext, [&](std::int64_t b, std::int64_t s, std::int64_t h) {
-      detail::cp::merge_row(&out(b, s, h, 0), out.str[3], lse(b, s, h, 0), &out_b(b, s, h, 0), out_b.str[3],
-                            lse_b(b, s, h, 0), out.ext[3]);
+  void merge(const tensor_view<A, 4>& out, const tensor_view<A, 4>& lse, const tensor_view<const T, 4>& out_b,
+             const tensor_view<const L, 4>& lse_b) {
+    detail::cp::for_each_row(out.extents(), [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+      detail::cp::merge_row(&out(b, s, h, 0), out.stride(3), lse(b, s, h, 0), &out_b(b, s, h, 0), out_b.stride(3),
+                            lse_b(b, s, h, 0), out.extent(3));
     });
   }
 
@@ -209,8 +204,8 @@ struct host_bytes_probe {
 template <class M>
 concept cp_memory_space =
     std::copy_constructible<M> &&
-    requires(M& m, const M& cm, detail::cp::view4<const float> src, detail::cp::view4<float> dst,
-             detail::cp::view4<const double> src_d, std::span<float> flat, std::span<const std::byte> send,
+    requires(M& m, const M& cm, tensor_view<const float, 4> src, tensor_view<float, 4> dst,
+             tensor_view<const double, 4> src_d, std::span<float> flat, std::span<const std::byte> send,
              std::span<std::byte> recv) {
       { M::location } -> std::convertible_to<cp_memory_location>;
       { m.template allocate<float>(std::size_t{1}).data() } -> std::same_as<float*>;

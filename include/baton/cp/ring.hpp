@@ -4,7 +4,7 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/front_end.hpp>
@@ -70,30 +70,31 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
 
   Memory& memory() noexcept { return memory_; }
 
-  template <class T, class Mask>
-  detail::cp::ring_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
-                                  const std::string& caller_problem, const std::string& tensor_problem) {
-    using namespace detail::cp;
-    const std::string problem = first_problem({
-        caller_problem,
-        sharding_.inner_degree() != 1
-            ? "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
-                  "; ring_attention shards over the ring alone (use hybrid_attention for Ulysses x ring)"
-            : std::string(),
-        sharding_.degree() != ring_->size()
-            ? "the sequence_sharding spreads the sequence over " + std::to_string(sharding_.degree()) +
-                  " ranks but the ring communicator has " + std::to_string(ring_->size()) +
-                  "; build the sharding with degree = the ring's size()"
-            : std::string(),
-        check_local(s, sharding_.local_len(ring_->rank())), tensor_problem, check_mask(mask, sharding_.seq_len())});
-    agree_on_call<T>(backward ? "baton::ring_attention::backward" : "baton::ring_attention::forward",
-                     backward ? op_ring_backward : op_ring_forward, s, sharding_, ring_->size(), ring_->rank(), problem,
-                     mask, scale,
-                     [&](const call_descriptor& mine) {
-                       return ring_all_gather(*ring_, memory_, std::span<const call_descriptor>(&mine, 1));
-                     },
-                     [&] { settle_ring(*ring_, memory_); });
-    ring_geometry g;
+  static constexpr const char* name = "baton::ring_attention";
+  static constexpr auto forward_op = detail::cp::op_ring_forward;
+  static constexpr auto backward_op = detail::cp::op_ring_backward;
+  int world_size() const noexcept { return ring_->size(); }
+
+  std::string topology_problem() const {
+    if (sharding_.inner_degree() != 1)
+      return "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
+             "; ring_attention shards over the ring alone (use hybrid_attention for Ulysses x ring)";
+    if (sharding_.degree() != ring_->size())
+      return "the sequence_sharding spreads the sequence over " + std::to_string(sharding_.degree()) +
+             " ranks but the ring communicator has " + std::to_string(ring_->size()) +
+             "; build the sharding with degree = the ring's size()";
+    return {};
+  }
+  std::string heads_problem(const detail::cp::local_shape&) const { return {}; }
+
+  std::vector<detail::cp::call_descriptor> gather(const detail::cp::call_descriptor& mine) {
+    return baton::ring_gather_descriptors(*ring_, detail::cp::tag_agree, std::span(&mine, 1),
+                                                 detail::cp::staged_by(memory_));
+  }
+  void settle() { baton::settle_ring(*ring_, detail::cp::tag_settle, detail::cp::staged_by(memory_)); }
+
+  detail::cp::ring_geometry geometry(const detail::cp::local_shape& s) const {
+    detail::cp::ring_geometry g;
     for (int r = 0; r < ring_->size(); ++r) g.pieces.push_back(sharding_.pieces(r));
     g.batch = s.batch;
     g.heads_q = s.heads_q;

@@ -6,8 +6,9 @@
 // ring / Ulysses / hybrid code needs to know about the layout is in `sequence_sharding`.
 #pragma once
 
+#include <baton/core/hash.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/cp/error.hpp>
-#include <baton/detail/shape_text.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -275,25 +276,20 @@ class sequence_sharding {
 
   /// A hash of the whole layout (every piece), for ranks to check they agree.
   std::int64_t fingerprint() const noexcept {
-    std::uint64_t h = 0x73686172646e67ull;
-    const auto mix = [&h](std::int64_t x) {
-      h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      h *= 0xbf58476d1ce4e5b9ull;
-      h ^= h >> 31;
-    };
-    mix(static_cast<std::int64_t>(layout_));
-    mix(seq_len_);
-    mix(degree_);
-    mix(inner_);
+    detail::core::hasher h;
+    h.add(static_cast<std::uint64_t>(layout_));
+    h.add(static_cast<std::uint64_t>(seq_len_));
+    h.add(static_cast<std::uint64_t>(degree_));
+    h.add(static_cast<std::uint64_t>(inner_));
     for (const auto& g : groups_) {
-      mix(static_cast<std::int64_t>(g.size()));
+      h.add(g.size());
       for (const shard_piece& p : g) {
-        mix(p.first);
-        mix(p.count);
-        mix(p.stride);
+        h.add(static_cast<std::uint64_t>(p.first));
+        h.add(static_cast<std::uint64_t>(p.count));
+        h.add(static_cast<std::uint64_t>(p.stride));
       }
     }
-    return static_cast<std::int64_t>(h >> 1);
+    return h.value();
   }
 
   friend bool operator==(const sequence_sharding&, const sequence_sharding&) = default;
@@ -395,14 +391,14 @@ seq_axis_split check_shard_args(const sequence_sharding& sharding, int rank, std
   const seq_axis_split s = split_at_seq_axis(full_shape, seq_axis, who);
   if (s.seq != sharding.seq_len()) {
     throw cp_error(std::string(who) + ": the full tensor's sequence axis " + std::to_string(seq_axis) + " of shape " +
-                   shape_text(full_shape) + " has " + std::to_string(s.seq) + " tokens, but the sharding is of " +
+                   core::shape_text(full_shape) + " has " + std::to_string(s.seq) + " tokens, but the sharding is of " +
                    std::to_string(sharding.seq_len()) + " tokens");
   }
   const std::int64_t full_elems = s.outer * s.seq * s.inner;
   const std::int64_t local_elems = s.outer * sharding.local_len(rank) * s.inner;
   if (static_cast<std::int64_t>(full_size) != full_elems) {
     throw cp_error(std::string(who) + ": the full tensor holds " + std::to_string(full_size) +
-                   " elements but its shape " + shape_text(full_shape) + " needs " + std::to_string(full_elems));
+                   " elements but its shape " + core::shape_text(full_shape) + " needs " + std::to_string(full_elems));
   }
   if (static_cast<std::int64_t>(local_size) != local_elems) {
     throw cp_error(std::string(who) + ": the shard holds " + std::to_string(local_size) + " elements but needs " +
@@ -457,7 +453,7 @@ std::vector<T> pad_sequence(std::span<const T> full, std::span<const std::int64_
   const auto s = detail::cp::split_at_seq_axis(full_shape, seq_axis, "pad_sequence");
   if (static_cast<std::int64_t>(full.size()) != s.outer * s.seq * s.inner) {
     throw cp_error("pad_sequence: the tensor holds " + std::to_string(full.size()) + " elements but its shape " +
-                   detail::shape_text(full_shape) + " needs " + std::to_string(s.outer * s.seq * s.inner));
+                   detail::core::shape_text(full_shape) + " needs " + std::to_string(s.outer * s.seq * s.inner));
   }
   if (padded_len < s.seq) {
     throw cp_error("pad_sequence: padded length " + std::to_string(padded_len) + " is shorter than the sequence (" +
@@ -479,12 +475,12 @@ std::vector<T> unpad_sequence(std::span<const T> padded, std::span<const std::in
   const auto s = detail::cp::split_at_seq_axis(padded_shape, seq_axis, "unpad_sequence");
   if (static_cast<std::int64_t>(padded.size()) != s.outer * s.seq * s.inner) {
     throw cp_error("unpad_sequence: the tensor holds " + std::to_string(padded.size()) + " elements but its shape " +
-                   detail::shape_text(padded_shape) + " needs " + std::to_string(s.outer * s.seq * s.inner));
+                   detail::core::shape_text(padded_shape) + " needs " + std::to_string(s.outer * s.seq * s.inner));
   }
   if (real_len < 0 || real_len > s.seq) {
     throw cp_error("unpad_sequence: real length " + std::to_string(real_len) + " is outside [0, " +
                    std::to_string(s.seq) + "], the padded sequence axis " + std::to_string(seq_axis) + " of shape " +
-                   detail::shape_text(padded_shape));
+                   detail::core::shape_text(padded_shape));
   }
   std::vector<T> out(static_cast<std::size_t>(s.outer * real_len * s.inner));
   for (std::int64_t o = 0; o < s.outer; ++o)

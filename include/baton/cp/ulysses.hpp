@@ -6,7 +6,7 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/front_end.hpp>
@@ -57,35 +57,35 @@ inline ulysses_geometry ulysses_geometry_of(const local_shape& s, const sequence
 // One tensor, sequence -> heads, into the head-sharded buffer dst [b, seq, count(me), x]: in
 // place when the shards and head groups are equal, else through the general exchange.
 template <class T, class Comm, class M>
-void gather_heads(Comm& comm, M& mem, const ulysses_geometry& g, const view4<const T>& src, const head_split& split,
+void gather_heads(Comm& comm, M& mem, const ulysses_geometry& g, const tensor_view<const T, 4>& src, const head_split& split,
                   T* dst, scratch<M>& send, scratch<M>& recv) {
   if (in_place_exchange(g.exchange, split)) {
     heads_from_sequence_into<T>(comm, mem, src, split, dst, send);
     return;
   }
   heads_from_sequence_general<T>(comm, mem, g.exchange, src, split,
-                                 bshd(dst, g.batch, g.seq(), split.count(g.exchange.rank), src.ext[3]), send, recv);
+                                 bshd(dst, g.batch, g.seq(), split.count(g.exchange.rank), src.extent(3)), send, recv);
 }
 
 // One tensor, heads -> sequence, from the head-sharded src [b, seq, count(me), x].
 template <class T, class Comm, class M>
 void scatter_heads(Comm& comm, M& mem, const ulysses_geometry& g, const T* src, const head_split& split,
-                   const view4<T>& dst, scratch<M>& send, scratch<M>& recv) {
+                   const tensor_view<T, 4>& dst, scratch<M>& send, scratch<M>& recv) {
   if (in_place_exchange(g.exchange, split)) {
     sequence_from_heads_from<T>(comm, mem, src, split, dst, recv);
     return;
   }
   sequence_from_heads_general<T>(comm, mem, g.exchange,
-                                 bshd(src, g.batch, g.seq(), split.count(g.exchange.rank), dst.ext[3]), split, dst,
+                                 bshd(src, g.batch, g.seq(), split.count(g.exchange.rank), dst.extent(3)), split, dst,
                                  send, recv);
 }
 
 template <class T, class Comm, class M>
 void gather_qkv(Comm& comm, M& mem, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
                 tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch<M>& send, scratch<M>& recv) {
-  gather_heads<T>(comm, mem, g, as_view4(q), g.q_split, gq, send, recv);
-  gather_heads<T>(comm, mem, g, as_view4(k), g.kv_split, gk, send, recv);
-  gather_heads<T>(comm, mem, g, as_view4(v), g.kv_split, gv, send, recv);
+  gather_heads<T>(comm, mem, g, q, g.q_split, gq, send, recv);
+  gather_heads<T>(comm, mem, g, k, g.kv_split, gk, send, recv);
+  gather_heads<T>(comm, mem, g, v, g.kv_split, gv, send, recv);
 }
 
 // The LSE (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp when the
@@ -94,26 +94,26 @@ template <class T, class Comm, class M>
 void gather_lse(Comm& comm, M& mem, const ulysses_geometry& g, tensor_view<const lse_t<T>, 3> lse, lse_t<T>* glse,
                 scratch<M>& send, scratch<M>& recv) {
   using L = lse_t<T>;
-  const auto dst = lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq()));
+  const auto dst = lse_as_bshd(lse_view<L>(glse, g.batch, g.heads_q(), g.seq()));
   if (in_place_exchange(g.exchange, g.q_split)) {
-    const std::array<heads_part<L>, 1> lse_part{{{lse_as_view4(lse), g.q_split, dst}}};
+    const std::array<heads_part<L>, 1> lse_part{{{lse_as_bshd(lse), g.q_split, dst}}};
     heads_from_sequence<L>(comm, mem, std::span<const heads_part<L>>(lse_part));
     return;
   }
-  heads_from_sequence_general<L>(comm, mem, g.exchange, lse_as_view4(lse), g.q_split, dst, send, recv);
+  heads_from_sequence_general<L>(comm, mem, g.exchange, lse_as_bshd(lse), g.q_split, dst, send, recv);
 }
 
 template <class T, class Comm, class M>
 void scatter_lse(Comm& comm, M& mem, const ulysses_geometry& g, lse_t<T>* glse, tensor_view<lse_t<T>, 3> lse,
                  scratch<M>& send, scratch<M>& recv) {
   using L = lse_t<T>;
-  const auto src = lse_as_view4(lse_view<L>(glse, g.batch, g.heads_q(), g.seq())).as_const();
+  const auto src = lse_as_bshd(lse_view<L>(glse, g.batch, g.heads_q(), g.seq())).as_const();
   if (in_place_exchange(g.exchange, g.q_split)) {
-    const std::array<sequence_part<L>, 1> lse_part{{{src, g.q_split, lse_as_view4(lse)}}};
+    const std::array<sequence_part<L>, 1> lse_part{{{src, g.q_split, lse_as_bshd(lse)}}};
     sequence_from_heads<L>(comm, mem, std::span<const sequence_part<L>>(lse_part));
     return;
   }
-  sequence_from_heads_general<L>(comm, mem, g.exchange, src, g.q_split, lse_as_view4(lse), send, recv);
+  sequence_from_heads_general<L>(comm, mem, g.exchange, src, g.q_split, lse_as_bshd(lse), send, recv);
 }
 
 // The head-sharded side of a Ulysses exchange, kept between calls: the gathered tensors,
@@ -154,10 +154,10 @@ template <class T, class M>
 ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geometry& g, bool backward) {
   using W = ulysses_workspace<M>;
   const auto q_shaped = [&](typename W::slot s) {
-    return bshd_view<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim);
+    return bshd<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim);
   };
   const auto kv_shaped = [&](typename W::slot s) {
-    return bshd_view<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_kv(), g.dim);
+    return bshd<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_kv(), g.dim);
   };
   ulysses_gathered<T> x;
   x.q = q_shaped(W::q);
@@ -197,8 +197,8 @@ ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace<M>& ws, co
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
   gather_qkv<T>(comm, mem, g, q, k, v, x.q.data, x.k.data, x.v.data, send, recv);
-  gather_heads<T>(comm, mem, g, as_view4(out), g.q_split, x.out.data, send, recv);
-  gather_heads<T>(comm, mem, g, as_view4(dout), g.q_split, x.dout.data, send, recv);
+  gather_heads<T>(comm, mem, g, out, g.q_split, x.out.data, send, recv);
+  gather_heads<T>(comm, mem, g, dout, g.q_split, x.dout.data, send, recv);
   gather_lse<T>(comm, mem, g, lse, x.lse.data, send, recv);
   return x;
 }
@@ -211,7 +211,7 @@ void scatter_out_lse(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometr
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  scatter_heads<T>(comm, mem, g, x.out.data, g.q_split, as_view4(out), send, recv);
+  scatter_heads<T>(comm, mem, g, x.out.data, g.q_split, out, send, recv);
   scatter_lse<T>(comm, mem, g, x.lse.data, lse, send, recv);
 }
 
@@ -223,9 +223,9 @@ void scatter_grads(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry&
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  scatter_heads<T>(comm, mem, g, x.dq.data, g.q_split, as_view4(dq), send, recv);
-  scatter_heads<T>(comm, mem, g, x.dk.data, g.kv_split, as_view4(dk), send, recv);
-  scatter_heads<T>(comm, mem, g, x.dv.data, g.kv_split, as_view4(dv), send, recv);
+  scatter_heads<T>(comm, mem, g, x.dq.data, g.q_split, dq, send, recv);
+  scatter_heads<T>(comm, mem, g, x.dk.data, g.kv_split, dk, send, recv);
+  scatter_heads<T>(comm, mem, g, x.dv.data, g.kv_split, dv, send, recv);
 }
 
 // The pieces of the gathered sequence: rank i's pieces, shifted past ranks 0 .. i-1's tokens.
@@ -292,31 +292,32 @@ class ulysses_attention
 
   Memory& memory() noexcept { return memory_; }
 
-  template <class T, class Mask>
-  detail::cp::ulysses_geometry agree(bool backward, const detail::cp::local_shape& s, const Mask& mask, double scale,
-                                     const std::string& caller_problem, const std::string& tensor_problem) {
-    using namespace detail::cp;
-    const std::string problem = first_problem({
-        caller_problem,
-        sharding_.inner_degree() != 1
-            ? "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
-                  "; ulysses_attention shards over one all-to-all group (use hybrid_attention for Ulysses x ring)"
-            : std::string(),
-        sharding_.degree() != comm_->size()
-            ? "the sequence_sharding spreads the sequence over " + std::to_string(sharding_.degree()) +
-                  " ranks but the Ulysses communicator has " + std::to_string(comm_->size()) +
-                  "; build the sharding with degree = the communicator's size()"
-            : std::string(),
-        check_local(s, sharding_.local_len(comm_->rank())), tensor_problem,
-        check_head_split(s.heads_q, s.heads_kv, comm_->size()),
-        check_mask(mask, sharding_.seq_len())});
-    agree_on_call<T>(backward ? "baton::ulysses_attention::backward" : "baton::ulysses_attention::forward",
-                     backward ? op_ulysses_backward : op_ulysses_forward, s, sharding_, comm_->size(), comm_->rank(),
-                     problem, mask, scale, [&](const call_descriptor& mine) {
-                       return all_to_all_gather(*comm_, memory_, std::span<const call_descriptor>(&mine, 1));
-                     },
-                     [&] { settle_all_to_all(*comm_, memory_); });
-    return ulysses_geometry_of(s, sharding_, 0, comm_->size(), comm_->rank());
+  static constexpr const char* name = "baton::ulysses_attention";
+  static constexpr auto forward_op = detail::cp::op_ulysses_forward;
+  static constexpr auto backward_op = detail::cp::op_ulysses_backward;
+  int world_size() const noexcept { return comm_->size(); }
+
+  std::string topology_problem() const {
+    if (sharding_.inner_degree() != 1)
+      return "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
+             "; ulysses_attention shards over one all-to-all group (use hybrid_attention for Ulysses x ring)";
+    if (sharding_.degree() != comm_->size())
+      return "the sequence_sharding spreads the sequence over " + std::to_string(sharding_.degree()) +
+             " ranks but the Ulysses communicator has " + std::to_string(comm_->size()) +
+             "; build the sharding with degree = the communicator's size()";
+    return {};
+  }
+  std::string heads_problem(const detail::cp::local_shape& s) const {
+    return detail::cp::check_head_split(s.heads_q, s.heads_kv, comm_->size());
+  }
+
+  std::vector<detail::cp::call_descriptor> gather(const detail::cp::call_descriptor& mine) {
+    return baton::all_to_all_gather_descriptors(*comm_, std::span(&mine, 1), detail::cp::staged_by(memory_));
+  }
+  void settle() { baton::settle_all_to_all(*comm_, detail::cp::staged_by(memory_)); }
+
+  detail::cp::ulysses_geometry geometry(const detail::cp::local_shape& s) const {
+    return detail::cp::ulysses_geometry_of(s, sharding_, 0, comm_->size(), comm_->rank());
   }
 
   // After the exchange a rank holds the whole sequence (every rank's shard, in rank order).

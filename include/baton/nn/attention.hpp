@@ -7,7 +7,7 @@
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
@@ -219,7 +219,7 @@ class self_attention {
   std::string input_problem(const tensor& x, const sequence_info& info, std::string_view who) const {
     const std::int64_t d_model = config_.d_model;
     if (x.rank() != 3 || x.shape()[2] != d_model)
-      return problem_text(who, "input has shape " + baton::detail::shape_text(x.shape()) + " but expected [batch, seq, " +
+      return problem_text(who, "input has shape " + baton::detail::core::shape_text(x.shape()) + " but expected [batch, seq, " +
                                    std::to_string(d_model) + "] (d_model = " + std::to_string(d_model) + ")");
     const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
     std::string shard_hint;
@@ -269,7 +269,7 @@ class self_attention {
     if (info.documents) {
       const auto& ids = *info.documents;
       if (ids.rank() != 2 || ids.shape()[0] != batch || ids.shape()[1] < seq_len)
-        return problem_text(who, "the side input's document ids have shape " + baton::detail::shape_text(ids.shape()) +
+        return problem_text(who, "the side input's document ids have shape " + baton::detail::core::shape_text(ids.shape()) +
                                      " but expected [" + std::to_string(batch) + ", " + std::to_string(seq_len) +
                                      "] (one row per batch row, one id per global position of the sequence)");
     }
@@ -301,8 +301,8 @@ class self_attention {
     if (st.q.size() != q_size || q_size < 0)
       return problem_text(who, "backward_input needs the saved state of a forward that has not been backpropagated yet");
     if (dy.shape() != st.x.shape())
-      return problem_text(who, "dy has shape " + baton::detail::shape_text(dy.shape()) + " but expected " +
-                                   baton::detail::shape_text(st.x.shape()) + " (the output gradient has the input's shape)");
+      return problem_text(who, "dy has shape " + baton::detail::core::shape_text(dy.shape()) + " but expected " +
+                                   baton::detail::core::shape_text(st.x.shape()) + " (the output gradient has the input's shape)");
     return {};
   }
 

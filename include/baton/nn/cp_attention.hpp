@@ -4,7 +4,7 @@
 #pragma once
 
 #include <baton/attention/backend.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/mesh.hpp>
 #include <baton/cp/hybrid.hpp>

@@ -63,7 +63,7 @@ class embedding {
       const std::int64_t t = ids[i];
       if (t < 0 || t >= vocab_)
         throw nn_error("baton::nn::embedding: token " + std::to_string(t) + " at flat index " + std::to_string(i) +
-                       " of tokens " + baton::detail::shape_text(ids.shape()) + " is outside the vocabulary [0, " +
+                       " of tokens " + baton::detail::core::shape_text(ids.shape()) + " is outside the vocabulary [0, " +
                        std::to_string(vocab_) + ")");
       std::copy_n(table_.value.data() + t * d_, d_, y.data() + i * d_);
     }

@@ -168,7 +168,7 @@ class lm_stage {
  private:
   std::string token_problem(const host_tensor<std::int64_t>& tokens) const {
     if (tokens.rank() != 2)
-      return "baton::nn::lm_stage: the first stage's tokens have shape " + baton::detail::shape_text(tokens.shape()) +
+      return "baton::nn::lm_stage: the first stage's tokens have shape " + baton::detail::core::shape_text(tokens.shape()) +
              " but expected [batch, seq]";
     for (std::int64_t i = 0; i < tokens.size(); ++i)
       if (tokens[i] < 0 || tokens[i] >= config_.vocab)

@@ -16,6 +16,7 @@
 // sees the same names (and, from the same seed, the same values) as a one-rank model.
 #pragma once
 
+#include <baton/core/hash.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/payload/host_tensor.hpp>
 #include <baton/payload/traits.hpp>
@@ -234,19 +235,8 @@ class initializer {
   }
 
  private:
-  // splitmix64's finaliser: a bijection that scrambles every bit.
-  static std::uint64_t mix(std::uint64_t z) noexcept {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  // FNV-1a over the name's bytes.
-  static std::uint64_t hash(std::string_view s) noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ULL;
-    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-    return h;
-  }
+  static std::uint64_t mix(std::uint64_t z) noexcept { return baton::detail::core::splitmix64(z); }
+  static std::uint64_t hash(std::string_view s) noexcept { return baton::detail::core::fnv1a(s); }
   static double uniform(std::uint64_t bits) noexcept {
     return (static_cast<double>(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);  // (0, 1]
   }

@@ -1,7 +1,7 @@
 // baton/nn/swiglu.hpp — the SwiGLU feed-forward network of Llama-style blocks.
 #pragma once
 
-#include <baton/attention/detail/simd.hpp>
+#include <baton/core/simd.hpp>
 #include <baton/nn/detail/checks.hpp>
 #include <baton/nn/linear.hpp>
 #include <baton/nn/parameter.hpp>
@@ -112,7 +112,7 @@ class swiglu_mlp {
   static void silu_product(const T* gate, const T* up, T* product, std::int64_t n) {
     std::int64_t i = 0;
 #if defined(__GNUC__)
-    namespace va = baton::detail::attention;
+    namespace va = baton::detail::core::simd;
     using V = va::vec_t<T>;
     constexpr std::int64_t W = va::width_v<T>;
     const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(-std::numbers::log2e_v<T>);
@@ -127,7 +127,7 @@ class swiglu_mlp {
   static void silu_product_grad(const T* gate, const T* up, const T* d_product, T* d_gate, T* d_up, std::int64_t n) {
     std::int64_t i = 0;
 #if defined(__GNUC__)
-    namespace va = baton::detail::attention;
+    namespace va = baton::detail::core::simd;
     using V = va::vec_t<T>;
     constexpr std::int64_t W = va::width_v<T>;
     const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(-std::numbers::log2e_v<T>);

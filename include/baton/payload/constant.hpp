@@ -24,15 +24,15 @@ struct is_constant_wrapper<constant<T>> : std::true_type {};
 template <class T>
 constexpr bool check_constant_argument() {
   if constexpr (is_record_v<T>) {
-    static_assert(dependent_false_v<T>,
+    static_assert(core::dependent_false_v<T>,
                   "baton::constant<T>: T is a record; mark the individual tensor fields as constant "
                   "instead (field<\"positions\", constant<Tensor>>)");
   } else if constexpr (is_constant_wrapper<T>::value) {
-    static_assert(dependent_false_v<T>, "baton::constant<constant<T>>: T is already constant");
+    static_assert(core::dependent_false_v<T>, "baton::constant<constant<T>>: T is already constant");
   } else if constexpr (!has_payload_traits<T>) {
     (void)payload_traits<T>::role;  // the "not specialised" message, naming T
   } else if constexpr (payload_traits<T>::role == payload_role::opaque) {
-    static_assert(dependent_false_v<T>,
+    static_assert(core::dependent_false_v<T>,
                   "baton::constant<T>: T is opaque; constant<T> marks a tensor that is split and "
                   "sent without a gradient. Opaque values cannot cross a stage boundary; pass them "
                   "as a side input");

@@ -33,7 +33,7 @@
 #error "baton/payload/cuda.hpp needs the CUDA runtime: link baton::cuda (find_package(baton COMPONENTS cuda)); the CUDA toolkit installs it under /usr/local/cuda"
 #else
 
-#include <baton/detail/shape_text.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/payload/detail/pitched_copies.hpp>
 #include <baton/payload/detail/pitched_traits.hpp>
 #include <baton/payload/detail/row_major.hpp>
@@ -170,7 +170,7 @@ class device_tensor {
   void copy_from_host(std::span<const T> values) {
     if (static_cast<std::int64_t>(values.size()) != size_) {
       throw payload_error(what() + ": copy_from_host got " + std::to_string(values.size()) + " values for shape " +
-                          baton::detail::shape_text(shape_) + " (" + std::to_string(size_) + " elements)");
+                          baton::detail::core::shape_text(shape_) + " (" + std::to_string(size_) + " elements)");
     }
     if (data_ != nullptr) {
       detail::check(cudaMemcpyAsync(data_, values.data(), bytes_size(), cudaMemcpyHostToDevice, payload_stream()),
@@ -183,7 +183,7 @@ class device_tensor {
   void copy_to_host(std::span<T> out) const {
     if (static_cast<std::int64_t>(out.size()) != size_) {
       throw payload_error(what() + ": copy_to_host got room for " + std::to_string(out.size()) + " values; shape " +
-                          baton::detail::shape_text(shape_) + " holds " + std::to_string(size_));
+                          baton::detail::core::shape_text(shape_) + " holds " + std::to_string(size_));
     }
     if (data_ != nullptr) {
       detail::check(cudaMemcpyAsync(out.data(), data_, bytes_size(), cudaMemcpyDeviceToHost, payload_stream()),
@@ -221,7 +221,7 @@ class device_tensor {
     }
   }
 
-  std::string what() const { return "baton::cuda::device_tensor of shape " + baton::detail::shape_text(shape_); }
+  std::string what() const { return "baton::cuda::device_tensor of shape " + baton::detail::core::shape_text(shape_); }
 
   void synchronise() const { detail::check(cudaStreamSynchronize(payload_stream()), "cudaStreamSynchronize", what()); }
 

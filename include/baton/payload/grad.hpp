@@ -20,12 +20,12 @@ struct grad_of {
     if constexpr (!has_payload_traits<P>) {
       (void)payload_traits<P>::role;  // the "not specialised" message, naming P
     } else if constexpr (payload_traits<P>::role == payload_role::constant) {
-      static_assert(dependent_false_v<P>,
+      static_assert(core::dependent_false_v<P>,
                     "baton::grad_t<P>: P is a constant tensor, which is never differentiated and "
                     "has no gradient; only activation fields have gradients (grad_t of a record "
                     "keeps just its activation fields)");
     } else if constexpr (payload_traits<P>::role == payload_role::opaque) {
-      static_assert(dependent_false_v<P>,
+      static_assert(core::dependent_false_v<P>,
                     "baton::grad_t<P>: P is an opaque value, which is never differentiated and has "
                     "no gradient; only activation fields have gradients (grad_t of a record keeps "
                     "just its activation fields)");

@@ -50,7 +50,7 @@ class host_tensor {
   host_tensor(std::vector<std::int64_t> shape, std::span<const T> values)
       : host_tensor(std::move(shape), for_overwrite_tag{}) {
     if (static_cast<std::int64_t>(values.size()) != size_) {
-      throw payload_error("baton::host_tensor: shape " + detail::shape_text(shape_) +
+      throw payload_error("baton::host_tensor: shape " + detail::core::shape_text(shape_) +
                           " holds " + std::to_string(size_) + " elements but " +
                           std::to_string(values.size()) + " values were given");
     }
@@ -158,7 +158,7 @@ class host_tensor {
       if (idx[d] < 0 || idx[d] >= shape_[d]) {
         throw payload_error("baton::host_tensor::at: index " + std::to_string(idx[d]) + " along dim " +
                             std::to_string(d) + " is outside a tensor of shape " +
-                            detail::shape_text(shape_));
+                            detail::core::shape_text(shape_));
       }
     }
     return offset_unchecked(index...);

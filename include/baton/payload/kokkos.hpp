@@ -48,7 +48,7 @@ constexpr bool kokkos_view_adaptable() {
 
 template <class V>
 struct kokkos_view_not_supported_by_baton {
-  static_assert(dependent_false_v<V>,
+  static_assert(core::dependent_false_v<V>,
                 "baton's Kokkos::View payload adapter takes views of rank 1 to 4 with runtime "
                 "extents (double**, not double*[3]), Kokkos::LayoutRight, Kokkos::HostSpace, "
                 "managed memory and non-const arithmetic elements; deep_copy into such a view, "
@@ -130,7 +130,7 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   static view make(std::span<const std::int64_t> shape, bool zero_fill) {
     namespace pi = detail::payload;
     if (static_cast<int>(shape.size()) != rank) {
-      throw payload_error("baton Kokkos::View allocate: shape " + detail::shape_text(shape) + " has " +
+      throw payload_error("baton Kokkos::View allocate: shape " + detail::core::shape_text(shape) + " has " +
                           std::to_string(shape.size()) + " extents but the view type has rank " +
                           std::to_string(rank));
     }

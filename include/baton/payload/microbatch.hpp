@@ -98,7 +98,7 @@ std::vector<T> split_leaf(const T& value, std::int64_t chunks, int dim, std::str
     const int d = normalise_dim(dim, shape.size(), what);
     const auto extent = shape[static_cast<std::size_t>(d)];
     if (chunks > extent) {
-      throw payload_error(what + ": cannot split a tensor of shape " + shape_text(shape) + " along dim " +
+      throw payload_error(what + ": cannot split a tensor of shape " + core::shape_text(shape) + " along dim " +
                           std::to_string(d) + " into " + std::to_string(chunks) +
                           " microbatches (each needs at least one row); use at most " + std::to_string(extent) +
                           " microbatches");
@@ -132,7 +132,7 @@ T merge_leaf(std::span<const T* const> parts, int dim, std::string_view field) {
     // concat_shape throws naming the part whose shape disagrees.
     return concat_pointers<T>(parts, concat_shape(shapes, dim, what).dim);
   } else if constexpr (splittable_opaque<T>) {
-    static_assert(dependent_false_v<T>,
+    static_assert(core::dependent_false_v<T>,
                   "baton::merge_microbatches: this opaque type is split by its payload_traits but "
                   "declares no merge; add `static T merge(std::span<const T> parts)` to its "
                   "payload_traits");

@@ -7,6 +7,7 @@
 //   get<"hidden">(x) ...
 #pragma once
 
+#include <baton/core/meta.hpp>
 #include <baton/payload/constant.hpp>
 #include <baton/payload/traits.hpp>
 
@@ -19,22 +20,6 @@
 #include <utility>
 
 namespace baton {
-
-/// A string usable as a template argument: the name of a record field.
-template <std::size_t N>
-struct fixed_string {
-  char chars[N]{};
-
-  constexpr fixed_string(const char (&s)[N]) noexcept { std::copy_n(s, N, chars); }  // NOLINT: implicit by design
-
-  constexpr std::string_view view() const noexcept { return {chars, N - 1}; }
-  constexpr operator std::string_view() const noexcept { return view(); }
-
-  template <std::size_t M>
-  constexpr bool operator==(const fixed_string<M>& other) const noexcept {
-    return view() == other.view();
-  }
-};
 
 /// One named field of a record: `field<"hidden", Tensor>`. Holds the value when used to
 /// build a record by name (`record{field<"hidden", T>{t}, ...}`).
@@ -62,17 +47,17 @@ struct is_field<field<Name, T>> : std::true_type {};
 template <class F>
 constexpr bool check_record_field() {
   if constexpr (!is_field<F>::value) {
-    static_assert(dependent_false_v<F>,
+    static_assert(core::dependent_false_v<F>,
                   "baton::record<...> takes field<\"name\", T> arguments, e.g. "
                   "record<field<\"hidden\", Tensor>, field<\"positions\", constant<Tensor>>>");
   } else {
     using T = typename F::type;
     if constexpr (is_record_v<T>) {
-      static_assert(dependent_false_v<T>,
+      static_assert(core::dependent_false_v<T>,
                     "baton::record: a field holds a record; nested records are not supported, "
                     "flatten the names instead (field<\"attn_q\", ...>, field<\"attn_k\", ...>)");
     } else if constexpr (std::is_reference_v<T> || std::is_const_v<T>) {
-      static_assert(dependent_false_v<T>, "baton::record: field types must be non-const values, not references");
+      static_assert(core::dependent_false_v<T>, "baton::record: field types must be non-const values, not references");
     } else if constexpr (!has_payload_traits<T>) {
       (void)payload_traits<T>::role;  // the "not specialised" message, naming T
     } else if constexpr (payload_traits<T>::role != payload_role::opaque) {
@@ -221,7 +206,7 @@ namespace detail::payload {
 // Instantiated for the offending field, so the diagnostic shows field<"name", T>.
 template <class Field, class T>
 struct opaque_field_at_stage_boundary {
-  static_assert(dependent_false_v<T>,
+  static_assert(core::dependent_false_v<T>,
                 "baton: this payload holds an opaque field: opaque values cannot cross a stage "
                 "boundary; pass them as a side input (the stage's `side` type) instead of a field "
                 "of its input or output");
@@ -248,7 +233,7 @@ constexpr bool require_sendable() {
       (detail::payload::require_sendable_field<Fs>(), ...);
     }(std::type_identity<U>{});
   } else if constexpr (opaque_payload<U>) {
-    static_assert(detail::payload::dependent_false_v<U>,
+    static_assert(detail::core::dependent_false_v<U>,
                   "baton: an opaque value is used as a stage input or output: opaque values cannot "
                   "cross a stage boundary; pass them as a side input (the stage's `side` type)");
   } else {

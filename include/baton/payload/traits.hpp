@@ -9,7 +9,8 @@
 //   opaque     — anything else (a block mask): never differentiated, never sent as bytes.
 #pragma once
 
-#include <baton/detail/shape_text.hpp>
+#include <baton/core/meta.hpp>
+#include <baton/core/sizes.hpp>
 
 #include <cstddef>
 #include <concepts>
@@ -38,14 +39,11 @@ class payload_error : public std::invalid_argument {
 };
 
 namespace detail::payload {
-template <class T>
-inline constexpr bool dependent_false_v = false;
-
 // Instantiated (and so fails) only when someone reads payload_traits<T>::role for a type that
 // has no specialisation. Its name shows up in the compiler's "required from" chain next to T.
 template <class T>
 struct payload_traits_not_specialised_for {
-  static_assert(dependent_false_v<T>,
+  static_assert(core::dependent_false_v<T>,
                 "baton::payload_traits<T> is not specialised for this type: specialise it "
                 "(see docs/payloads.md): a tensor type declares `static constexpr payload_role "
                 "role = payload_role::activation;` plus value_type, shape, bytes, mutable_bytes, "
@@ -207,18 +205,18 @@ template <class T>
 constexpr void require_tensor() {
   using U = std::remove_cvref_t<T>;
   if constexpr (is_record_v<U>) {
-    static_assert(dependent_false_v<U>,
+    static_assert(core::dependent_false_v<U>,
                   "baton: a record was given where one tensor is required; visit its tensors "
                   "with baton::for_each_tensor, or pick one with baton::get<\"name\">(r)");
   } else if constexpr (!has_payload_traits<U>) {
     (void)payload_traits<U>::role;  // fails with the "not specialised" message naming U
   } else if constexpr (payload_traits<U>::role == payload_role::opaque) {
-    static_assert(dependent_false_v<U>,
+    static_assert(core::dependent_false_v<U>,
                   "baton: an opaque value was given where a tensor is required: opaque values "
                   "cannot cross a stage boundary; pass them as a side input (the stage's `side` "
                   "type), or give the type a tensor role in its payload_traits");
   } else if constexpr (!tensor_payload<U>) {
-    static_assert(dependent_false_v<U>,
+    static_assert(core::dependent_false_v<U>,
                   "baton: payload_traits<T> declares a tensor role (activation or constant) but "
                   "lacks tensor operations: it needs value_type (or element_format), shape, bytes, mutable_bytes, "
                   "allocate, allocate_like, slice and concat with the signatures listed in "
@@ -385,7 +383,7 @@ T tensor_slice(const T& t, int dim, std::int64_t begin, std::int64_t count) {
     if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
       throw payload_error("baton::tensor_slice: rows " + pi::row_range_text(begin, count) + " along dim " +
                           std::to_string(d) +
-                          " are outside a tensor of shape " + detail::shape_text(shape));
+                          " are outside a tensor of shape " + detail::core::shape_text(shape));
     }
     return payload_traits<T>::slice(t, d, begin, count);
   }

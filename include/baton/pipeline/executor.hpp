@@ -31,6 +31,7 @@
 #include <baton/payload/grad.hpp>
 #include <baton/payload/microbatch.hpp>
 #include <baton/payload/traits.hpp>
+#include <baton/core/tags.hpp>
 #include <baton/pipeline/detail/agreement.hpp>
 #include <baton/pipeline/detail/gradient_check.hpp>
 #include <baton/pipeline/detail/microbatch_state.hpp>
@@ -139,6 +140,7 @@ class pipeline_executor {
     microbatches_ = program_.shape.microbatches;
     holds_first_ = stage_rank(program_.shape, 0) == rank_;
     holds_last_ = stage_rank(program_.shape, num_stages_ - 1) == rank_;
+    check_tag_range();
     build_stages(make_stage);
     compile();
   }
@@ -245,6 +247,12 @@ class pipeline_executor {
   /// The lowered program this executor runs (every rank's row).
   [[nodiscard]] const program& lowered_program() const noexcept { return program_; }
   /// Receive-buffer pool counters, summed over this rank's stages (activation and gradient).
+  /// How many message tags this executor uses, from tags::pipeline::first + tag_offset: a
+  /// second executor on the same communicator takes tag_offset >= this one's + tag_count().
+  [[nodiscard]] std::int64_t tag_count() const noexcept {
+    return 2 + 2 * std::int64_t{num_stages_} * std::int64_t{microbatches_};
+  }
+
   [[nodiscard]] buffer_pool_stats pool_stats() const {
     buffer_pool_stats total;
     std::apply(
@@ -386,13 +394,32 @@ class pipeline_executor {
     // handlers still report a missing input naming the action if a stage's state says otherwise.
   }
 
-  [[nodiscard]] int data_tag(const action& a) const {
-    constexpr int reserved = 2;      // fingerprint, loss
-    constexpr int tag_span = 30000;  // stays below MPI's guaranteed tag bound (32767)
-    return options_.tag_offset + reserved + message_tag(program_.shape, a) % tag_span;
+  // The executor's tags (core/tags.hpp): from the registry's pipeline range, shifted by
+  // tag_offset; the fingerprint, the loss, then one data tag per (microbatch, stage boundary,
+  // direction), none reused within a call.
+  [[nodiscard]] int fingerprint_tag() const { return tags::pipeline::first + options_.tag_offset; }
+  [[nodiscard]] int loss_tag() const { return fingerprint_tag() + 1; }
+  [[nodiscard]] int data_tag(const action& a) const { return fingerprint_tag() + 2 + message_tag(program_.shape, a); }
+
+  // Refuses, at construction, a schedule whose data tags would pass the communicator's tag
+  // bound: a tag reused within a call would let one message be taken for another.
+  void check_tag_range() const {
+    if (options_.tag_offset < 0) {
+      throw pipeline_error("baton pipeline: pipeline_options::tag_offset is " + std::to_string(options_.tag_offset) +
+                           "; it must be >= 0 (0 for the first executor on a communicator, then the previous "
+                           "executor's tag_offset + tag_count())");
+    }
+    const std::int64_t bound = tag_bound(*comm_);
+    const std::int64_t last = std::int64_t{tags::pipeline::first} + options_.tag_offset + tag_count() - 1;
+    if (last > bound) {
+      throw pipeline_error("baton pipeline: the schedule needs " + std::to_string(tag_count()) +
+                           " message tags (2 + 2 x " + std::to_string(num_stages_) + " stages x " +
+                           std::to_string(microbatches_) + " microbatches), from tag " +
+                           std::to_string(fingerprint_tag()) + " to " + std::to_string(last) +
+                           ", but the communicator's largest tag is " + std::to_string(bound) +
+                           "; run fewer microbatches per step (or stages), or lower pipeline_options::tag_offset");
+    }
   }
-  [[nodiscard]] int fingerprint_tag() const { return options_.tag_offset; }
-  [[nodiscard]] int loss_tag() const { return options_.tag_offset + 1; }
 
   template <std::size_t T, class F>
   void add_forward_hook_to(F& f, bool& accepted) {
@@ -571,19 +598,20 @@ class pipeline_executor {
 
   void exchange_fingerprint(detail::pipeline::call_kind kind, const side_type& side, const std::string& prepare_error,
                             std::int64_t batch_rows, std::int64_t target_rows) {
-    using fp = detail::pipeline::fingerprint;
-    fp mine;
-    mine.words[fp::magic] = detail::pipeline::wire_magic;
-    mine.words[fp::kind] = static_cast<std::int64_t>(kind);
-    mine.words[fp::call] = calls_;
-    mine.words[fp::program] = static_cast<std::int64_t>(program_hash_);
-    mine.words[fp::side] = detail::pipeline::side_shape_hash(side);
-    mine.words[fp::options] = (options_.loss_on_every_rank ? 1 : 0) + 2 * static_cast<std::int64_t>(options_.scaling);
-    mine.words[fp::prepared] = prepare_error.empty() ? 1 : 0;
-    mine.words[fp::batch_rows] = batch_rows;
-    mine.words[fp::target_rows] = target_rows;
+    using field = detail::pipeline::call_field;
+    detail::pipeline::fingerprint mine;
+    mine.protocol = tags::pipeline::first;
+    mine.operation = static_cast<std::int64_t>(kind);
+    mine.rank = rank_;
+    if (!prepare_error.empty()) mine.fail(1);
+    mine.values[field::call] = calls_;
+    mine.values[field::program] = static_cast<std::int64_t>(program_hash_);
+    mine.values[field::side] = detail::pipeline::side_shape_hash(side);
+    mine.values[field::options] = (options_.loss_on_every_rank ? 1 : 0) + 2 * static_cast<std::int64_t>(options_.scaling);
+    mine.values[field::batch_rows] = batch_rows;
+    mine.values[field::target_rows] = target_rows;
     try {
-      detail::pipeline::exchange_fingerprints(*comm_, fingerprint_tag(), mine, fingerprints_);
+      baton::gather_descriptors(*comm_, fingerprint_tag(), mine, fingerprints_);
     } catch (const std::exception& e) {
       fail(call_context() + ": exchanging the schedule fingerprint with the other ranks failed: " + e.what());
     }

@@ -29,7 +29,9 @@ struct pipeline_options {
   /// instead of hanging. Without it a target whose rows differ from the batch's is only
   /// caught on a rank that holds both the first and the last stage.
   bool check_agreement = true;
-  /// Added to every message tag: lets two executors share one communicator.
+  /// Added to every message tag (the executor's tags start at tags::pipeline::first, see
+  /// core/tags.hpp): lets two executors share one communicator, the second with a
+  /// tag_offset of at least the first one's tag_offset + tag_count().
   int tag_offset = 0;
 };
 

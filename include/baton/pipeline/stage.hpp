@@ -23,6 +23,7 @@
 // The full example, with the function bodies, is in docs/pipeline.md.
 #pragma once
 
+#include <baton/core/meta.hpp>
 #include <baton/payload/grad.hpp>
 #include <baton/payload/record.hpp>
 #include <baton/payload/traits.hpp>
@@ -88,9 +89,6 @@ class microbatch_hooks {
 };
 
 namespace detail::pipeline {
-
-template <class T>
-inline constexpr bool dependent_false_v = false;
 
 template <class S>
 concept has_stage_types = requires {
@@ -191,23 +189,23 @@ namespace detail::pipeline {
 template <class S>
 constexpr bool check_stage() {
   if constexpr (!has_stage_types<S>) {
-    static_assert(dependent_false_v<S>,
+    static_assert(core::dependent_false_v<S>,
                   "baton: a pipeline stage must declare the member types `input`, `output`, "
                   "`side` and `saved` (use `using side = baton::no_side;` when the stage takes no "
                   "side input)");
   } else if constexpr (!std::default_initializable<typename S::saved> ||
                        !std::movable<typename S::saved>) {
-    static_assert(dependent_false_v<S>,
+    static_assert(core::dependent_false_v<S>,
                   "baton: a stage's `saved` type (the per-microbatch state forward keeps for "
                   "backward) must be default-constructible and movable: the executor creates one "
                   "per microbatch in flight");
   } else if constexpr (!forward_plain<S> && !forward_with_hooks<S>) {
-    static_assert(dependent_false_v<S>,
+    static_assert(core::dependent_false_v<S>,
                   "baton: a stage needs `output forward(const input&, const side&, saved&)` (or "
                   "the same with a 4th parameter `baton::microbatch_hooks<input, output>&`) "
                   "returning exactly its `output` type");
   } else if constexpr (!full_backward<S>) {
-    static_assert(dependent_false_v<S>,
+    static_assert(core::dependent_false_v<S>,
                   "baton: a stage needs `baton::grad_t<input> backward(saved&, const "
                   "baton::grad_t<output>&)` that returns the input gradient and accumulates the "
                   "weight gradients");
@@ -224,7 +222,7 @@ template <class S>
 constexpr bool check_split_stage() {
   check_stage<S>();
   if constexpr (stage<S> && !split_backward<S>) {
-    static_assert(dependent_false_v<S>,
+    static_assert(core::dependent_false_v<S>,
                   "baton: this split-backward schedule needs a stage with backward_input/"
                   "backward_weight: give the stage `baton::grad_t<input> backward_input(saved&, "
                   "const baton::grad_t<output>&)` and `void backward_weight(saved&)`, or use a "

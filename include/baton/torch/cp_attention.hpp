@@ -5,7 +5,7 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 #include <baton/torch/payload.hpp>

@@ -17,6 +17,7 @@
 //    is released after W (after B for a full backward).
 #pragma once
 
+#include <baton/core/meta.hpp>
 #include <baton/payload/grad.hpp>
 #include <baton/payload/record.hpp>
 #include <baton/payload/visit.hpp>
@@ -37,9 +38,6 @@
 namespace baton {
 
 namespace detail::torch_adapter {
-
-template <class T>
-inline constexpr bool dependent_false_v = false;
 
 // Every tensor field of P is a torch::Tensor (possibly constant<torch::Tensor>).
 template <class P>

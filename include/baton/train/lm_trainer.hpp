@@ -175,13 +175,13 @@ inline host_tensor<std::int64_t> take(const host_tensor<std::int64_t>& t, std::i
 inline void check_batch(const lm_batch& b, std::int64_t rows, std::int64_t seq) {
   const std::vector<std::int64_t> expected{rows, seq};
   if (b.tokens.shape() != expected || b.targets.shape() != expected)
-    throw config_error("batch", "the global batch has tokens " + baton::detail::shape_text(b.tokens.shape()) +
-                                    " and targets " + baton::detail::shape_text(b.targets.shape()) + " but expected " +
-                                    baton::detail::shape_text(expected) + " (dp x batch rows of seq tokens)");
+    throw config_error("batch", "the global batch has tokens " + baton::detail::core::shape_text(b.tokens.shape()) +
+                                    " and targets " + baton::detail::core::shape_text(b.targets.shape()) + " but expected " +
+                                    baton::detail::core::shape_text(expected) + " (dp x batch rows of seq tokens)");
   if (b.documents && b.documents->shape() != expected)
     throw config_error("batch", "the global batch's document ids have shape " +
-                                    baton::detail::shape_text(b.documents->shape()) + " but expected " +
-                                    baton::detail::shape_text(expected));
+                                    baton::detail::core::shape_text(b.documents->shape()) + " but expected " +
+                                    baton::detail::core::shape_text(expected));
 }
 
 inline std::int64_t counted_tokens(const host_tensor<std::int64_t>& targets) {

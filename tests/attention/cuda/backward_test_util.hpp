@@ -15,6 +15,7 @@
 #include <baton/attention/cuda/storage.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -155,10 +156,6 @@ problem<S> make_problem(const shape& s, const Mask& mask, const baton::attention
   return p;
 }
 
-/// Contiguous [batch, seq, heads, dim] strides.
-inline bc::row_strides contiguous(std::int64_t seq, std::int64_t heads, std::int64_t dim) {
-  return {seq * heads * dim, heads * dim, dim};
-}
 
 /// backward_args over the given pointers (host arrays for the emulation, device copies for a
 /// launch), with the problem's sizes and strides.
@@ -168,18 +165,16 @@ bc::backward_args<S> make_args(const problem<S>& p, const S* q, const S* k, cons
                                const bc::tile_plan_view& plan) {
   const shape& s = p.s;
   bc::backward_args<S> a;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out = out;
-  a.dout = dout;
-  a.lse = lse;
-  a.dq = dq;
-  a.dk = dk;
-  a.dv = dv;
-  a.q_stride = a.out_stride = a.dout_stride = a.dq_stride = contiguous(s.seq_q, s.heads_q, s.dim);
-  a.k_stride = a.v_stride = a.dk_stride = a.dv_stride = contiguous(s.seq_k, s.heads_kv, s.dim);
-  a.lse_stride = {s.heads_q * s.seq_q, 1, s.seq_q};
+  const std::array<std::int64_t, 4> qs{s.batch, s.seq_q, s.heads_q, s.dim}, ks{s.batch, s.seq_k, s.heads_kv, s.dim};
+  a.q = baton::make_tensor_view(q, qs);
+  a.k = baton::make_tensor_view(k, ks);
+  a.v = baton::make_tensor_view(v, ks);
+  a.out = baton::make_tensor_view(out, qs);
+  a.dout = baton::make_tensor_view(dout, qs);
+  a.lse = baton::make_tensor_view(lse, std::array<std::int64_t, 3>{s.batch, s.heads_q, s.seq_q});
+  a.dq = baton::make_tensor_view(dq, qs);
+  a.dk = baton::make_tensor_view(dk, ks);
+  a.dv = baton::make_tensor_view(dv, ks);
   a.batch = static_cast<std::int32_t>(s.batch);
   a.heads_q = static_cast<std::int32_t>(s.heads_q);
   a.heads_kv = static_cast<std::int32_t>(s.heads_kv);

@@ -170,8 +170,10 @@ TEST_CASE("cuda backward (emulated): strided views (rows padded, as in a packed 
   std::vector<std::uint8_t> workspace(bc::backward_workspace_bytes(s.batch, s.heads_q, s.seq_q, s.heads_kv, s.seq_k));
   auto args = cuda_bwd_test::make_args(p, q.data(), k.data(), v.data(), out.data(), dout.data(), p.lse.data(), dq.data(),
                                        dk.data(), dv.data(), workspace.data(), p.plan.view());
-  args.q_stride = args.out_stride = args.dout_stride = args.dq_stride = {s.seq_q * s.heads_q * pitch, s.heads_q * pitch, pitch};
-  args.k_stride = args.v_stride = args.dk_stride = args.dv_stride = {s.seq_k * s.heads_kv * pitch, s.heads_kv * pitch, pitch};
+  const std::array<std::int64_t, 4> q_strides{s.seq_q * s.heads_q * pitch, s.heads_q * pitch, pitch, 1},
+      k_strides{s.seq_k * s.heads_kv * pitch, s.heads_kv * pitch, pitch, 1};
+  args.q.layout.strides = args.out.layout.strides = args.dout.layout.strides = args.dq.layout.strides = q_strides;
+  args.k.layout.strides = args.v.layout.strides = args.dk.layout.strides = args.dv.layout.strides = k_strides;
   bc::emulate_backward(args);
   bool padding_kept = true;
   p.sdq = unpadded(dq, padding_kept);
@@ -203,7 +205,7 @@ TEST_CASE("cuda backward: arguments the kernels cannot run are rejected", "[atte
   bad_plan.plan.tile_q = 64;
   CHECK_THROWS_WITH(bc::check_backward_args(bad_plan), Catch::Contains("backward_shape_for"));
   auto bad_stride = args;
-  bad_stride.k_stride.seq += 1;
+  bad_stride.k.layout.strides[1] += 1;
   CHECK_THROWS_WITH(bc::check_backward_args(bad_stride), Catch::Contains("tensor 'k'"));
   auto bad_heads = args;
   bad_heads.heads_kv = 3;

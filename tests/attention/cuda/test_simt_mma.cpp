@@ -1,6 +1,7 @@
 // The CUDA backend's host-side building blocks, on the CPU: 16-bit storage conversions, the
 // lockstep simt emulation (shuffles, shared memory, the race detector, ldmatrix) and the
 // tensor-core fragment layouts with their host emulation.
+#include <baton/attention/backend.hpp>
 #include <baton/attention/cuda/detail/mma.hpp>
 #include <baton/attention/cuda/detail/simt.hpp>
 #include <baton/attention/cuda/storage.hpp>

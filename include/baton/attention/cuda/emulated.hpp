@@ -19,7 +19,7 @@
 #include <baton/attention/cuda/detail/forward_kernel.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 namespace baton {
 

@@ -22,7 +22,9 @@
 // macros at namespace scope outside any namespace.
 #pragma once
 
-#if !defined(__CUDACC__)
+#include <baton/core/cuda_annotations.hpp>
+
+#if !BATON_CUDA_COMPILATION()
 #error "baton/attention/cuda/instantiate.cuh instantiates CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 

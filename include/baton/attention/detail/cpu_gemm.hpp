@@ -9,7 +9,7 @@
 // Tested against a naive triple loop in tests/attention/test_cpu_gemm.cpp.
 #pragma once
 
-#include <baton/attention/detail/simd.hpp>
+#include <baton/core/simd.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +24,9 @@
 
 namespace baton::detail::attention {
 
+// The attention kernels are written in the core's vector operations (vec_t, load, fma, ...).
+using namespace core::simd;
+
 inline constexpr int tile_rows = 4;  // rows of the register tile
 // Vectors per register-tile row: 4 x 4 accumulators + 4 operands fit 32 registers (AVX-512);
 // with 16 registers, 4 x 2.
@@ -34,7 +37,7 @@ inline constexpr std::int64_t contraction_chunk = 128;
 [[nodiscard]] constexpr std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
 
 template <class T, int R, int NV, bool Accumulate>
-BATON_ATTN_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std::int64_t a_row, std::int64_t a_k,
+BATON_ALWAYS_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std::int64_t a_row, std::int64_t a_k,
                                        const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
   using V = vec_t<T>;
   constexpr int W = width_v<T>;
@@ -70,7 +73,7 @@ BATON_ATTN_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std::
 // Not inlined on purpose: inlined into a large caller, GCC spills the pinned operand
 // registers to the stack on every iteration.
 template <class T, int NV, bool Accumulate>
-BATON_ATTN_NOINLINE void gemm_column_panel(T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
+BATON_NEVER_INLINE void gemm_column_panel(T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
                               std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
   // Narrow panels (a partial tile's few key columns, small head dims) take more rows per
   // register tile, so that enough independent accumulators hide the FMA latency.

@@ -7,10 +7,10 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/detail/flash_tiles.hpp>
-#include <baton/attention/detail/simd.hpp>
-#include <baton/attention/detail/workspace.hpp>
+#include <baton/core/simd.hpp>
+#include <baton/core/workspace.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -45,7 +45,7 @@ struct backward_packed {
 };
 
 template <class T>
-backward_packed<T> carve_backward_packing(const flash_layout<T>& layout, workspace_carver& carver) {
+backward_packed<T> carve_backward_packing(const flash_layout<T>& layout, core::workspace_carver& carver) {
   const std::int64_t q_rows = layout.round_units * layout.call.group() * layout.seq_q_padded;
   const std::int64_t kv_blocks = layout.round_units * layout.k_blocks;
   backward_packed<T> packed;

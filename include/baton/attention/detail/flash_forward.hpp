@@ -7,10 +7,10 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/detail/flash_tiles.hpp>
-#include <baton/attention/detail/simd.hpp>
-#include <baton/attention/detail/workspace.hpp>
+#include <baton/core/simd.hpp>
+#include <baton/core/workspace.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +36,7 @@ struct forward_packed {
 /// Places the forward's packed arrays, one round's worth (carver with a null base: only
 /// counts the bytes).
 template <class T>
-forward_packed<T> carve_forward_packing(const flash_layout<T>& layout, workspace_carver& carver) {
+forward_packed<T> carve_forward_packing(const flash_layout<T>& layout, core::workspace_carver& carver) {
   forward_packed<T> packed;
   packed.kt = carver.take<T>(layout.round_units * layout.k_blocks * layout.call.dim * block_k);
   packed.v = carver.take<T>(layout.round_units * layout.seq_k_padded * layout.dim_padded);

@@ -26,9 +26,9 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/detail/cpu_gemm.hpp>
-#include <baton/attention/detail/simd.hpp>
+#include <baton/core/simd.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -306,7 +306,7 @@ struct item_scratch {
 /// each row waited on memory: prefetching a few rows ahead made packing ~2x faster
 /// (S = 1024, 8 heads, D = 128).
 template <class TT>
-BATON_ATTN_INLINE void prefetch_row(const TT* row, std::int64_t n) noexcept {
+BATON_ALWAYS_INLINE void prefetch_row(const TT* row, std::int64_t n) noexcept {
 #if defined(__GNUC__)
   constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(TT)));
   for (std::int64_t x = 0; x < n; x += per_line) __builtin_prefetch(row + x);
@@ -328,7 +328,7 @@ template <class TT>
 /// Whether x[0..n) holds only finite values: an integer test of the exponent bits that the
 /// compiler vectorises (one pass over a packed row; never inside a tile loop).
 template <class T>
-BATON_ATTN_INLINE bool all_finite(const T* x, std::int64_t n) noexcept {
+BATON_ALWAYS_INLINE bool all_finite(const T* x, std::int64_t n) noexcept {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8);
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   constexpr U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);

@@ -9,12 +9,14 @@
 // time goes; a tiled or vectorised version can come when a profile says so.
 #pragma once
 
-#if !defined(__CUDACC__)
+#include <baton/core/cuda_annotations.hpp>
+
+#if !BATON_CUDA_COMPILATION()
 #error "baton/cp/detail/cuda_kernels.cuh holds CUDA kernels: compile this translation unit with nvcc (a .cu file)"
 #endif
 
 #include <baton/cp/detail/cuda_elementwise.hpp>
-#include <baton/cp/detail/view4.hpp>
+#include <baton/cp/detail/bshd.hpp>
 #include <baton/cp/error.hpp>
 
 #include <cuda_runtime.h>
@@ -30,14 +32,14 @@ namespace baton::detail::cp::cuda {
 // over every index against host_memory); grid-stride loops over 64-bit indices.
 
 template <class U, class T, class A, bool through_accumulator>
-__global__ void copy_kernel(const U* src, dims4 s, T* dst, dims4 d, std::int64_t n) {
+__global__ void copy_kernel(const U* src, strided_layout<4> s, T* dst, strided_layout<4> d, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     copy_element<U, T, A>(src, s, dst, d, i, through_accumulator);
 }
 
 template <class A, class T>
-__global__ void accumulate_kernel(A* acc, dims4 a, const T* src, dims4 s, std::int64_t n) {
+__global__ void accumulate_kernel(A* acc, strided_layout<4> a, const T* src, strided_layout<4> s, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     accumulate_element<A, T>(acc, a, src, s, i);
@@ -52,7 +54,7 @@ __global__ void fill_kernel(T* dst, std::int64_t n, T value) {
 
 // One thread per row (b, s, h) of the partial results.
 template <class A, class T, class L>
-__global__ void merge_kernel(A* out, dims4 o, A* lse, dims4 l, const T* out_b, dims4 ob, const L* lse_b, dims4 lb,
+__global__ void merge_kernel(A* out, strided_layout<4> o, A* lse, strided_layout<4> l, const T* out_b, strided_layout<4> ob, const L* lse_b, strided_layout<4> lb,
                              std::int64_t rows) {
   for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < rows;
        r += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
@@ -73,24 +75,24 @@ inline unsigned blocks_for(std::int64_t n, unsigned threads) {
 inline constexpr unsigned threads_per_block = 256;
 
 template <class U, class T, class A>
-void launch_copy(const view4<const U>& src, const view4<T>& dst, bool through_accumulator, cudaStream_t stream) {
+void launch_copy(const tensor_view<const U, 4>& src, const tensor_view<T, 4>& dst, bool through_accumulator, cudaStream_t stream) {
   const std::int64_t n = dst.size();
   if (n == 0) return;
   if (through_accumulator)
     copy_kernel<U, T, A, true><<<blocks_for(n, threads_per_block), threads_per_block, 0, stream>>>(
-        src.data, dims_of(src), dst.data, dims_of(dst), n);
+        src.data, src.layout, dst.data, dst.layout, n);
   else
     copy_kernel<U, T, A, false><<<blocks_for(n, threads_per_block), threads_per_block, 0, stream>>>(
-        src.data, dims_of(src), dst.data, dims_of(dst), n);
+        src.data, src.layout, dst.data, dst.layout, n);
   check(cudaGetLastError(), "the copy kernel launch");
 }
 
 template <class A, class T>
-void launch_accumulate(const view4<A>& acc, const view4<const T>& src, cudaStream_t stream) {
+void launch_accumulate(const tensor_view<A, 4>& acc, const tensor_view<const T, 4>& src, cudaStream_t stream) {
   const std::int64_t n = acc.size();
   if (n == 0) return;
   accumulate_kernel<A, T><<<blocks_for(n, threads_per_block), threads_per_block, 0, stream>>>(
-      acc.data, dims_of(acc), src.data, dims_of(src), n);
+      acc.data, acc.layout, src.data, src.layout, n);
   check(cudaGetLastError(), "the accumulate kernel launch");
 }
 
@@ -102,12 +104,12 @@ void launch_fill(T* dst, std::int64_t n, T value, cudaStream_t stream) {
 }
 
 template <class A, class T, class L>
-void launch_merge(const view4<A>& out, const view4<A>& lse, const view4<const T>& out_b, const view4<const L>& lse_b,
+void launch_merge(const tensor_view<A, 4>& out, const tensor_view<A, 4>& lse, const tensor_view<const T, 4>& out_b, const tensor_view<const L, 4>& lse_b,
                   cudaStream_t stream) {
-  const std::int64_t rows = out.ext[0] * out.ext[1] * out.ext[2];
+  const std::int64_t rows = out.extent(0) * out.extent(1) * out.extent(2);
   if (rows == 0) return;
   merge_kernel<A, T, L><<<blocks_for(rows, threads_per_block), threads_per_block, 0, stream>>>(
-      out.data, dims_of(out), lse.data, dims_of(lse), out_b.data, dims_of(out_b), lse_b.data, dims_of(lse_b), rows);
+      out.data, out.layout, lse.data, lse.layout, out_b.data, out_b.layout, lse_b.data, lse_b.layout, rows);
   check(cudaGetLastError(), "the merge kernel launch");
 }
 

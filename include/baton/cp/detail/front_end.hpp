@@ -6,7 +6,9 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/hash.hpp>
+#include <baton/core/tags.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/views.hpp>
 #include <baton/cp/memory.hpp>
@@ -38,22 +40,22 @@ template <class T>
 call_descriptor describe(operation_code op, const local_shape& s, const sequence_sharding& sharding, int world_size,
                          int world_rank) {
   call_descriptor d;
-  using f = call_descriptor;
-  d[f::operation] = op;
-  d[f::batch] = s.batch;
-  d[f::seq_local] = s.seq;
-  d[f::heads_q] = s.heads_q;
-  d[f::heads_kv] = s.heads_kv;
-  d[f::head_dim] = s.dim;
-  d[f::seq_len] = sharding.seq_len();
-  d[f::layout] = static_cast<std::int64_t>(sharding.layout());
-  d[f::degree] = sharding.degree();
-  d[f::inner_degree] = sharding.inner_degree();
-  d[f::sharding_fingerprint] = sharding.fingerprint();
-  d[f::element_size] = sizeof(T);
-  d[f::lse_element_size] = sizeof(lse_t<T>);
-  d[f::world_size] = world_size;
-  d[f::rank] = world_rank;
+  d.protocol = tags::cp::first;
+  d.operation = op;
+  d.rank = world_rank;
+  d.values[call_field::batch] = s.batch;
+  d.values[call_field::seq_local] = s.seq;
+  d.values[call_field::heads_q] = s.heads_q;
+  d.values[call_field::heads_kv] = s.heads_kv;
+  d.values[call_field::head_dim] = s.dim;
+  d.values[call_field::seq_len] = sharding.seq_len();
+  d.values[call_field::layout] = static_cast<std::int64_t>(sharding.layout());
+  d.values[call_field::degree] = sharding.degree();
+  d.values[call_field::inner_degree] = sharding.inner_degree();
+  d.values[call_field::sharding_fingerprint] = sharding.fingerprint();
+  d.values[call_field::element_size] = sizeof(T);
+  d.values[call_field::lse_element_size] = sizeof(lse_t<T>);
+  d.values[call_field::world_size] = world_size;
   return d;
 }
 
@@ -145,23 +147,7 @@ std::string check_memory(const Memory& mem, std::initializer_list<std::pair<cons
 // neighbours, the first and last key and a scattered key), or exactly what its
 // `fingerprint()` member returns when it has one. Called only on a mask that passed
 // check_mask (so every position in [0, seq_len) is valid for it).
-class fingerprint_hasher {
- public:
-  void add(std::uint64_t x) noexcept {  // splitmix-style mixing, order dependent
-    h_ ^= x + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2);
-    h_ *= 0xbf58476d1ce4e5b9ull;
-    h_ ^= h_ >> 31;
-  }
-  void add(std::string_view text) noexcept {
-    for (char c : text) add(static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
-    add(text.size());
-  }
-  [[nodiscard]] std::int64_t value() const noexcept { return static_cast<std::int64_t>(h_ >> 1); }
-
- private:
-  std::uint64_t h_ = 0x6261746f6e4d534bull;
-};
-
+using fingerprint_hasher = core::hasher;
 template <class T>
 inline constexpr bool is_block_mask_v = false;
 template <class F>
@@ -257,10 +243,10 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
   call_descriptor mine = describe<T>(op, s, sharding, world_size, world_rank);
   if (problem.empty()) problem = check_scale(scale);
   if (!problem.empty()) {
-    mine.fail("rank " + std::to_string(world_rank) + ": " + problem);
+    mine.fail(1, "rank " + std::to_string(world_rank) + ": " + problem);
   } else {
-    mine[call_descriptor::mask_fingerprint] = mask_fingerprint(mask, sharding.seq_len());
-    mine[call_descriptor::softmax_scale] =
+    mine.values[call_field::mask_fingerprint] = mask_fingerprint(mask, sharding.seq_len());
+    mine.values[call_field::softmax_scale] =
         scale_bits(scale == 0 ? (s.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(s.dim)) : 1.0) : scale);
   }
   const std::vector<call_descriptor> all = gather(mine);
@@ -270,15 +256,18 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
 // The public forward and backward of a context-parallel attention class (CRTP): checks,
 // agreement, then the class's algorithm. Derived provides, as members this base may call
 // (befriend it):
-//   template <class T, class Mask> G agree(bool backward, const local_shape&, const Mask&,
-//                                          double softmax_scale, const std::string& caller_problem,
-//                                          const std::string& tensor_problem);
-//   (reporting the caller's problem, cp_params::caller_problem, before any of its own);
+//   static constexpr const char* name;                     ("baton::ring_attention")
+//   static constexpr operation_code forward_op, backward_op;
+//   const sequence_sharding& sharding() const; int shard_index() const; int world_size() const;
+//   std::string topology_problem() const;   (the sharding does not fit the communicators, or "")
+//   std::string heads_problem(const local_shape&) const;  (the heads cannot be split, or "")
+//   std::vector<call_descriptor> gather(const call_descriptor& mine);  (comm/agree.hpp)
+//   void settle();                                          (before every rank throws the verdict)
+//   G geometry(const local_shape&) const;   (what the algorithm needs once the ranks agree)
 //   template <class T, class Mask> void run_forward(const G&, q, k, v, mask, out, lse, double scale);
 //   template <class T, class Mask> void run_backward(const G&, q, k, v, out, lse, dout, mask, dq, dk,
 //                                                    dv, double scale);
 //   Memory& memory();  (the memory space its buffers and copies use, cp/memory.hpp)
-// where G is whatever the algorithm needs to know once the ranks agree (its geometry).
 // Memory and Comms (the communicators the algorithm uses) are checked against each other and
 // against the backend at compile time; the tensors against Memory at run time (agreed).
 template <class Derived, class Backend, class Memory = host_memory, class... Comms>
@@ -291,7 +280,7 @@ class front_end {
                std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
     if constexpr (usable<Backend, T, Mask, Memory, Comms...>()) {
       const local_shape s = shape_of(q, k);
-      const auto agreed = self().template agree<T>(
+      const auto agreed = agree<T>(
           false, s, mask, params.softmax_scale, params.caller_problem,
           first_problem({check_forward_tensors<T>(s, k, v, out, lse),
                          check_memory(self().memory(),
@@ -311,7 +300,7 @@ class front_end {
                 const cp_params& params = {}) {
     if constexpr (usable<Backend, T, Mask, Memory, Comms...>()) {
       const local_shape s = shape_of(q, k);
-      const auto agreed = self().template agree<T>(
+      const auto agreed = agree<T>(
           true, s, mask, params.softmax_scale, params.caller_problem,
           first_problem({check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv),
                          check_memory(self().memory(), {{q.data, "q"},
@@ -330,6 +319,22 @@ class front_end {
 
  private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
+
+  // Every problem this rank sees in its call (the caller's first), agreed among the ranks;
+  // then what the algorithm needs.
+  template <class T, class Mask>
+  auto agree(bool backward, const local_shape& s, const Mask& mask, double scale, const std::string& caller_problem,
+             const std::string& tensor_problem) {
+    const sequence_sharding& sharding = self().sharding();
+    const std::string problem =
+        first_problem({caller_problem, self().topology_problem(), check_local(s, sharding.local_len(self().shard_index())),
+                       tensor_problem, self().heads_problem(s), check_mask(mask, sharding.seq_len())});
+    agree_on_call<T>(std::string(Derived::name) + (backward ? "::backward" : "::forward"),
+                     backward ? Derived::backward_op : Derived::forward_op, s, sharding, self().world_size(),
+                     self().shard_index(), problem, mask, scale,
+                     [&](const call_descriptor& mine) { return self().gather(mine); }, [&] { self().settle(); });
+    return self().geometry(s);
+  }
 };
 
 }  // namespace baton::detail::cp

@@ -27,7 +27,7 @@
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/ring_plan.hpp>
 #include <baton/cp/detail/views.hpp>
@@ -114,9 +114,9 @@ std::vector<block_call> plan_step(const Mask& mask, std::span<const shard_piece>
 
 // Whether `v` has the strides `layout` (those of its axes of extent 1 are free).
 template <class T>
-bool has_layout(const view4<T>& v, const std::array<std::int64_t, 4>& layout) noexcept {
+bool has_layout(const tensor_view<T, 4>& v, const std::array<std::int64_t, 4>& layout) noexcept {
   for (std::size_t axis = 0; axis < 4; ++axis)
-    if (v.ext[axis] != 1 && v.str[axis] != layout[axis]) return false;
+    if (v.extent(axis) != 1 && v.stride(axis) != layout[axis]) return false;
   return true;
 }
 
@@ -126,7 +126,7 @@ bool has_layout(const view4<T>& v, const std::array<std::int64_t, 4>& layout) no
 // output): no buffer, and no copy at the end (`in_place`). Otherwise a buffer of M, which
 // the caller copies into `target` at the end.
 template <class A, class T, class M>
-view4<A> accumulator_for(M& mem, const view4<T>& target, const std::array<std::int64_t, 4>& layout,
+tensor_view<A, 4> accumulator_for(M& mem, const tensor_view<T, 4>& target, const std::array<std::int64_t, 4>& layout,
                          typename M::template buffer<A>& storage, bool& in_place) {
   if constexpr (std::is_same_v<A, T>) {
     if (has_layout(target, layout)) {
@@ -136,7 +136,7 @@ view4<A> accumulator_for(M& mem, const view4<T>& target, const std::array<std::i
   }
   in_place = false;
   storage = mem.template allocate<A>(static_cast<std::size_t>(target.size()));
-  return {storage.data(), target.ext, layout};
+  return {storage.data(), target.extents(), layout};
 }
 
 // A K/V block in flight: K and V travel as two messages.
@@ -161,14 +161,14 @@ class kv_blocks {
  public:
   kv_blocks(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity)
       : mem_(&mem), k_(k), v_(v), capacity_(capacity) {
-    const auto kv = as_view4(k), vv = as_view4(v);
-    const std::array<std::int64_t, 4> dense = bshd<const T>(nullptr, kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]).str;
+    const auto kv = k, vv = v;
+    const std::array<std::int64_t, 4> dense = bshd<const T>(nullptr, kv.extent(0), kv.extent(1), kv.extent(2), kv.extent(3)).strides();
     own_in_place_ = kv.size() == capacity && has_layout(kv, dense) && has_layout(vv, dense);
     if (own_in_place_) return;
     held_ = mem.template allocate<T>(static_cast<std::size_t>(2 * capacity));
     const std::int64_t used = kv.size(), padding = capacity - used;
-    mem.copy(kv, bshd(held_.data(), kv.ext[0], kv.ext[1], kv.ext[2], kv.ext[3]));
-    mem.copy(vv, bshd(held_.data() + capacity, vv.ext[0], vv.ext[1], vv.ext[2], vv.ext[3]));
+    mem.copy(kv, bshd(held_.data(), kv.extent(0), kv.extent(1), kv.extent(2), kv.extent(3)));
+    mem.copy(vv, bshd(held_.data() + capacity, vv.extent(0), vv.extent(1), vv.extent(2), vv.extent(3)));
     if (padding > 0) {
       mem.fill(std::span<T>(held_.data() + used, static_cast<std::size_t>(padding)), T(0));
       mem.fill(std::span<T>(held_.data() + capacity + used, static_cast<std::size_t>(padding)), T(0));
@@ -177,11 +177,11 @@ class kv_blocks {
 
   // K and V of the block held, whose owner's shard has `len` positions.
   tensor_view<const T, 4> k(std::int64_t len) const noexcept {
-    return own_in_place_ ? k_ : bshd_view<const T>(held_.data(), k_.extents[0], len, k_.extents[2], k_.extents[3]);
+    return own_in_place_ ? k_ : bshd<const T>(held_.data(), k_.extent(0), len, k_.extent(2), k_.extent(3));
   }
   tensor_view<const T, 4> v(std::int64_t len) const noexcept {
     return own_in_place_ ? v_
-                         : bshd_view<const T>(held_.data() + capacity_, v_.extents[0], len, v_.extents[2], v_.extents[3]);
+                         : bshd<const T>(held_.data() + capacity_, v_.extent(0), len, v_.extent(2), v_.extent(3));
   }
 
   // Sends the block held `hops` ranks on and receives the one `hops` ranks back, once
@@ -276,9 +276,9 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   // have that type and are dense.
   typename M::template buffer<A> out_acc, lse_acc;
   bool out_in_place = false, lse_in_place = false;
-  const view4<A> out_all = accumulator_for<A>(mem, as_view4(out), bshd<A>(nullptr, b, sl, hq, d).str, out_acc, out_in_place);
-  const view4<A> lse_all =
-      accumulator_for<A>(mem, lse_as_view4(lse), lse_as_bshd<A>(nullptr, b, hq, sl).str, lse_acc, lse_in_place);
+  const tensor_view<A, 4> out_all = accumulator_for<A>(mem, out, bshd<A>(nullptr, b, sl, hq, d).strides(), out_acc, out_in_place);
+  const tensor_view<A, 4> lse_all =
+      accumulator_for<A>(mem, lse_as_bshd(lse), lse_as_bshd<A>(nullptr, b, hq, sl).strides(), lse_acc, lse_in_place);
   // A query row's accumulators start as the empty result (0, -inf), set when first needed:
   // when the backend's output types are the accumulator's, a call whose rows nothing has
   // touched yet writes its result straight into them (merging it into (0, -inf) would give
@@ -343,14 +343,14 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
       params.k_pos = positions_for(k_pieces, c.k_piece_begin, c.k_piece_end, k_store);
       params.softmax_scale = softmax_scale;
       const auto call = [&](tensor_view<T, 4> ob, tensor_view<L, 3> lb) {
-        backend.forward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
-                        slice_axis(vb, 1, c.k_offset, c.k_count), mask, ob, lb, params);
+        backend.forward(q.slice(1, c.q_offset, c.q_count), kb.slice(1, c.k_offset, c.k_count),
+                        vb.slice(1, c.k_offset, c.k_count), mask, ob, lb, params);
       };
       if constexpr (write_first) {
         if (untouched(c.q_offset, c.q_count)) {
           touch(c.q_offset, c.q_count, false);
-          call(as_tensor_view(out_all.seq_slice(c.q_offset, c.q_count)),
-               lse_as_tensor_view(lse_all.seq_slice(c.q_offset, c.q_count)));
+          call(out_all.slice(1, c.q_offset, c.q_count),
+               lse_of_bshd(lse_all.slice(1, c.q_offset, c.q_count)));
           continue;
         }
         if (out_blk.size() == 0) {  // the first merge: its block buffers, as large as any call
@@ -359,11 +359,11 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
         }
       }
       touch(c.q_offset, c.q_count, true);
-      const auto ob = bshd_view<T>(out_blk.data(), b, c.q_count, hq, d);
+      const auto ob = bshd<T>(out_blk.data(), b, c.q_count, hq, d);
       const auto lb = lse_view<L>(lse_blk.data(), b, hq, c.q_count);
       call(ob, lb);
-      mem.merge(out_all.seq_slice(c.q_offset, c.q_count), lse_all.seq_slice(c.q_offset, c.q_count),
-                as_view4(ob).as_const(), lse_as_view4(lb).as_const());
+      mem.merge(out_all.slice(1, c.q_offset, c.q_count), lse_all.slice(1, c.q_offset, c.q_count),
+                ob.as_const(), lse_as_bshd(lb).as_const());
     }
     if (transfer.active()) {
       transfer.wait();
@@ -371,8 +371,8 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
     }
   }
   touch(0, sl, true);  // rows no block reached: the empty result
-  if (!out_in_place) mem.copy(out_all.as_const(), as_view4(out));
-  if (!lse_in_place) mem.copy(lse_all.as_const(), lse_as_view4(lse));
+  if (!out_in_place) mem.copy(out_all.as_const(), out);
+  if (!lse_in_place) mem.copy(lse_all.as_const(), lse_as_bshd(lse));
 }
 
 template <class T, class Ring, class Backend, class Mask, class M>
@@ -392,7 +392,7 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   kv_blocks<T, M> blocks(mem, k, v, capacity);
   typename M::template buffer<A> dq_acc;
   bool dq_in_place = false;
-  const view4<A> dq_all = accumulator_for<A>(mem, as_view4(dq), bshd<A>(nullptr, b, sl, hq, d).str, dq_acc, dq_in_place);
+  const tensor_view<A, 4> dq_all = accumulator_for<A>(mem, dq, bshd<A>(nullptr, b, sl, hq, d).strides(), dq_acc, dq_in_place);
   mem.fill(std::span<A>(dq_all.data, dq_size), A(0));
   // This step's dK/dV for the held block (then its sum with what arrived); the accumulator
   // arriving from the previous holder; the sum being sent on. Three buffers so that the
@@ -426,7 +426,7 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
     const auto kb = blocks.k(kl), vb = blocks.v(kl);
-    const view4<A> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
+    const tensor_view<A, 4> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
     for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params;
       params.q_pos = positions_for(my_pieces, c.q_piece_begin, c.q_piece_end, q_store);
@@ -434,24 +434,24 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
       params.softmax_scale = softmax_scale;
       // The K/V of THIS step, and the final merged out / lse (never anything from step 0).
       const auto call = [&](tensor_view<T, 4> gq, tensor_view<T, 4> gk, tensor_view<T, 4> gv) {
-        backend.backward(slice_axis(q, 1, c.q_offset, c.q_count), slice_axis(kb, 1, c.k_offset, c.k_count),
-                         slice_axis(vb, 1, c.k_offset, c.k_count), slice_axis(out, 1, c.q_offset, c.q_count),
-                         slice_axis(lse, 2, c.q_offset, c.q_count), slice_axis(dout, 1, c.q_offset, c.q_count), mask,
+        backend.backward(q.slice(1, c.q_offset, c.q_count), kb.slice(1, c.k_offset, c.k_count),
+                         vb.slice(1, c.k_offset, c.k_count), out.slice(1, c.q_offset, c.q_count),
+                         lse.slice(2, c.q_offset, c.q_count), dout.slice(1, c.q_offset, c.q_count), mask,
                          gq, gk, gv, params);
       };
       if constexpr (backend_accumulates) {
         params.accumulate = true;
-        call(as_tensor_view(dq_all.seq_slice(c.q_offset, c.q_count)),
-             as_tensor_view(dk_all.seq_slice(c.k_offset, c.k_count)),
-             as_tensor_view(dv_all.seq_slice(c.k_offset, c.k_count)));
+        call(dq_all.slice(1, c.q_offset, c.q_count),
+             dk_all.slice(1, c.k_offset, c.k_count),
+             dv_all.slice(1, c.k_offset, c.k_count));
       } else {
-        const auto gq = bshd_view<T>(dq_blk.data(), b, c.q_count, hq, d);
-        const auto gk = bshd_view<T>(dk_blk.data(), b, c.k_count, hkv, d);
-        const auto gv = bshd_view<T>(dv_blk.data(), b, c.k_count, hkv, d);
+        const auto gq = bshd<T>(dq_blk.data(), b, c.q_count, hq, d);
+        const auto gk = bshd<T>(dk_blk.data(), b, c.k_count, hkv, d);
+        const auto gv = bshd<T>(dv_blk.data(), b, c.k_count, hkv, d);
         call(gq, gk, gv);
-        mem.accumulate(dq_all.seq_slice(c.q_offset, c.q_count), as_view4(gq).as_const());
-        mem.accumulate(dk_all.seq_slice(c.k_offset, c.k_count), as_view4(gk).as_const());
-        mem.accumulate(dv_all.seq_slice(c.k_offset, c.k_count), as_view4(gv).as_const());
+        mem.accumulate(dq_all.slice(1, c.q_offset, c.q_count), gq.as_const());
+        mem.accumulate(dk_all.slice(1, c.k_offset, c.k_count), gk.as_const());
+        mem.accumulate(dv_all.slice(1, c.k_offset, c.k_count), gv.as_const());
       }
     }
     // The held block's accumulator so far arrives from its previous holder (none at the first
@@ -477,9 +477,9 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   grad_transfer.wait();  // grad_in now holds the dK/dV of my own keys, from every rank's queries
   if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 
-  if (!dq_in_place) mem.copy(dq_all.as_const(), as_view4(dq));
-  mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, sl, hkv, d), as_view4(dk));
-  mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, sl, hkv, d), as_view4(dv));
+  if (!dq_in_place) mem.copy(dq_all.as_const(), dq);
+  mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, sl, hkv, d), dk);
+  mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, sl, hkv, d), dv);
 }
 
 }  // namespace baton::detail::cp

@@ -21,24 +21,24 @@ namespace baton::detail::cp {
 // One tensor of a sequence -> heads exchange.
 template <class T>
 struct heads_part {
-  view4<const T> sequence_sharded;  // [b, s_local, H, x] (source)
+  tensor_view<const T, 4> sequence_sharded;  // [b, s_local, H, x] (source)
   head_split split;                 // how its H heads are dealt
-  view4<T> head_sharded;            // [b, P s_local, per_rank, x] (destination)
+  tensor_view<T, 4> head_sharded;            // [b, P s_local, per_rank, x] (destination)
 };
 
 // One tensor of the inverse exchange. Replicated heads are summed (gradients).
 template <class T>
 struct sequence_part {
-  view4<const T> head_sharded;  // [b, P s_local, per_rank, x] (source)
+  tensor_view<const T, 4> head_sharded;  // [b, P s_local, per_rank, x] (source)
   head_split split;
-  view4<T> sequence_sharded;  // [b, s_local, H, x] (destination)
+  tensor_view<T, 4> sequence_sharded;  // [b, s_local, H, x] (destination)
 };
 
 template <class T, class Comm, class M>
 void heads_from_sequence(Comm& comm, M& mem, std::span<const heads_part<T>> parts) {
   const std::int64_t ranks = comm.size();
   std::int64_t block = 0;
-  for (const auto& p : parts) block += p.sequence_sharded.ext[0] * p.sequence_sharded.ext[1] * p.split.per_rank() * p.sequence_sharded.ext[3];
+  for (const auto& p : parts) block += p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() * p.sequence_sharded.extent(3);
   const auto count = static_cast<std::size_t>(block * ranks);
   auto send = mem.template allocate<T>(count), recv = mem.template allocate<T>(count);
   T* out = send.data();
@@ -48,25 +48,25 @@ void heads_from_sequence(Comm& comm, M& mem, std::span<const heads_part<T>> part
   comm.all_to_all(std::span<const T>(send.data(), count), std::span<T>(recv.data(), count));
   const T* in = recv.data();
   for (std::int64_t i = 0; i < ranks; ++i)
-    for (const auto& p : parts) in = unpack_sequence_part(mem, in, i, p.head_sharded, p.sequence_sharded.ext[1]);
+    for (const auto& p : parts) in = unpack_sequence_part(mem, in, i, p.head_sharded, p.sequence_sharded.extent(1));
 }
 
 template <class T, class Comm, class M>
 void sequence_from_heads(Comm& comm, M& mem, std::span<const sequence_part<T>> parts) {
   const std::int64_t ranks = comm.size();
   std::int64_t block = 0;
-  for (const auto& p : parts) block += p.sequence_sharded.ext[0] * p.sequence_sharded.ext[1] * p.split.per_rank() * p.sequence_sharded.ext[3];
+  for (const auto& p : parts) block += p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() * p.sequence_sharded.extent(3);
   const auto count = static_cast<std::size_t>(block * ranks);
   auto send = mem.template allocate<T>(count), recv = mem.template allocate<T>(count);
   T* out = send.data();
   for (std::int64_t i = 0; i < ranks; ++i)
-    for (const auto& p : parts) out = pack_sequence_part(mem, p.head_sharded, i, p.sequence_sharded.ext[1], out);
+    for (const auto& p : parts) out = pack_sequence_part(mem, p.head_sharded, i, p.sequence_sharded.extent(1), out);
   mem.synchronize();
   comm.all_to_all(std::span<const T>(send.data(), count), std::span<T>(recv.data(), count));
   std::int64_t offset = 0;
   for (const auto& p : parts) {
     unpack_heads_part(mem, recv.data(), block, offset, p.split, p.sequence_sharded);
-    offset += p.sequence_sharded.ext[0] * p.sequence_sharded.ext[1] * p.split.per_rank() * p.sequence_sharded.ext[3];
+    offset += p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() * p.sequence_sharded.extent(3);
   }
 }
 
@@ -80,14 +80,14 @@ void sequence_from_heads(Comm& comm, M& mem, std::span<const sequence_part<T>> p
 // [b, P s_local, hc, x] (rank i's tokens are rows [i s_local, (i+1) s_local)), so the
 // all-to-all writes `dst` directly and nothing is unpacked. One all-to-all per batch entry.
 template <class T, class Comm, class M>
-void heads_from_sequence_into(Comm& comm, M& mem, const view4<const T>& src, const head_split& split, T* dst,
+void heads_from_sequence_into(Comm& comm, M& mem, const tensor_view<const T, 4>& src, const head_split& split, T* dst,
                               scratch<M>& send_scratch) {
   const std::int64_t ranks = comm.size(), hc = split.per_rank();
-  const std::int64_t block = src.ext[1] * hc * src.ext[3];
+  const std::int64_t block = src.extent(1) * hc * src.extent(3);
   const auto count = static_cast<std::size_t>(ranks * block);
   T* const send = send_scratch.template get<T>(mem, count);
-  for (std::int64_t b = 0; b < src.ext[0]; ++b) {
-    const view4<const T> rows = src.batch_slice(b);
+  for (std::int64_t b = 0; b < src.extent(0); ++b) {
+    const tensor_view<const T, 4> rows = src.slice(0, b, 1);
     T* out = send;
     for (std::int64_t j = 0; j < ranks; ++j) out = pack_heads_part(mem, rows, split.first(j), hc, out);
     mem.synchronize();
@@ -99,16 +99,16 @@ void heads_from_sequence_into(Comm& comm, M& mem, const view4<const T>& src, con
 // `src` are already the all-to-all's send blocks (block j = rank j's tokens), so nothing is
 // packed; the receive buffer is unpacked into dst [b, s_local, H, x], summing replicas.
 template <class T, class Comm, class M>
-void sequence_from_heads_from(Comm& comm, M& mem, const T* src, const head_split& split, const view4<T>& dst,
+void sequence_from_heads_from(Comm& comm, M& mem, const T* src, const head_split& split, const tensor_view<T, 4>& dst,
                               scratch<M>& recv_scratch) {
   const std::int64_t ranks = comm.size(), hc = split.per_rank();
-  const std::int64_t block = dst.ext[1] * hc * dst.ext[3];
+  const std::int64_t block = dst.extent(1) * hc * dst.extent(3);
   const auto count = static_cast<std::size_t>(ranks * block);
   T* const recv = recv_scratch.template get<T>(mem, count);
   mem.synchronize();  // src was written by the backend (or the ring) on the memory space
-  for (std::int64_t b = 0; b < dst.ext[0]; ++b) {
+  for (std::int64_t b = 0; b < dst.extent(0); ++b) {
     comm.all_to_all(std::span<const T>(src + b * ranks * block, count), std::span<T>(recv, count));
-    unpack_heads_part(mem, recv, block, 0, split, dst.batch_slice(b));
+    unpack_heads_part(mem, recv, block, 0, split, dst.slice(0, b, 1));
     mem.synchronize();  // the unpack reads recv before the next batch entry overwrites it
   }
 }
@@ -147,18 +147,18 @@ inline bool in_place_exchange(const exchange_shape& e, const head_split& split) 
 
 // The layout of the general exchange's blocks: [b][max_len][max_heads][x], block j at j block.
 template <class T>
-view4<T> exchange_block(T* base, std::int64_t block, std::int64_t j, std::int64_t head, std::int64_t b,
+tensor_view<T, 4> exchange_block(T* base, std::int64_t block, std::int64_t j, std::int64_t head, std::int64_t b,
                         std::int64_t len, std::int64_t heads, std::int64_t rows, std::int64_t max_heads,
                         std::int64_t x) noexcept {
-  return {base + j * block + head * x, {b, len, heads, x}, {rows * max_heads * x, max_heads * x, x, 1}};
+  return {base + j * block + head * x, {{b, len, heads, x}, {rows * max_heads * x, max_heads * x, x, 1}}};
 }
 
 // Sequence-sharded src [b, lens[me], H, x] -> head-sharded dst [b, sum(lens), count(me), x].
 template <class T, class Comm, class M>
-void heads_from_sequence_general(Comm& comm, M& mem, const exchange_shape& e, const view4<const T>& src,
-                                 const head_split& split, const view4<T>& dst, scratch<M>& send_scratch,
+void heads_from_sequence_general(Comm& comm, M& mem, const exchange_shape& e, const tensor_view<const T, 4>& src,
+                                 const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send_scratch,
                                  scratch<M>& recv_scratch) {
-  const std::int64_t ranks = comm.size(), me = e.rank, b = src.ext[0], x = src.ext[3];
+  const std::int64_t ranks = comm.size(), me = e.rank, b = src.extent(0), x = src.extent(3);
   const std::int64_t rows = e.max_len(), heads = split.max_count();
   const std::int64_t block = b * rows * heads * x;
   const auto count = static_cast<std::size_t>(ranks * block);
@@ -168,13 +168,13 @@ void heads_from_sequence_general(Comm& comm, M& mem, const exchange_shape& e, co
   const std::int64_t mine = e.lens[static_cast<std::size_t>(me)];
   for (std::int64_t j = 0; j < ranks; ++j)
     for (std::int64_t i = 0; i < split.count(j); ++i)
-      mem.copy(src.head_slice(split.source(j, i), 1), exchange_block(send, block, j, i, b, mine, 1, rows, heads, x));
+      mem.copy(src.slice(2, split.source(j, i), 1), exchange_block(send, block, j, i, b, mine, 1, rows, heads, x));
   mem.synchronize();
   comm.all_to_all(std::span<const T>(send, count), std::span<T>(recv, count));
   for (std::int64_t i = 0; i < ranks; ++i) {
     const std::int64_t len = e.lens[static_cast<std::size_t>(i)];
     mem.copy(exchange_block(static_cast<const T*>(recv), block, i, 0, b, len, split.count(me), rows, heads, x),
-             dst.seq_slice(e.offset(i), len));
+             dst.slice(1, e.offset(i), len));
   }
 }
 
@@ -183,11 +183,11 @@ void heads_from_sequence_general(Comm& comm, M& mem, const exchange_shape& e, co
 // rank order in accumulator type A (gradients of repeated kv heads); every other head is
 // copied through A(0) + v, as the in-place path does, so both give the same bits.
 template <class T, class Comm, class M>
-void sequence_from_heads_general(Comm& comm, M& mem, const exchange_shape& e, const view4<const T>& src,
-                                 const head_split& split, const view4<T>& dst, scratch<M>& send_scratch,
+void sequence_from_heads_general(Comm& comm, M& mem, const exchange_shape& e, const tensor_view<const T, 4>& src,
+                                 const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send_scratch,
                                  scratch<M>& recv_scratch) {
   using A = cp_accumulator_t<T>;
-  const std::int64_t ranks = comm.size(), me = e.rank, b = dst.ext[0], x = dst.ext[3], all_heads = dst.ext[2];
+  const std::int64_t ranks = comm.size(), me = e.rank, b = dst.extent(0), x = dst.extent(3), all_heads = dst.extent(2);
   const std::int64_t rows = e.max_len(), heads = split.max_count();
   const std::int64_t block = b * rows * heads * x;
   const auto count = static_cast<std::size_t>(ranks * block);
@@ -196,18 +196,18 @@ void sequence_from_heads_general(Comm& comm, M& mem, const exchange_shape& e, co
   mem.fill(std::span<T>(send, count), T(0));
   for (std::int64_t j = 0; j < ranks; ++j) {
     const std::int64_t len = e.lens[static_cast<std::size_t>(j)];
-    mem.copy(src.seq_slice(e.offset(j), len), exchange_block(send, block, j, 0, b, len, split.count(me), rows, heads, x));
+    mem.copy(src.slice(1, e.offset(j), len), exchange_block(send, block, j, 0, b, len, split.count(me), rows, heads, x));
   }
   mem.synchronize();
   comm.all_to_all(std::span<const T>(send, count), std::span<T>(recv, count));
   const std::int64_t mine = e.lens[static_cast<std::size_t>(me)];
   const auto n = static_cast<std::size_t>(b * mine * all_heads * x);
   auto sum = mem.template allocate<A>(n);
-  const view4<A> acc = bshd(sum.data(), b, mine, all_heads, x);
+  const tensor_view<A, 4> acc = bshd(sum.data(), b, mine, all_heads, x);
   mem.fill(std::span<A>(sum.data(), n), A(0));
   for (std::int64_t j = 0; j < ranks; ++j)
     for (std::int64_t i = 0; i < split.count(j); ++i)
-      mem.accumulate(acc.head_slice(split.source(j, i), 1),
+      mem.accumulate(acc.slice(2, split.source(j, i), 1),
                      exchange_block(static_cast<const T*>(recv), block, j, i, b, mine, 1, rows, heads, x));
   mem.copy(acc.as_const(), dst);
 }

@@ -3,7 +3,7 @@
 // contiguous per-rank blocks, plus the head-split rule (even, uneven, kv-head replication).
 #pragma once
 
-#include <baton/cp/detail/view4.hpp>
+#include <baton/cp/detail/bshd.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/memory.hpp>
 
@@ -107,34 +107,34 @@ inline std::string check_head_split(std::int64_t q_heads, std::int64_t kv_heads,
 // Sequence-sharded -> the part of block j: heads [h0, h0 + hc) of every local token,
 // contiguous [b, s_local, hc, x].
 template <class M, class T, class U>
-T* pack_heads_part(M& mem, const view4<U>& src, std::int64_t h0, std::int64_t hc, T* out) {
-  const view4<T> dst = bshd(out, src.ext[0], src.ext[1], hc, src.ext[3]);
-  mem.copy(src.head_slice(h0, hc).as_const(), dst);
+T* pack_heads_part(M& mem, const tensor_view<U, 4>& src, std::int64_t h0, std::int64_t hc, T* out) {
+  const tensor_view<T, 4> dst = bshd(out, src.extent(0), src.extent(1), hc, src.extent(3));
+  mem.copy(src.slice(2, h0, hc).as_const(), dst);
   return out + dst.size();
 }
 
 // The part of received block i (rank i's tokens of my heads) -> rows [i s_local, (i+1) s_local)
 // of dst [b, P s_local, hc, x].
 template <class M, class T, class U>
-const U* unpack_sequence_part(M& mem, const U* in, std::int64_t i, const view4<T>& dst, std::int64_t s_local) {
-  const view4<const U> src = bshd(in, dst.ext[0], s_local, dst.ext[2], dst.ext[3]);
-  mem.copy(src, dst.seq_slice(i * s_local, s_local));
+const U* unpack_sequence_part(M& mem, const U* in, std::int64_t i, const tensor_view<T, 4>& dst, std::int64_t s_local) {
+  const tensor_view<const U, 4> src = bshd(in, dst.extent(0), s_local, dst.extent(2), dst.extent(3));
+  mem.copy(src, dst.slice(1, i * s_local, s_local));
   return in + src.size();
 }
 
 // The inverse direction: rows [i s_local, (i+1) s_local) of src [b, P s_local, hc, x] -> the
 // part of block i, contiguous [b, s_local, hc, x].
 template <class M, class T, class U>
-T* pack_sequence_part(M& mem, const view4<U>& src, std::int64_t i, std::int64_t s_local, T* out) {
-  const view4<T> dst = bshd(out, src.ext[0], s_local, src.ext[2], src.ext[3]);
-  mem.copy(src.seq_slice(i * s_local, s_local).as_const(), dst);
+T* pack_sequence_part(M& mem, const tensor_view<U, 4>& src, std::int64_t i, std::int64_t s_local, T* out) {
+  const tensor_view<T, 4> dst = bshd(out, src.extent(0), s_local, src.extent(2), src.extent(3));
+  mem.copy(src.slice(1, i * s_local, s_local).as_const(), dst);
   return out + dst.size();
 }
 
 // Rank j's heads within a received block: this tensor's part starts at part_offset within
 // each block of block_size elements and holds [b, s_local, hc, x].
 template <class U>
-view4<const U> received_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, std::int64_t j,
+tensor_view<const U, 4> received_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, std::int64_t j,
                              std::int64_t b, std::int64_t s_local, std::int64_t hc, std::int64_t x) noexcept {
   return bshd(recv + j * block_size + part_offset, b, s_local, hc, x);
 }
@@ -146,44 +146,44 @@ view4<const U> received_part(const U* recv, std::int64_t block_size, std::int64_
 // deterministic, and exact when nothing is replicated.
 template <class M, class T, class U>
 void unpack_heads_part(M& mem, const U* recv, std::int64_t block_size, std::int64_t part_offset,
-                       const head_split& split, const view4<T>& dst) {
+                       const head_split& split, const tensor_view<T, 4>& dst) {
   using A = cp_accumulator_t<T>;
-  const std::int64_t hc = split.per_rank(), b = dst.ext[0], sl = dst.ext[1], x = dst.ext[3];
+  const std::int64_t hc = split.per_rank(), b = dst.extent(0), sl = dst.extent(1), x = dst.extent(3);
   if (!split.replicated()) {
     // Each head comes from exactly one rank: copy rows of hc x inner. The value still goes
     // through A(0) + v, as the summing path does, so both give the same bits (-0 -> +0).
     for (std::int64_t j = 0; j < split.parts; ++j)
-      mem.copy(received_part(recv, block_size, part_offset, j, b, sl, hc, x), dst.head_slice(split.first(j), hc),
+      mem.copy(received_part(recv, block_size, part_offset, j, b, sl, hc, x), dst.slice(2, split.first(j), hc),
                cp_copy_mode::through_accumulator);
     return;
   }
   auto sum = mem.template allocate<A>(static_cast<std::size_t>(dst.size()));
-  const view4<A> acc = bshd(sum.data(), b, sl, dst.ext[2], x);
+  const tensor_view<A, 4> acc = bshd(sum.data(), b, sl, dst.extent(2), x);
   mem.fill(std::span<A>(sum.data(), static_cast<std::size_t>(dst.size())), A(0));
   for (std::int64_t j = 0; j < split.parts; ++j)
-    mem.accumulate(acc.head_slice(split.first(j), hc), received_part(recv, block_size, part_offset, j, b, sl, hc, x));
+    mem.accumulate(acc.slice(2, split.first(j), hc), received_part(recv, block_size, part_offset, j, b, sl, hc, x));
   mem.copy(acc.as_const(), dst);
 }
 
 // The host versions (the unit tests call these).
 template <class T, class U>
-T* pack_heads_part(const view4<U>& src, std::int64_t h0, std::int64_t hc, T* out) {
+T* pack_heads_part(const tensor_view<U, 4>& src, std::int64_t h0, std::int64_t hc, T* out) {
   host_memory mem;
   return pack_heads_part(mem, src, h0, hc, out);
 }
 template <class T, class U>
-const U* unpack_sequence_part(const U* in, std::int64_t i, const view4<T>& dst, std::int64_t s_local) {
+const U* unpack_sequence_part(const U* in, std::int64_t i, const tensor_view<T, 4>& dst, std::int64_t s_local) {
   host_memory mem;
   return unpack_sequence_part(mem, in, i, dst, s_local);
 }
 template <class T, class U>
-T* pack_sequence_part(const view4<U>& src, std::int64_t i, std::int64_t s_local, T* out) {
+T* pack_sequence_part(const tensor_view<U, 4>& src, std::int64_t i, std::int64_t s_local, T* out) {
   host_memory mem;
   return pack_sequence_part(mem, src, i, s_local, out);
 }
 template <class A, class T, class U>
 void unpack_heads_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, const head_split& split,
-                       const view4<T>& dst) {
+                       const tensor_view<T, 4>& dst) {
   static_assert(std::is_same_v<A, cp_accumulator_t<T>>, "unpack_heads_part sums in cp_accumulator_t<T>");
   host_memory mem;
   unpack_heads_part(mem, recv, block_size, part_offset, split, dst);

@@ -1,10 +1,10 @@
-// baton/cp/detail/views.hpp — small tensor_view helpers the CP layer shares: slicing a
-// sequence axis, converting to the internal view4, the shape checks every entry point runs
+// baton/cp/detail/views.hpp — small tensor_view helpers the CP layer shares: the shape
+// checks every entry point runs
 // (as messages, not throws: see agree.hpp), and positions of shard pieces.
 #pragma once
 
 #include <baton/attention/positions.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 #include <baton/cp/detail/ring_plan.hpp>
 #include <baton/cp/detail/ulysses_layout.hpp>
 #include <baton/cp/sharding.hpp>
@@ -17,47 +17,6 @@
 
 namespace baton::detail::cp {
 
-// The rows [begin, begin + count) of axis `axis`.
-template <class T, std::size_t N>
-tensor_view<T, N> slice_axis(tensor_view<T, N> v, std::size_t axis, std::int64_t begin, std::int64_t count) noexcept {
-  v.data += begin * v.strides[axis];
-  v.extents[axis] = count;
-  return v;
-}
-
-template <class T>
-view4<T> as_view4(const tensor_view<T, 4>& v) noexcept {
-  return {v.data, v.extents, v.strides};
-}
-
-template <class T>
-tensor_view<T, 4> as_tensor_view(const view4<T>& v) noexcept {
-  return {v.data, v.ext, v.str};
-}
-
-// LSE [b, h, s] seen as [b, s, h, 1].
-template <class T>
-view4<T> lse_as_view4(const tensor_view<T, 3>& v) noexcept {
-  return {v.data, {v.extents[0], v.extents[2], v.extents[1], 1}, {v.strides[0], v.strides[2], v.strides[1], 1}};
-}
-
-// The inverse: a view4 [b, s, h, 1] of an LSE as the tensor [b, h, s].
-template <class T>
-tensor_view<T, 3> lse_as_tensor_view(const view4<T>& v) noexcept {
-  return make_tensor_view(v.data, std::array<std::int64_t, 3>{v.ext[0], v.ext[2], v.ext[1]},
-                          std::array<std::int64_t, 3>{v.str[0], v.str[2], v.str[1]});
-}
-
-template <class T>
-tensor_view<T, 4> bshd_view(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
-  return make_tensor_view(p, std::array<std::int64_t, 4>{b, s, h, d});
-}
-
-template <class T>
-tensor_view<T, 3> lse_view(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
-  return make_tensor_view(p, std::array<std::int64_t, 3>{b, h, s});
-}
-
 // The shape of one rank's attention problem, read from q and k.
 struct local_shape {
   std::int64_t batch = 0, seq = 0, heads_q = 0, heads_kv = 0, dim = 0;
@@ -65,15 +24,15 @@ struct local_shape {
 
 template <class TQ, class TK>
 local_shape shape_of(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k) noexcept {
-  return {q.extents[0], q.extents[1], q.extents[2], k.extents[2], q.extents[3]};
+  return {q.extent(0), q.extent(1), q.extent(2), k.extent(2), q.extent(3)};
 }
 
 // Empty when q, k, v (and the other tensors, when given) describe one problem; else a
 // message naming the tensor and the shape it should have.
 template <class TA, std::size_t N>
 std::string expect(const tensor_view<TA, N>& t, const char* name, const std::array<std::int64_t, N>& want) {
-  if (t.extents != want) {
-    return std::string("tensor '") + name + "' has shape " + shape_text(t.extents) + " but expected " + shape_text(want);
+  if (t.extents() != want) {
+    return std::string("tensor '") + name + "' has shape " + core::shape_text(t.extents()) + " but expected " + core::shape_text(want);
   }
   if (t.data == nullptr && t.size() > 0) return std::string("tensor '") + name + "' has a null data pointer";
   return {};

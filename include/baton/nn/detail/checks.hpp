@@ -2,7 +2,7 @@
 // one wording: "<piece>: <tensor> has shape [..] but expected [..] (<why>)".
 #pragma once
 
-#include <baton/detail/shape_text.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -20,7 +20,7 @@ namespace baton::nn::detail {
   std::string msg(piece);
   msg += ": ";
   msg += tensor;
-  msg += " has shape " + baton::detail::shape_text(got) + " but expected ";
+  msg += " has shape " + baton::detail::core::shape_text(got) + " but expected ";
   msg += expected;
   if (!why.empty()) {
     msg += " (";
@@ -44,7 +44,7 @@ std::int64_t rows_of(const host_tensor<T>& x, std::int64_t features, std::string
 template <class T>
 void expect_shape(const host_tensor<T>& x, const std::vector<std::int64_t>& expected, std::string_view piece,
                   std::string_view tensor, std::string_view why) {
-  if (x.shape() != expected) shape_mismatch(piece, tensor, x.shape(), baton::detail::shape_text(expected), why);
+  if (x.shape() != expected) shape_mismatch(piece, tensor, x.shape(), baton::detail::core::shape_text(expected), why);
 }
 
 /// Throws unless `x` is [batch, seq, features] for some batch and seq.

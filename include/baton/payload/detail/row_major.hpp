@@ -5,6 +5,7 @@
 // so slicing along dim 0 is a single memcpy and any other dim is one memcpy per outer block.
 #pragma once
 
+#include <baton/core/sizes.hpp>
 #include <baton/payload/traits.hpp>
 
 #include <algorithm>
@@ -20,35 +21,10 @@
 
 namespace baton::detail::payload {
 
-// Number of elements of a shape; throws on a negative extent, and when the element count or
-// its size in bytes (at `element_size` bytes per element) does not fit in std::ptrdiff_t: a
-// count that wrapped around would allocate too little and let in-range indices write past the
-// end. A shape with a zero extent holds no elements whatever its other extents.
+// Number of elements of a shape, or a payload_error naming the problem (core/sizes.hpp).
 inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, std::string_view what,
                                           std::size_t element_size = 1) {
-  bool empty = false;
-  for (auto e : shape) {
-    if (e < 0) {
-      throw payload_error(std::string(what) + ": negative extent in shape " + shape_text(shape));
-    }
-    empty = empty || e == 0;
-  }
-  if (empty) return 0;
-  const auto max_bytes = static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max());
-  const std::uint64_t max_elements = max_bytes / std::max<std::uint64_t>(element_size, 1);
-  std::uint64_t n = 1;
-  for (auto e : shape) {
-    const auto extent = static_cast<std::uint64_t>(e);
-    if (n > max_elements / extent) {
-      throw payload_error(std::string(what) + ": shape " + shape_text(shape) + " overflows: its " +
-                          (element_size > 1 ? "size in bytes (" + std::to_string(element_size) + " per element)"
-                                            : std::string("number of elements")) +
-                          " exceeds the largest object size, " + std::to_string(max_bytes) +
-                          "; check the extents (an uninitialised or wrapped-around value?)");
-    }
-    n *= extent;
-  }
-  return static_cast<std::int64_t>(n);
+  return core::checked_element_count<payload_error>(shape, what, element_size);
 }
 
 struct row_major_split {
@@ -85,7 +61,7 @@ inline shape_along checked_slice_shape(std::span<const std::int64_t> shape, int 
   const auto extent = shape[static_cast<std::size_t>(d)];
   if (begin < 0 || count < 0 || begin > extent || count > extent - begin) {
     throw payload_error(std::string(what) + ": rows " + row_range_text(begin, count) + " along dim " +
-                        std::to_string(d) + " are outside shape " + shape_text(shape));
+                        std::to_string(d) + " are outside shape " + core::shape_text(shape));
   }
   std::vector<std::int64_t> out(shape.begin(), shape.end());
   out[static_cast<std::size_t>(d)] = count;
@@ -125,14 +101,14 @@ inline shape_along concat_shape(std::span<const std::vector<std::int64_t>> shape
     }
     if (!ok) {
       throw payload_error(std::string(what) + ": part " + std::to_string(p) + " has shape " +
-                          shape_text(s) + " but part 0 has " + shape_text(shapes[0]) +
+                          core::shape_text(s) + " but part 0 has " + core::shape_text(shapes[0]) +
                           "; parts must agree on every extent except along dim " + std::to_string(d));
     }
     const auto rows = s[static_cast<std::size_t>(d)];
     auto& total = out[static_cast<std::size_t>(d)];
     if (rows > std::numeric_limits<std::int64_t>::max() - total) {
       throw payload_error(std::string(what) + ": concatenating part " + std::to_string(p) + " of shape " +
-                          shape_text(s) + " overflows the extent along dim " + std::to_string(d) +
+                          core::shape_text(s) + " overflows the extent along dim " + std::to_string(d) +
                           " (the parts' extents sum past " + std::to_string(std::numeric_limits<std::int64_t>::max()) +
                           "); check the parts' shapes");
     }

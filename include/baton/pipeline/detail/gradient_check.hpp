@@ -7,8 +7,7 @@
 // of it. Each check runs once per gradient (per field and microbatch), never per element.
 #pragma once
 
-#include <baton/detail/shape_text.hpp>
-#include <baton/payload/detail/row_major.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/payload/grad.hpp>
 #include <baton/payload/traits.hpp>
 #include <baton/payload/visit.hpp>
@@ -44,10 +43,10 @@ std::string gradient_mismatch(const P& activation, const grad_t<P>& grad, std::s
     });
     if (!same_shape) {
       const auto expected = tensor_shape(a);
-      problem = std::string(producer) + " returned " + which() + " with shape " + shape_text(tensor_shape(g)) +
-                " but the " + std::string(side) + " activation has shape " + shape_text(expected) +
+      problem = std::string(producer) + " returned " + which() + " with shape " + core::shape_text(tensor_shape(g)) +
+                " but the " + std::string(side) + " activation has shape " + core::shape_text(expected) +
                 ": a gradient must have exactly the shape of the activation it belongs to; return one of shape " +
-                shape_text(expected);
+                core::shape_text(expected);
       return;
     }
     const std::int64_t format = element_format_of(g);
@@ -63,14 +62,14 @@ std::string gradient_mismatch(const P& activation, const grad_t<P>& grad, std::s
       return;
     }
     std::int64_t needed = 0;
-    if (!with_extents(g, [&](const auto& got) { return tensor_byte_count(got, element_bytes, needed); })) {
+    if (!with_extents(g, [&](const auto& got) { return core::byte_count(got, element_bytes, needed); })) {
       // A shape whose byte count overflows: checked_element_count throws the message that says so.
-      needed = payload::checked_element_count(tensor_shape(g), which(), static_cast<std::size_t>(element_bytes)) *
+      needed = core::checked_element_count<payload_error>(tensor_shape(g), which(), static_cast<std::size_t>(element_bytes)) *
                element_bytes;
     }
     const auto held = tensor_bytes(g).size();
     if (held != static_cast<std::size_t>(needed)) {
-      problem = std::string(producer) + " returned " + which() + " of shape " + shape_text(tensor_shape(g)) +
+      problem = std::string(producer) + " returned " + which() + " of shape " + core::shape_text(tensor_shape(g)) +
                 " whose storage holds " + std::to_string(held) + " bytes where " + std::to_string(needed) +
                 " are needed at " + std::to_string(element_bytes) + differs();
     }

@@ -14,7 +14,7 @@ namespace baton::detail::pipeline {
 
 template <class Stages>
 struct stage_set {
-  static_assert(dependent_false_v<Stages>,
+  static_assert(core::dependent_false_v<Stages>,
                 "baton::pipeline_executor: the stage types are given as baton::stage_list<S0, S1, ...> "
                 "(one type per stage) or baton::uniform_stages<S> (every stage of type S)");
 };

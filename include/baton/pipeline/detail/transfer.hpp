@@ -11,7 +11,7 @@
 #pragma once
 
 #include <baton/comm/concepts.hpp>
-#include <baton/payload/detail/row_major.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/payload/record.hpp>
 #include <baton/payload/traits.hpp>
 #include <baton/payload/visit.hpp>
@@ -459,13 +459,9 @@ void check_header(const incoming<Request, P>& in) {
     }
     const std::span<const std::int64_t> shape(t + 2, static_cast<std::size_t>(t[0]));
     std::int64_t bytes = 0;
-    if (!tensor_byte_count(shape, element_bytes, bytes)) {
-      try {
-        (void)payload::checked_element_count(shape, "tensor " + std::to_string(i), static_cast<std::size_t>(element_bytes));
-      } catch (const payload_error& err) {
-        throw pipeline_error(corrupt() + err.what());
-      }
-      throw pipeline_error(corrupt() + "tensor " + std::to_string(i) + " has an unusable shape");
+    if (!core::byte_count(shape, element_bytes, bytes)) {
+      throw pipeline_error(corrupt() +
+                           core::count_problem(shape, "tensor " + std::to_string(i), static_cast<std::size_t>(element_bytes)));
     }
     if (bytes > std::numeric_limits<std::int64_t>::max() - total_bytes) {
       throw pipeline_error(corrupt() + "the byte count of its " + std::to_string(in.header.tensors()) +

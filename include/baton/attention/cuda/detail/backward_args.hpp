@@ -17,6 +17,9 @@
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/error.hpp>
+#include <baton/core/cuda_annotations.hpp>
+#include <baton/core/layout.hpp>
+#include <baton/core/tensor_view.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -25,15 +28,16 @@
 
 namespace baton::detail::cuda {
 
-/// Element strides of a [batch, seq, heads, dim] tensor whose dim axis is contiguous:
-/// element (b, s, h, d) sits at b * batch + s * seq + h * head + d. The LSE, laid out
-/// [batch, heads, seq], uses the same fields: lse(b, h, s) = b * batch + h * head + s * seq.
-struct row_strides {
-  std::int64_t batch = 0, seq = 0, head = 0;
-  [[nodiscard]] constexpr std::int64_t at(std::int64_t b, std::int64_t s, std::int64_t h) const noexcept {
-    return b * batch + s * seq + h * head;
-  }
-};
+/// Where row (b, s, h) of an operand starts: a [batch, seq, heads, dim] tensor, or the LSE
+/// [batch, heads, seq], whose "row" is one element.
+[[nodiscard]] BATON_HD constexpr std::int64_t row_at(const strided_layout<4>& l, std::int64_t b, std::int64_t s,
+                                                     std::int64_t h) noexcept {
+  return l.offset(b, s, h, 0);
+}
+[[nodiscard]] BATON_HD constexpr std::int64_t row_at(const strided_layout<3>& l, std::int64_t b, std::int64_t s,
+                                                     std::int64_t h) noexcept {
+  return l.offset(b, h, s);
+}
 
 /// A row's state for the non-finite rule (docs/attention.md), written by the pre-pass.
 enum row_state : std::uint8_t {
@@ -119,17 +123,15 @@ struct backward_args {
   static_assert(cuda_storage<Storage>,
                 "baton cuda attention: the storage type must be float, baton::bfloat16 or baton::float16");
 
-  const Storage* q = nullptr;     ///< [batch, seq_q, heads_q, dim]
-  const Storage* k = nullptr;     ///< [batch, seq_k, heads_kv, dim]
-  const Storage* v = nullptr;     ///< [batch, seq_k, heads_kv, dim]
-  const Storage* out = nullptr;   ///< [batch, seq_q, heads_q, dim]: the forward's (or the merged) output
-  const Storage* dout = nullptr;  ///< [batch, seq_q, heads_q, dim]
-  const float* lse = nullptr;     ///< [batch, heads_q, seq_q], natural log, scale included
-  Storage* dq = nullptr;          ///< [batch, seq_q, heads_q, dim]
-  Storage* dk = nullptr;          ///< [batch, seq_k, heads_kv, dim]
-  Storage* dv = nullptr;          ///< [batch, seq_k, heads_kv, dim]
-
-  row_strides q_stride, k_stride, v_stride, out_stride, dout_stride, lse_stride, dq_stride, dk_stride, dv_stride;
+  tensor_view<const Storage, 4> q;     ///< [batch, seq_q, heads_q, dim]
+  tensor_view<const Storage, 4> k;     ///< [batch, seq_k, heads_kv, dim]
+  tensor_view<const Storage, 4> v;     ///< [batch, seq_k, heads_kv, dim]
+  tensor_view<const Storage, 4> out;   ///< [batch, seq_q, heads_q, dim]: the forward's (or the merged) output
+  tensor_view<const Storage, 4> dout;  ///< [batch, seq_q, heads_q, dim]
+  tensor_view<const float, 3> lse;     ///< [batch, heads_q, seq_q], natural log, scale included
+  tensor_view<Storage, 4> dq;          ///< [batch, seq_q, heads_q, dim]
+  tensor_view<Storage, 4> dk;          ///< [batch, seq_k, heads_kv, dim]
+  tensor_view<Storage, 4> dv;          ///< [batch, seq_k, heads_kv, dim]
 
   std::int32_t batch = 0, heads_q = 0, heads_kv = 0, dim = 0;
   float scale = 1;          ///< multiplies q.k before the softmax (already resolved, never 0)
@@ -168,35 +170,34 @@ void check_backward_args(const backward_args<Storage>& a) {
                           " x seq_k " + std::to_string(a.plan.seq_k));
   const bool rows = a.batch > 0 && a.plan.seq_q > 0;
   const bool keys = a.batch > 0 && a.plan.seq_k > 0;
-  if (rows && (!a.q || !a.out || !a.dout || !a.lse || !a.dq || !a.workspace.delta || !a.workspace.row))
+  if (rows && (!a.q.data || !a.out.data || !a.dout.data || !a.lse.data || !a.dq.data || !a.workspace.delta || !a.workspace.row))
     throw attention_error(where + "a null pointer among q, out, dout, lse, dq and the workspace");
-  if (keys && (!a.k || !a.v || !a.dk || !a.dv || !a.workspace.key_bad))
+  if (keys && (!a.k.data || !a.v.data || !a.dk.data || !a.dv.data || !a.workspace.key_bad))
     throw attention_error(where + "a null pointer among k, v, dk, dv and the workspace");
   if (rows && keys && a.plan.q_tiles * a.plan.k_tiles > 0 && !a.plan.kind)
     throw attention_error(where + "the tile plan has no tile kinds");
   // Rows move as 16-byte vectors: every row start must be 16-byte aligned.
   constexpr std::int64_t per_vector = static_cast<std::int64_t>(16 / sizeof(Storage));
   // (A stride matters only along an axis of more than one row.)
-  const auto aligned = [&](const void* p, const row_strides& st, std::int64_t seq, std::int64_t heads,
-                           const char* name) {
-    const bool ok = reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && (a.batch <= 1 || st.batch % per_vector == 0) &&
-                    (seq <= 1 || st.seq % per_vector == 0) && (heads <= 1 || st.head % per_vector == 0);
+  const auto aligned = [&](const auto& t, std::int64_t seq, std::int64_t heads, const char* name) {
+    const bool ok = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && (a.batch <= 1 || t.stride(0) % per_vector == 0) &&
+                    (seq <= 1 || t.stride(1) % per_vector == 0) && (heads <= 1 || t.stride(2) % per_vector == 0);
     if (!ok)
       throw attention_error(where + "tensor '" + name + "' has a row that does not start on a 16-byte boundary; "
                             "the CUDA kernels load rows as 16-byte vectors: pass a 16-byte aligned pointer and "
                             "strides that are multiples of " + std::to_string(per_vector) + " elements");
   };
   if (rows) {
-    aligned(a.q, a.q_stride, a.plan.seq_q, a.heads_q, "q");
-    aligned(a.out, a.out_stride, a.plan.seq_q, a.heads_q, "out");
-    aligned(a.dout, a.dout_stride, a.plan.seq_q, a.heads_q, "dout");
-    aligned(a.dq, a.dq_stride, a.plan.seq_q, a.heads_q, "dq");
+    aligned(a.q, a.plan.seq_q, a.heads_q, "q");
+    aligned(a.out, a.plan.seq_q, a.heads_q, "out");
+    aligned(a.dout, a.plan.seq_q, a.heads_q, "dout");
+    aligned(a.dq, a.plan.seq_q, a.heads_q, "dq");
   }
   if (keys) {
-    aligned(a.k, a.k_stride, a.plan.seq_k, a.heads_kv, "k");
-    aligned(a.v, a.v_stride, a.plan.seq_k, a.heads_kv, "v");
-    aligned(a.dk, a.dk_stride, a.plan.seq_k, a.heads_kv, "dk");
-    aligned(a.dv, a.dv_stride, a.plan.seq_k, a.heads_kv, "dv");
+    aligned(a.k, a.plan.seq_k, a.heads_kv, "k");
+    aligned(a.v, a.plan.seq_k, a.heads_kv, "v");
+    aligned(a.dk, a.plan.seq_k, a.heads_kv, "dk");
+    aligned(a.dv, a.plan.seq_k, a.heads_kv, "dv");
   }
 }
 

@@ -164,16 +164,16 @@ BATON_HD void prepass_block(Ctx& ctx, const backward_args<S>& a, int row_blocks)
                          lanes_t<Ctx, std::int64_t>(std::int64_t{ctx.block_x()} * prepass_threads));
     const lb active = map([rows](std::int64_t r) { return r < rows; }, row);
     // (b, h, i) of the row; inactive lanes use row 0 (never read through: loads are predicated).
-    const auto at = [&](const row_strides& st) {
+    const auto at = [&](const auto& st) {
       return map(
           [st, seq_q, hq = std::int64_t{a.heads_q}](std::int64_t r, bool on) {
             if (!on) return std::int64_t{0};
             const std::int64_t i = r % seq_q, h = r / seq_q % hq, b = r / seq_q / hq;
-            return st.at(b, i, h);
+            return row_at(st, b, i, h);
           },
           row, active);
     };
-    const auto q_at = at(a.q_stride), o_at = at(a.out_stride), g_at = at(a.dout_stride), l_at = at(a.lse_stride);
+    const auto q_at = at(a.q.layout), o_at = at(a.out.layout), g_at = at(a.dout.layout), l_at = at(a.lse.layout);
     const auto pointer = [](const S* base) {
       return [base](std::int64_t off) { return base + off; };
     };
@@ -182,13 +182,13 @@ BATON_HD void prepass_block(Ctx& ctx, const backward_args<S>& a, int row_blocks)
     lf sum = 0.f;
     lb finite = true;
     for (int d = 0; d < dim; ++d) {
-      const auto q = ctx.template load<S>(map(pointer(a.q + d), q_at), active);
-      const auto o = ctx.template load<S>(map(pointer(a.out + d), o_at), active);
-      const auto g = ctx.template load<S>(map(pointer(a.dout + d), g_at), active);
+      const auto q = ctx.template load<S>(map(pointer(a.q.data + d), q_at), active);
+      const auto o = ctx.template load<S>(map(pointer(a.out.data + d), o_at), active);
+      const auto g = ctx.template load<S>(map(pointer(a.dout.data + d), g_at), active);
       finite = finite && map([](S x, S y, S z) { return storage_finite(x) && storage_finite(y) && storage_finite(z); }, q, o, g);
       sum = sum + map([](S x, S y) { return to_float(x) * to_float(y); }, g, o);
     }
-    const lf lse = ctx.template load<float>(map([p = a.lse](std::int64_t off) { return p + off; }, l_at), active);
+    const lf lse = ctx.template load<float>(map([p = a.lse.data](std::int64_t off) { return p + off; }, l_at), active);
     const lb no_gradient = map([](float l) { return l == -std::numeric_limits<float>::infinity(); }, lse);
     const lb lse_ok = map([](float l) { return l < std::numeric_limits<float>::infinity(); }, lse);  // not NaN, not +inf
     const auto state = select(no_gradient, lanes_t<Ctx, std::uint8_t>(row_without_gradient),
@@ -202,20 +202,20 @@ BATON_HD void prepass_block(Ctx& ctx, const backward_args<S>& a, int row_blocks)
     const auto key = map([](int t, std::int64_t first) { return first + t; }, tid,
                          lanes_t<Ctx, std::int64_t>(std::int64_t{ctx.block_x() - row_blocks} * prepass_threads));
     const lb active = map([keys](std::int64_t r) { return r < keys; }, key);
-    const auto at = [&](const row_strides& st) {
+    const auto at = [&](const auto& st) {
       return map(
           [st, seq_k, hk = std::int64_t{a.heads_kv}](std::int64_t r, bool on) {
             if (!on) return std::int64_t{0};
             const std::int64_t j = r % seq_k, h = r / seq_k % hk, b = r / seq_k / hk;
-            return st.at(b, j, h);
+            return row_at(st, b, j, h);
           },
           key, active);
     };
-    const auto k_at = at(a.k_stride), v_at = at(a.v_stride);
+    const auto k_at = at(a.k.layout), v_at = at(a.v.layout);
     lb finite = true;
     for (int d = 0; d < dim; ++d) {
-      const auto k = ctx.template load<S>(map([p = a.k + d](std::int64_t off) { return p + off; }, k_at), active);
-      const auto v = ctx.template load<S>(map([p = a.v + d](std::int64_t off) { return p + off; }, v_at), active);
+      const auto k = ctx.template load<S>(map([p = a.k.data + d](std::int64_t off) { return p + off; }, k_at), active);
+      const auto v = ctx.template load<S>(map([p = a.v.data + d](std::int64_t off) { return p + off; }, v_at), active);
       finite = finite && map([](S x, S y) { return storage_finite(x) && storage_finite(y); }, k, v);
     }
     ctx.template store<std::uint8_t>(map([p = a.workspace.key_bad](std::int64_t r) { return p + r; }, key),
@@ -228,7 +228,7 @@ BATON_HD void prepass_block(Ctx& ctx, const backward_args<S>& a, int row_blocks)
 /// into shared memory at `dst` (pitch smem_pitch<S>(Dim)), as 16-byte cp.async chunks; rows
 /// past `seq` or for which good(local row) is false are zero-filled instead.
 template <class S, int Dim, int Rows, int Threads, class Ctx, class Good>
-BATON_HD void load_rows(Ctx& ctx, std::uint32_t dst, const S* base, const row_strides& st, int b, int h, int first,
+BATON_HD void load_rows(Ctx& ctx, std::uint32_t dst, const tensor_view<const S, 4>& x, int b, int h, int first,
                         int seq, const Good& good) {
   using namespace simt;
   constexpr int per_row = Dim * static_cast<int>(sizeof(S)) / 16;
@@ -242,7 +242,7 @@ BATON_HD void load_rows(Ctx& ctx, std::uint32_t dst, const S* base, const row_st
     const auto src = map(
         [=](int rr, int cc) {
           const int row = rr + first < seq ? rr + first : seq - 1;  // in bounds even where not read
-          return static_cast<const void*>(reinterpret_cast<const std::byte*>(base + st.at(b, row, h)) + 16 * cc);
+          return static_cast<const void*>(reinterpret_cast<const std::byte*>(&x(b, row, h, 0)) + 16 * cc);
         },
         r, c);
     ctx.copy16_async(cast<std::uint32_t>(r) * pitch + cast<std::uint32_t>(c) * 16u + dst, src, valid);
@@ -259,10 +259,10 @@ BATON_HD void stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, i
   const auto in = active && (i + first < seq_q);
   const auto index = map(
       [=](int r, bool on) { return on ? (std::int64_t{b} * a.heads_q + h) * seq_q + r + first : std::int64_t{0}; }, i, in);
-  const auto lse_at = map([=](int r, bool on) { return on ? a.lse_stride.at(b, r + first, h) : std::int64_t{0}; }, i, in);
+  const auto lse_at = map([=](int r, bool on) { return on ? row_at(a.lse.layout, b, r + first, h) : std::int64_t{0}; }, i, in);
   const auto state = cast<std::uint32_t>(
       ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.row)](std::int64_t x) { return p + x; }, index), in));
-  const auto lse = ctx.template load<float>(map([p = a.lse](std::int64_t x) { return p + x; }, lse_at), in);
+  const auto lse = ctx.template load<float>(map([p = a.lse.data](std::int64_t x) { return p + x; }, lse_at), in);
   const auto delta = ctx.template load<float>(map([p = static_cast<const float*>(a.workspace.delta)](std::int64_t x) { return p + x; }, index), in);
   const auto live = state == std::uint32_t{row_live};
   const auto slot = cast<std::uint32_t>(i) * 4u;
@@ -456,13 +456,13 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
   // The owned tile and its per-row facts, once.
   if constexpr (KeyPass) {
     const auto good = [&](const li& r) { return key_row_finite(ctx, a, b, head, first, r); };
-    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.k, a.k_stride, b, head, first, seq_owned, good);
-    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.v, a.v_stride, b, head, first, seq_owned, good);
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.k, b, head, first, seq_owned, good);
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.v, b, head, first, seq_owned, good);
     stage_keys<S, L>(ctx, a, b, head, first, 0);
   } else {
     const auto good = [&](const li& r) { return query_row_live(ctx, a, b, head, first, r); };
-    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.q, a.q_stride, b, head, first, seq_owned, good);
-    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.dout, a.dout_stride, b, head, first, seq_owned, good);
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.q, b, head, first, seq_owned, good);
+    load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.dout, b, head, first, seq_owned, good);
     stage_queries<S, L>(ctx, a, b, head, first, 0);
   }
   ctx.commit_async();
@@ -491,15 +491,15 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
     if constexpr (KeyPass) {
       const int h = query_head(it);
       const auto good = [&](const li& r) { return query_row_live(ctx, a, b, h, vfirst, r); };
-      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.q, a.q_stride, b, h, vfirst, plan.seq_q, good);
-      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.dout, a.dout_stride, b, h, vfirst, plan.seq_q,
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.q, b, h, vfirst, plan.seq_q, good);
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.dout, b, h, vfirst, plan.seq_q,
                                                 good);
       stage_queries<S, L>(ctx, a, b, h, vfirst, st);
     } else {
       const int hk = head / a.group();
       const auto good = [&](const li& r) { return key_row_finite(ctx, a, b, hk, vfirst, r); };
-      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.k, a.k_stride, b, hk, vfirst, plan.seq_k, good);
-      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.v, a.v_stride, b, hk, vfirst, plan.seq_k, good);
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.k, b, hk, vfirst, plan.seq_k, good);
+      load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.v, b, hk, vfirst, plan.seq_k, good);
       stage_keys<S, L>(ctx, a, b, hk, vfirst, st);
     }
     ctx.commit_async();
@@ -611,14 +611,14 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
                                                              L::poison);
     const lb row_poisoned = flag != 0u;
     const lb in = (o + first) < seq_owned;
-    const auto store = [&](S* base, const row_strides& st, int hd, const lf (&acc)[L::dim_tiles][4], float factor) {
+    const auto store = [&](const tensor_view<S, 4>& target, int hd, const lf (&acc)[L::dim_tiles][4], float factor) {
       BATON_UNROLL
       for (int n = 0; n < L::dim_tiles; ++n)
         BATON_UNROLL
         for (int i = 0; i < 2; ++i) {
           const li d = dcol0 + n * 8 + 2 * t + i;
           const auto ptr = map(
-              [=](int row, int col, bool on) { return base + (on ? st.at(b, row + first, hd) + col : std::int64_t{0}); }, o,
+              [=](int row, int col, bool on) { return target.data + (on ? row_at(target.layout, b, row + first, hd) + col : std::int64_t{0}); }, o,
               d, in);
           lf value = acc[n][2 * half + i] * factor;
           if (a.accumulate) {
@@ -630,10 +630,10 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
         }
     };
     if constexpr (KeyPass) {
-      store(a.dk, a.dk_stride, head, acc1, a.scale);
-      store(a.dv, a.dv_stride, head, acc2, 1.f);
+      store(a.dk, head, acc1, a.scale);
+      store(a.dv, head, acc2, 1.f);
     } else {
-      store(a.dq, a.dq_stride, head, acc1, a.scale);
+      store(a.dq, head, acc1, a.scale);
     }
   }
 }

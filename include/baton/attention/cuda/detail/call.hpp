@@ -17,7 +17,7 @@
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
-#include <baton/attention/tensor_view.hpp>
+#include <baton/core/tensor_view.hpp>
 
 namespace baton::detail::cuda {
 
@@ -60,28 +60,11 @@ void check_layout(const tensor_view<T, N>& t, const char* name, const char* back
   detail::attention::expect_unit_last_stride(t, name, backend);
   constexpr std::int64_t per_vector = static_cast<std::int64_t>(16 / sizeof(T));
   bool ok = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
-  for (std::size_t d = 0; d + 1 < N; ++d) ok = ok && (t.extents[d] <= 1 || t.strides[d] % per_vector == 0);
+  for (std::size_t d = 0; d + 1 < N; ++d) ok = ok && (t.extent(d) <= 1 || t.stride(d) % per_vector == 0);
   if (!ok)
     throw attention_error(std::string("baton attention: tensor '") + name + "' is not laid out in 16-byte rows; " +
                           backend + " loads rows as 16-byte vectors: pass a 16-byte aligned pointer and strides that "
                           "are multiples of " + std::to_string(per_vector) + " elements (a contiguous tensor is fine)");
-}
-
-template <class T>
-[[nodiscard]] operand4<T> operand_of(const tensor_view<T, 4>& t) noexcept {
-  return {t.data, t.strides[0], t.strides[1], t.strides[2]};
-}
-template <class T>
-[[nodiscard]] operand3<T> operand_of(const tensor_view<T, 3>& t) noexcept {
-  return {t.data, t.strides[0], t.strides[1], t.strides[2]};
-}
-template <class T>
-[[nodiscard]] row_strides strides_of(const tensor_view<T, 4>& t) noexcept {
-  return {t.strides[0], t.strides[1], t.strides[2]};
-}
-template <class T>
-[[nodiscard]] row_strides strides_of_lse(const tensor_view<T, 3>& t) noexcept {
-  return {t.strides[0], t.strides[2], t.strides[1]};  // lse(b, h, s) = b * batch + h * head + s * seq
 }
 
 /// A checked forward call and its plan.
@@ -106,7 +89,7 @@ template <class TQ, class TK, class TV, class Mask, class TO, class TL>
   check_layout(k, "k", backend);
   check_layout(v, "v", backend);
   check_layout(out, "out", backend);
-  attention::validate_mask(mask, f.call.q_pos, f.call.k_pos);
+  baton::validate_mask(mask, f.call.q_pos, f.call.k_pos);
   f.config = forward_config_for(static_cast<int>(sizeof(std::remove_const_t<TQ>)), static_cast<int>(f.call.dim));
   f.plan = make_tile_plan(mask, f.call.q_pos, f.call.k_pos, f.call.seq_q, f.call.seq_k, f.config.tile_q, f.config.tile_k);
   (void)forward_launch(f.config, f.call.seq_q, f.call.heads_q, f.call.batch);  // grid limits, before any work
@@ -117,8 +100,8 @@ template <class S>
 [[nodiscard]] key_flag_args<S> key_flag_args_for(const tensor_view<const S, 4>& k, const tensor_view<const S, 4>& v,
                                                  const attention::checked_call& call, std::uint8_t* key_bad) {
   key_flag_args<S> a;
-  a.k = operand_of(k);
-  a.v = operand_of(v);
+  a.k = k;
+  a.v = v;
   a.batch = static_cast<std::int32_t>(call.batch);
   a.heads_kv = static_cast<std::int32_t>(call.heads_kv);
   a.seq_k = static_cast<std::int32_t>(call.seq_k);
@@ -133,11 +116,11 @@ template <class S>
                                                const tensor_view<float, 3>& lse, const attention::checked_call& call,
                                                const tile_plan_view& plan, const std::uint8_t* key_bad) {
   forward_args<S> a;
-  a.q = operand_of(q);
-  a.k = operand_of(k);
-  a.v = operand_of(v);
-  a.out = operand_of(out);
-  a.lse = operand_of(lse);
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
+  a.lse = lse;
   a.batch = static_cast<std::int32_t>(call.batch);
   a.heads_q = static_cast<std::int32_t>(call.heads_q);
   a.heads_kv = static_cast<std::int32_t>(call.heads_kv);
@@ -175,7 +158,7 @@ template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask
   check_layout(dq, "dq", backend);
   check_layout(dk, "dk", backend);
   check_layout(dv, "dv", backend);
-  attention::validate_mask(mask, b.call.q_pos, b.call.k_pos);
+  baton::validate_mask(mask, b.call.q_pos, b.call.k_pos);
   const backward_shape shape = backward_shape_for<S>(static_cast<int>(b.call.dim));
   b.plan = make_tile_plan(mask, b.call.q_pos, b.call.k_pos, b.call.seq_q, b.call.seq_k, shape.tile_q, shape.tile_k);
   return b;
@@ -190,24 +173,15 @@ template <class S>
                                                  const attention::checked_call& call, bool accumulate,
                                                  const tile_plan_view& plan, void* workspace) {
   backward_args<S> a;
-  a.q = q.data;
-  a.k = k.data;
-  a.v = v.data;
-  a.out = out.data;
-  a.dout = dout.data;
-  a.lse = lse.data;
-  a.dq = dq.data;
-  a.dk = dk.data;
-  a.dv = dv.data;
-  a.q_stride = strides_of(q);
-  a.k_stride = strides_of(k);
-  a.v_stride = strides_of(v);
-  a.out_stride = strides_of(out);
-  a.dout_stride = strides_of(dout);
-  a.lse_stride = strides_of_lse(lse);
-  a.dq_stride = strides_of(dq);
-  a.dk_stride = strides_of(dk);
-  a.dv_stride = strides_of(dv);
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
+  a.dout = dout;
+  a.lse = lse;
+  a.dq = dq;
+  a.dk = dk;
+  a.dv = dv;
   a.batch = static_cast<std::int32_t>(call.batch);
   a.heads_q = static_cast<std::int32_t>(call.heads_q);
   a.heads_kv = static_cast<std::int32_t>(call.heads_kv);

@@ -39,36 +39,19 @@
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
+#include <baton/core/tensor_view.hpp>
 
 namespace baton::detail::cuda {
 
-/// A strided 4-D operand [batch, seq, heads, dim] (dim contiguous), strides in elements.
-template <class T>
-struct operand4 {
-  T* data = nullptr;
-  std::int64_t batch_stride = 0, seq_stride = 0, head_stride = 0;
-  [[nodiscard]] BATON_HD T* row(std::int64_t b, std::int64_t s, std::int64_t h) const noexcept {
-    return data + b * batch_stride + s * seq_stride + h * head_stride;
-  }
-};
-/// The LSE [batch, heads, seq], strides in elements.
-template <class T>
-struct operand3 {
-  T* data = nullptr;
-  std::int64_t batch_stride = 0, head_stride = 0, seq_stride = 0;
-  [[nodiscard]] BATON_HD T* at(std::int64_t b, std::int64_t h, std::int64_t s) const noexcept {
-    return data + b * batch_stride + h * head_stride + s * seq_stride;
-  }
-};
-
 /// Everything the forward kernel reads: device pointers on the GPU, host pointers in the
-/// emulation. Operands are 16-byte aligned with strides that keep rows 16-byte aligned
-/// (the backend checks; cp.async copies 16 bytes).
+/// emulation. Operands [batch, seq, heads, dim] (dim contiguous) and the LSE [batch, heads,
+/// seq] are 16-byte aligned with strides that keep rows 16-byte aligned (the backend checks;
+/// cp.async copies 16 bytes).
 template <class S>
 struct forward_args {
-  operand4<const S> q, k, v;
-  operand4<S> out;
-  operand3<float> lse;
+  tensor_view<const S, 4> q, k, v;
+  tensor_view<S, 4> out;
+  tensor_view<float, 3> lse;
   std::int32_t batch = 0, heads_q = 0, heads_kv = 0, dim = 0;
   float scale_log2 = 0;  // softmax scale * log2(e): scores in log2 units
   tile_plan_view plan;
@@ -78,7 +61,7 @@ struct forward_args {
 /// The key-flag pass: key_bad[(b * heads_kv + hk) * seq_k + j] = k or v row j non-finite.
 template <class S>
 struct key_flag_args {
-  operand4<const S> k, v;
+  tensor_view<const S, 4> k, v;
   std::int32_t batch = 0, heads_kv = 0, seq_k = 0, dim = 0;
   std::uint8_t* key_bad = nullptr;
 };
@@ -113,8 +96,8 @@ BATON_HD inline void key_flag_body(Ctx& ctx, const key_flag_args<S>& a) {
   const int chunks = a.dim * static_cast<int>(sizeof(S)) / 16;
   P kp, vp;
   for (int t = 0; t < Ctx::width; ++t) {
-    kp[t] = reinterpret_cast<const chunk16*>(a.k.row(b, row[t], hk));
-    vp[t] = reinterpret_cast<const chunk16*>(a.v.row(b, row[t], hk));
+    kp[t] = reinterpret_cast<const chunk16*>(&a.k(b, row[t], hk, 0));
+    vp[t] = reinterpret_cast<const chunk16*>(&a.v(b, row[t], hk, 0));
   }
   B finite(true);
   for (int c = 0; c < chunks; ++c) {
@@ -176,7 +159,7 @@ struct forward_body {
 
   /// Issues the copy of rows [row0, row0 + R) of an operand (rows past `valid` zero-filled).
   template <int R>
-  BATON_HD static void copy_tile(Ctx& ctx, std::uint32_t base, const operand4<const S>& x, int b, int h, int row0,
+  BATON_HD static void copy_tile(Ctx& ctx, std::uint32_t base, const tensor_view<const S, 4>& x, int b, int h, int row0,
                                  int valid) {
     const I t = ctx.thread_index();
     BATON_UNROLL
@@ -186,7 +169,7 @@ struct forward_body {
       const B ok = row < valid;
       L<const void*> src;
       for (int i = 0; i < Ctx::width; ++i)
-        src[i] = ok[i] ? static_cast<const void*>(x.row(b, row0 + row[i], h) + chunk[i] * (16 / ES))
+        src[i] = ok[i] ? static_cast<const void*>(&x(b, row0 + row[i], h, 0) + chunk[i] * (16 / ES))
                        : static_cast<const void*>(x.data);
       ctx.copy16_async(chunk_offset(base, row, chunk), src, ok);
     }
@@ -490,7 +473,7 @@ struct forward_body {
         const I r = wrow + 16 * m + g + 8 * hh;
         const B live = (r + q0) < plan.seq_q;
         L<float*> lse_ptr;
-        for (int i = 0; i < Ctx::width; ++i) lse_ptr[i] = a.lse.at(b, h, live[i] ? q0 + r[i] : 0);
+        for (int i = 0; i < Ctx::width; ++i) lse_ptr[i] = &a.lse(b, h, live[i] ? q0 + r[i] : 0);
         ctx.store(lse_ptr, lse, live && tg == 0);
         BATON_UNROLL
         for (int d = 0; d < D / 8; ++d) {
@@ -500,12 +483,12 @@ struct forward_body {
           if constexpr (half) {
             L<std::uint32_t*> p;
             for (int i = 0; i < Ctx::width; ++i)
-              p[i] = reinterpret_cast<std::uint32_t*>(a.out.row(b, live[i] ? q0 + r[i] : 0, h) + col[i]);
+              p[i] = reinterpret_cast<std::uint32_t*>(&a.out(b, live[i] ? q0 + r[i] : 0, h, 0) + col[i]);
             ctx.store(p, pack2<S>(x0, x1), live);
           } else {
             L<float*> p0, p1;
             for (int i = 0; i < Ctx::width; ++i) {
-              p0[i] = a.out.row(b, live[i] ? q0 + r[i] : 0, h) + col[i];
+              p0[i] = &a.out(b, live[i] ? q0 + r[i] : 0, h, 0) + col[i];
               p1[i] = p0[i] + 1;
             }
             ctx.store(p0, x0, live);

@@ -49,12 +49,13 @@
 #include <type_traits>
 #include <vector>
 
-#include <baton/attention/cuda/storage.hpp>  // BATON_HD
+#include <baton/attention/cuda/storage.hpp>
+#include <baton/core/cuda_annotations.hpp>
 
 /// Before a loop with a compile-time trip count in a kernel body: fully unrolled on the
 /// device, so per-thread arrays indexed by the loop stay in registers (a loop left rolled
 /// moves them to local memory). Nothing on the host.
-#if defined(__CUDACC__)
+#if BATON_CUDA_COMPILATION()
 #define BATON_UNROLL _Pragma("unroll")
 #else
 #define BATON_UNROLL
@@ -176,14 +177,14 @@ template <class T, int N>
 
 /// 2^x, fast on the device (ex2.approx: ~2 ulp, flushes to 0 for x < -126, 2^-inf = 0).
 [[nodiscard]] BATON_HD inline float exp2_fast(float x) noexcept {
-#if defined(__CUDA_ARCH__)
+#if BATON_CUDA_DEVICE_PASS()
   return exp2f(x);
 #else
   return std::exp2(x);
 #endif
 }
 [[nodiscard]] BATON_HD inline float log2_fast(float x) noexcept {
-#if defined(__CUDA_ARCH__)
+#if BATON_CUDA_DEVICE_PASS()
   return log2f(x);
 #else
   return std::log2(x);

@@ -1,8 +1,12 @@
-// baton/attention/tensor_view.hpp — a non-owning strided view: pointer, extents, strides.
+// baton/core/tensor_view.hpp — a non-owning strided view: a pointer and a strided_layout.
 //
-// g++ 12 has no std::mdspan; attention kernels only need "where is element (i, j, k, l)", so
-// this is the smallest type that says it. Strides are in elements, not bytes.
+// What attention backends, context parallelism and the CUDA kernels read and write: g++ 12
+// has no std::mdspan, and these layers need only "where is element (i, j, k, l)" and slices
+// of one axis.
 #pragma once
+
+#include <baton/core/cuda_annotations.hpp>
+#include <baton/core/layout.hpp>
 
 #include <array>
 #include <cstddef>
@@ -25,41 +29,36 @@ struct tensor_view {
   static_assert(N >= 1, "baton::tensor_view needs at least one dimension");
 
   T* data = nullptr;
-  std::array<std::int64_t, N> extents{};
-  std::array<std::int64_t, N> strides{};  // in elements
+  strided_layout<N> layout{};
 
   using element_type = T;
   using value_type = std::remove_cv_t<T>;
   static constexpr std::size_t rank() noexcept { return N; }
 
-  [[nodiscard]] constexpr std::int64_t extent(std::size_t d) const noexcept { return extents[d]; }
-  [[nodiscard]] constexpr std::int64_t stride(std::size_t d) const noexcept { return strides[d]; }
+  [[nodiscard]] constexpr const std::array<std::int64_t, N>& extents() const noexcept { return layout.extents; }
+  [[nodiscard]] constexpr const std::array<std::int64_t, N>& strides() const noexcept { return layout.strides; }
+  [[nodiscard]] BATON_HD constexpr std::int64_t extent(std::size_t d) const noexcept { return layout.extent(d); }
+  [[nodiscard]] BATON_HD constexpr std::int64_t stride(std::size_t d) const noexcept { return layout.stride(d); }
 
   /// Number of elements viewed (product of the extents).
-  [[nodiscard]] constexpr std::int64_t size() const noexcept {
-    std::int64_t n = 1;
-    for (auto e : extents) n *= e;
-    return n;
-  }
+  [[nodiscard]] BATON_HD constexpr std::int64_t size() const noexcept { return layout.size(); }
 
   /// True when the elements are laid out row-major without gaps (the last index is fastest).
-  [[nodiscard]] constexpr bool is_contiguous() const noexcept {
-    std::int64_t expected = 1;
-    for (std::size_t d = N; d-- > 0;) {
-      if (extents[d] != 1 && strides[d] != expected) return false;
-      expected *= extents[d];
-    }
-    return true;
-  }
+  [[nodiscard]] constexpr bool is_contiguous() const noexcept { return layout.is_contiguous(); }
 
   template <class... I>
     requires(sizeof...(I) == N && (std::is_integral_v<I> && ...))
-  [[nodiscard]] constexpr T& operator()(I... index) const noexcept {
-    const std::array<std::int64_t, N> idx{static_cast<std::int64_t>(index)...};
-    std::int64_t offset = 0;
-    for (std::size_t d = 0; d < N; ++d) offset += idx[d] * strides[d];
-    return data[offset];
+  [[nodiscard]] BATON_HD constexpr T& operator()(I... index) const noexcept {
+    return data[layout.offset(index...)];
   }
+
+  /// The indices [start, start + count) of `axis`.
+  [[nodiscard]] constexpr tensor_view slice(std::size_t axis, std::int64_t start, std::int64_t count) const noexcept {
+    return {data + start * layout.strides[axis], layout.sliced(axis, count)};
+  }
+
+  /// The same view, read-only.
+  [[nodiscard]] constexpr tensor_view<const T, N> as_const() const noexcept { return {data, layout}; }
 
   /// A view of T converts to a view of const T (outputs can be passed where inputs are read).
   /// A template, so that a view of const T has no conversion to its own type, which nvcc
@@ -67,21 +66,14 @@ struct tensor_view {
   template <class U>
     requires(std::is_same_v<U, T> && !std::is_const_v<T>)
   constexpr operator tensor_view<const U, N>() const noexcept {
-    return {data, extents, strides};
+    return {data, layout};
   }
 };
 
 /// Row-major (C order) strides for the given extents.
 template <std::size_t N>
-[[nodiscard]] constexpr std::array<std::int64_t, N> row_major_strides(
-    const std::array<std::int64_t, N>& extents) noexcept {
-  std::array<std::int64_t, N> strides{};
-  std::int64_t s = 1;
-  for (std::size_t d = N; d-- > 0;) {
-    strides[d] = s;
-    s *= extents[d];
-  }
-  return strides;
+[[nodiscard]] constexpr std::array<std::int64_t, N> row_major_strides(const std::array<std::int64_t, N>& extents) noexcept {
+  return strided_layout<N>::row_major(extents).strides;
 }
 
 /// A contiguous row-major view of `data` with the given extents: `make_tensor_view(p, {b, s, h, d})`.
@@ -89,19 +81,19 @@ template <class T, std::size_t N>
 [[nodiscard]] constexpr tensor_view<T, N> make_tensor_view(T* data, const std::int64_t (&extents)[N]) noexcept {
   std::array<std::int64_t, N> e{};
   for (std::size_t d = 0; d < N; ++d) e[d] = extents[d];
-  return {data, e, row_major_strides(e)};
+  return {data, strided_layout<N>::row_major(e)};
 }
 
 template <class T, std::size_t N>
 [[nodiscard]] constexpr tensor_view<T, N> make_tensor_view(T* data, const std::array<std::int64_t, N>& extents) noexcept {
-  return {data, extents, row_major_strides(extents)};
+  return {data, strided_layout<N>::row_major(extents)};
 }
 
 /// A strided view: element (i...) is at data[sum(i_d * strides[d])].
 template <class T, std::size_t N>
 [[nodiscard]] constexpr tensor_view<T, N> make_tensor_view(T* data, const std::array<std::int64_t, N>& extents,
                                                            const std::array<std::int64_t, N>& strides) noexcept {
-  return {data, extents, strides};
+  return {data, {extents, strides}};
 }
 
 }  // namespace baton

@@ -1,11 +1,12 @@
-// baton/attention/detail/workspace.hpp — reusable per-call memory for the packed operands.
+// baton/core/workspace.hpp — reusable per-call memory: the attention backends' packed
+// operands, context parallelism's host buffers.
 //
-// A backend call packs its inputs into buffers of O(seq) bytes. Allocating them afresh
-// every call costs page faults and zeroing by the kernel (measured: ~15% of a causal
-// S = 1024 forward), so a backend keeps a pool: a call leases a buffer, uses it, and gives
-// it back. Several threads may call at once: each lease is a distinct buffer (the pool grows
-// to the number of concurrent calls). Nothing in a leased buffer is assumed: callers write
-// every byte they read.
+// A call that needs scratch of O(seq) bytes would, allocating it afresh every time, pay page
+// faults and the kernel's zeroing on every call (docs/attention.md measures the cost), so the
+// caller keeps a pool: a call leases a buffer, uses it, and gives it back. Several threads
+// may call at once: each lease is a distinct buffer (the pool grows to the number of
+// concurrent calls). Nothing in a leased buffer is assumed: callers write every byte they
+// read.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace baton::detail::attention {
+namespace baton::detail::core {
 
 class workspace_pool {
   struct buffer {
@@ -120,4 +121,4 @@ class workspace_carver {
   std::size_t offset_ = 0;
 };
 
-}  // namespace baton::detail::attention
+}  // namespace baton::detail::core

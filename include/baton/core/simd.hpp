@@ -1,4 +1,5 @@
-// baton/attention/detail/simd.hpp — the few vector operations the CPU flash kernels use.
+// baton/core/simd.hpp — the few vector operations baton's CPU kernels use (attention's flash
+// tiles and GEMM micro-kernel, the model layer's element-wise pieces).
 //
 // One native vector register per value, through the GCC/Clang vector extension (so the
 // compiler keeps the tile accumulators in registers rather than hoping the auto-vectoriser
@@ -16,7 +17,7 @@
 #include <immintrin.h>
 #endif
 
-namespace baton::detail::attention {
+namespace baton::detail::core::simd {
 
 #if defined(__AVX512F__)
 inline constexpr int vector_bytes = 64;
@@ -30,8 +31,8 @@ inline constexpr int vector_registers = 16;
 #endif
 
 #if defined(__GNUC__)
-#define BATON_ATTN_INLINE inline __attribute__((always_inline))
-#define BATON_ATTN_NOINLINE __attribute__((noinline)) inline
+#define BATON_ALWAYS_INLINE inline __attribute__((always_inline))
+#define BATON_NEVER_INLINE __attribute__((noinline)) inline
 // Passing a 64-byte vector by value to a non-inlined function changes the psABI; every
 // function here is always_inline, so GCC's note about it is noise.
 #pragma GCC diagnostic push
@@ -43,20 +44,20 @@ typedef std::int32_t vi32_t __attribute__((vector_size(vector_bytes)));
 typedef std::int64_t vi64_t __attribute__((vector_size(vector_bytes)));
 
 template <class T>
-struct simd;
+struct native_vector;
 template <>
-struct simd<float> {
+struct native_vector<float> {
   using type = vf_t;
   using bits = vi32_t;
 };
 template <>
-struct simd<double> {
+struct native_vector<double> {
   using type = vd_t;
   using bits = vi64_t;
 };
 #else
-#define BATON_ATTN_INLINE inline
-#define BATON_ATTN_NOINLINE inline
+#define BATON_ALWAYS_INLINE inline
+#define BATON_NEVER_INLINE inline
 
 template <class T, class E>
 struct fallback_vector {
@@ -64,7 +65,7 @@ struct fallback_vector {
   T v[n];
   T& operator[](int i) { return v[i]; }
   T operator[](int i) const { return v[i]; }
-#define BATON_ATTN_OP(op)                                                         \
+#define BATON_SIMD_OP(op)                                                         \
   friend fallback_vector operator op(fallback_vector a, const fallback_vector& b) { \
     for (int i = 0; i < n; ++i) a.v[i] = a.v[i] op b.v[i];                        \
     return a;                                                                     \
@@ -73,36 +74,36 @@ struct fallback_vector {
     for (int i = 0; i < n; ++i) a.v[i] = a.v[i] op b;                             \
     return a;                                                                     \
   }
-  BATON_ATTN_OP(+)
-  BATON_ATTN_OP(-)
-  BATON_ATTN_OP(*)
-#undef BATON_ATTN_OP
+  BATON_SIMD_OP(+)
+  BATON_SIMD_OP(-)
+  BATON_SIMD_OP(*)
+#undef BATON_SIMD_OP
 };
 template <class T>
-struct simd {
+struct native_vector {
   using type = fallback_vector<T, void>;
 };
 #endif
 
 template <class T>
-using vec_t = typename simd<T>::type;
+using vec_t = typename native_vector<T>::type;
 template <class T>
 inline constexpr int width_v = vector_bytes / static_cast<int>(sizeof(T));
 
 template <class T>
-BATON_ATTN_INLINE vec_t<T> load(const T* p) noexcept {
+BATON_ALWAYS_INLINE vec_t<T> load(const T* p) noexcept {
   vec_t<T> v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 template <class T>
-BATON_ATTN_INLINE void store(T* p, const vec_t<T>& v) noexcept {
+BATON_ALWAYS_INLINE void store(T* p, const vec_t<T>& v) noexcept {
   std::memcpy(p, &v, sizeof(v));
 }
 /// Keeps v in a register: the compiler may not re-load it from memory at each use (it
 /// otherwise folds one load into every FMA that reads it, which makes the tile load-bound).
 template <class V>
-BATON_ATTN_INLINE void pin_register(V& v) noexcept {
+BATON_ALWAYS_INLINE void pin_register(V& v) noexcept {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
   asm("" : "+v"(v));
 #else
@@ -111,7 +112,7 @@ BATON_ATTN_INLINE void pin_register(V& v) noexcept {
 }
 
 template <class T>
-BATON_ATTN_INLINE vec_t<T> broadcast(T s) noexcept {
+BATON_ALWAYS_INLINE vec_t<T> broadcast(T s) noexcept {
 #if defined(__GNUC__)
   return s - vec_t<T>{};  // s - 0 is s for every s (-0 too), so this folds to a plain broadcast
 #else
@@ -122,7 +123,7 @@ BATON_ATTN_INLINE vec_t<T> broadcast(T s) noexcept {
 }
 
 /// a * b + c, fused where the target has FMA (independent of -ffp-contract).
-BATON_ATTN_INLINE vec_t<float> fma(const vec_t<float>& a, const vec_t<float>& b, const vec_t<float>& c) noexcept {
+BATON_ALWAYS_INLINE vec_t<float> fma(const vec_t<float>& a, const vec_t<float>& b, const vec_t<float>& c) noexcept {
 #if defined(__GNUC__) && defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
 #elif defined(__GNUC__) && defined(__FMA__) && defined(__AVX__)
@@ -131,7 +132,7 @@ BATON_ATTN_INLINE vec_t<float> fma(const vec_t<float>& a, const vec_t<float>& b,
   return a * b + c;
 #endif
 }
-BATON_ATTN_INLINE vec_t<double> fma(const vec_t<double>& a, const vec_t<double>& b, const vec_t<double>& c) noexcept {
+BATON_ALWAYS_INLINE vec_t<double> fma(const vec_t<double>& a, const vec_t<double>& b, const vec_t<double>& c) noexcept {
 #if defined(__GNUC__) && defined(__AVX512F__)
   return _mm512_fmadd_pd(a, b, c);
 #elif defined(__GNUC__) && defined(__FMA__) && defined(__AVX__)
@@ -142,7 +143,7 @@ BATON_ATTN_INLINE vec_t<double> fma(const vec_t<double>& a, const vec_t<double>&
 }
 
 template <class T>
-BATON_ATTN_INLINE vec_t<T> vmax(const vec_t<T>& a, const vec_t<T>& b) noexcept {
+BATON_ALWAYS_INLINE vec_t<T> vmax(const vec_t<T>& a, const vec_t<T>& b) noexcept {
 #if defined(__GNUC__)
   return a > b ? a : b;
 #else
@@ -152,7 +153,7 @@ BATON_ATTN_INLINE vec_t<T> vmax(const vec_t<T>& a, const vec_t<T>& b) noexcept {
 #endif
 }
 template <class T>
-BATON_ATTN_INLINE vec_t<T> vmin(const vec_t<T>& a, const vec_t<T>& b) noexcept {
+BATON_ALWAYS_INLINE vec_t<T> vmin(const vec_t<T>& a, const vec_t<T>& b) noexcept {
 #if defined(__GNUC__)
   return a < b ? a : b;
 #else
@@ -176,17 +177,17 @@ struct reduce_add_op {
   static __m128d f(__m128d a, __m128d b) noexcept { return _mm_add_pd(a, b); }
 };
 template <class Op>
-BATON_ATTN_INLINE float reduce128(__m128 x) noexcept {
+BATON_ALWAYS_INLINE float reduce128(__m128 x) noexcept {
   x = Op::f(x, _mm_movehl_ps(x, x));
   x = Op::f(x, _mm_shuffle_ps(x, x, 1));
   return _mm_cvtss_f32(x);
 }
 template <class Op>
-BATON_ATTN_INLINE double reduce128(__m128d x) noexcept {
+BATON_ALWAYS_INLINE double reduce128(__m128d x) noexcept {
   return _mm_cvtsd_f64(Op::f(x, _mm_unpackhi_pd(x, x)));
 }
 template <class Op, class T>
-BATON_ATTN_INLINE T reduce(const vec_t<T>& v) noexcept {
+BATON_ALWAYS_INLINE T reduce(const vec_t<T>& v) noexcept {
   if constexpr (std::is_same_v<T, float>) {
 #if defined(__AVX512F__)
     __m256 lo, hi;  // halves by memcpy: compiles to one extract, no intrinsic with an undefined operand
@@ -212,7 +213,7 @@ BATON_ATTN_INLINE T reduce(const vec_t<T>& v) noexcept {
 #endif
 
 template <class T>
-BATON_ATTN_INLINE T hmax(const vec_t<T>& v) noexcept {
+BATON_ALWAYS_INLINE T hmax(const vec_t<T>& v) noexcept {
 #if defined(__GNUC__) && defined(__AVX__)
   return reduce<reduce_max_op, T>(v);
 #else
@@ -222,7 +223,7 @@ BATON_ATTN_INLINE T hmax(const vec_t<T>& v) noexcept {
 #endif
 }
 template <class T>
-BATON_ATTN_INLINE T hsum(const vec_t<T>& v) noexcept {
+BATON_ALWAYS_INLINE T hsum(const vec_t<T>& v) noexcept {
 #if defined(__GNUC__) && defined(__AVX__)
   return reduce<reduce_add_op, T>(v);
 #else
@@ -235,7 +236,7 @@ BATON_ATTN_INLINE T hsum(const vec_t<T>& v) noexcept {
 /// 2^x per lane. Inputs below the smallest normal exponent give exactly 0 (so -inf, a
 /// masked score, gives 0 without a test); NaN gives 0 too. Relative error ~1e-7 (float,
 /// degree-7 Taylor of e^(f ln 2) on |f| <= 1/2) and ~3e-16 (double, degree 13).
-BATON_ATTN_INLINE vec_t<float> exp2(vec_t<float> x) noexcept {
+BATON_ALWAYS_INLINE vec_t<float> exp2(vec_t<float> x) noexcept {
   x = vmax<float>(x, broadcast(-127.0f));  // NaN and -inf become -127: 2^n with n = -127 is 0 below
   x = vmin<float>(x, broadcast(127.0f));
   // Round to nearest through the 1.5 * 2^23 shifter: afterwards the low mantissa bits of t
@@ -269,7 +270,7 @@ BATON_ATTN_INLINE vec_t<float> exp2(vec_t<float> x) noexcept {
 #endif
 }
 
-BATON_ATTN_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {
+BATON_ALWAYS_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {
   x = vmax<double>(x, broadcast(-1023.0));
   x = vmin<double>(x, broadcast(1023.0));
   const vec_t<double> shifter = broadcast(6755399441055744.0);  // 1.5 * 2^52
@@ -311,4 +312,4 @@ BATON_ATTN_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {
 #pragma GCC diagnostic pop
 #endif
 
-}  // namespace baton::detail::attention
+}  // namespace baton::detail::core::simd

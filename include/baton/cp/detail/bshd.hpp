@@ -1,0 +1,53 @@
+// baton/cp/detail/bshd.hpp — the views the CP layer's data movement works on: dense
+// [batch, seq, heads, dim] buffers, and the LSE [batch, heads, seq] seen as [batch, seq,
+// heads, 1] with swapped strides, so that one set of copies, accumulations and merges serves
+// the outputs and the LSE alike.
+#pragma once
+
+#include <baton/core/layout.hpp>
+#include <baton/core/tensor_view.hpp>
+
+#include <array>
+#include <cstdint>
+
+namespace baton::detail::cp {
+
+// A dense [b, s, h, d] tensor at p.
+template <class T>
+tensor_view<T, 4> bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
+  return make_tensor_view(p, std::array<std::int64_t, 4>{b, s, h, d});
+}
+
+// A dense LSE [b, h, s] at p.
+template <class T>
+tensor_view<T, 3> lse_view(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
+  return make_tensor_view(p, std::array<std::int64_t, 3>{b, h, s});
+}
+
+// The LSE [b, h, s] seen as [b, s, h, 1].
+template <class T>
+tensor_view<T, 4> lse_as_bshd(const tensor_view<T, 3>& v) noexcept {
+  const strided_layout<3> bsh = v.layout.permuted({0, 2, 1});
+  return {v.data, {{bsh.extents[0], bsh.extents[1], bsh.extents[2], 1}, {bsh.strides[0], bsh.strides[1], bsh.strides[2], 1}}};
+}
+
+// A dense LSE [b, h, s] at p, seen as [b, s, h, 1].
+template <class T>
+tensor_view<T, 4> lse_as_bshd(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
+  return lse_as_bshd(lse_view(p, b, h, s));
+}
+
+// The inverse: a [b, s, h, 1] view of an LSE as the tensor [b, h, s].
+template <class T>
+tensor_view<T, 3> lse_of_bshd(const tensor_view<T, 4>& v) noexcept {
+  const strided_layout<3> bsh{{v.extent(0), v.extent(1), v.extent(2)}, {v.stride(0), v.stride(1), v.stride(2)}};
+  return {v.data, bsh.permuted({0, 2, 1})};
+}
+
+// A contiguous run of n elements as [1, 1, 1, n].
+template <class T>
+tensor_view<T, 4> flat_view(T* p, std::int64_t n) noexcept {
+  return {p, {{1, 1, 1, n}, {n, n, n, 1}}};
+}
+
+}  // namespace baton::detail::cp
