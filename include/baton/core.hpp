@@ -6,6 +6,7 @@
 //   core/tags.hpp                           the tag registry: every protocol's range of message tags
 //   core/meta.hpp                           fixed_string, dependent_false_v
 //   core/cuda_annotations.hpp               BATON_HD, BATON_CUDA_COMPILATION(), BATON_CUDA_DEVICE_PASS()
+//   core/cuda_check.hpp                     (CUDA runtime) the one report of a failed CUDA call; not included here
 // Internals (baton::detail::core): core/simd.hpp, core/hash.hpp, core/sizes.hpp, core/workspace.hpp.
 #pragma once
 
