@@ -5,9 +5,12 @@
 // so a misspelt backend name is a compile error rather than a silent 0.
 //
 // BATON_HAS_CUDA() says that baton::cuda (the CUDA runtime) is linked, as baton::nccl links
-// it. The NCCL communicator is the only CUDA code, and it is compiled only, never run on a
-// GPU. baton has no CUDA kernels yet, hence no host/device annotation macro: one comes with
-// the first kernel.
+// it. It says nothing about the compiler: whether a translation unit is compiled by nvcc, and
+// which pass, is BATON_CUDA_COMPILATION() / BATON_CUDA_DEVICE_PASS() of
+// baton/core/cuda_annotations.hpp, beside the one host/device annotation, BATON_HD. The CUDA
+// code (attention kernels, context parallelism on device memory, the NCCL communicator) is
+// compiled here, and the kernels' source is tested on the CPU in an emulation of the GPU,
+// but none of it has yet run on a GPU.
 #pragma once
 
 #define BATON_VERSION_MAJOR 0

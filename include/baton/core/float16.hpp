@@ -67,35 +67,39 @@ namespace detail::core {
 }
 }  // namespace detail::core
 
+namespace detail::core {
+// The two encodings: what a 16-bit storage type stores for a float, and what it reads back.
+struct bfloat16_codec {
+  [[nodiscard]] BATON_HD static std::uint16_t encode(float f) noexcept { return float_to_bf16_bits(f); }
+  [[nodiscard]] BATON_HD static float decode(std::uint16_t b) noexcept { return bf16_bits_to_float(b); }
+};
+struct float16_codec {
+  [[nodiscard]] BATON_HD static std::uint16_t encode(float f) noexcept { return float_to_f16_bits(f); }
+  [[nodiscard]] BATON_HD static float decode(std::uint16_t b) noexcept { return f16_bits_to_float(b); }
+};
+}  // namespace detail::core
+
+/// A float stored in 16 bits by `Codec`: explicit conversions from and to float, the bits
+/// themselves in `bits`. Use the two instances below.
+template <class Codec>
+struct basic_float16 {
+  std::uint16_t bits = 0;
+
+  basic_float16() = default;
+  BATON_HD explicit basic_float16(float f) noexcept : bits(Codec::encode(f)) {}
+  [[nodiscard]] BATON_HD static basic_float16 from_bits(std::uint16_t b) noexcept {
+    basic_float16 x;
+    x.bits = b;
+    return x;
+  }
+  [[nodiscard]] BATON_HD explicit operator float() const noexcept { return Codec::decode(bits); }
+  [[nodiscard]] BATON_HD float to_float() const noexcept { return Codec::decode(bits); }
+};
+
 /// bfloat16 storage: 1 sign, 8 exponent, 7 mantissa bits (the top half of a float).
-struct bfloat16 {
-  std::uint16_t bits = 0;
-
-  bfloat16() = default;
-  BATON_HD explicit bfloat16(float f) noexcept : bits(detail::core::float_to_bf16_bits(f)) {}
-  [[nodiscard]] BATON_HD static bfloat16 from_bits(std::uint16_t b) noexcept {
-    bfloat16 x;
-    x.bits = b;
-    return x;
-  }
-  [[nodiscard]] BATON_HD explicit operator float() const noexcept { return detail::core::bf16_bits_to_float(bits); }
-  [[nodiscard]] BATON_HD float to_float() const noexcept { return detail::core::bf16_bits_to_float(bits); }
-};
-
+using bfloat16 = basic_float16<detail::core::bfloat16_codec>;
 /// IEEE binary16 storage: 1 sign, 5 exponent, 10 mantissa bits (max 65504).
-struct float16 {
-  std::uint16_t bits = 0;
-
-  float16() = default;
-  BATON_HD explicit float16(float f) noexcept : bits(detail::core::float_to_f16_bits(f)) {}
-  [[nodiscard]] BATON_HD static float16 from_bits(std::uint16_t b) noexcept {
-    float16 x;
-    x.bits = b;
-    return x;
-  }
-  [[nodiscard]] BATON_HD explicit operator float() const noexcept { return detail::core::f16_bits_to_float(bits); }
-  [[nodiscard]] BATON_HD float to_float() const noexcept { return detail::core::f16_bits_to_float(bits); }
-};
+using float16 = basic_float16<detail::core::float16_codec>;
 
 static_assert(sizeof(bfloat16) == 2 && std::is_trivially_copyable_v<bfloat16>);
 static_assert(sizeof(float16) == 2 && std::is_trivially_copyable_v<float16>);
