@@ -123,20 +123,14 @@ BATON_ALWAYS_INLINE vec_t<T> broadcast(T s) noexcept {
 }
 
 /// a * b + c, fused where the target has FMA (independent of -ffp-contract).
-BATON_ALWAYS_INLINE vec_t<float> fma(const vec_t<float>& a, const vec_t<float>& b, const vec_t<float>& c) noexcept {
+template <class V>
+  requires(std::is_same_v<V, vec_t<float>> || std::is_same_v<V, vec_t<double>>)
+BATON_ALWAYS_INLINE V fma(const V& a, const V& b, const V& c) noexcept {
+  [[maybe_unused]] constexpr bool single = std::is_same_v<V, vec_t<float>>;
 #if defined(__GNUC__) && defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
+  if constexpr (single) return _mm512_fmadd_ps(a, b, c); else return _mm512_fmadd_pd(a, b, c);
 #elif defined(__GNUC__) && defined(__FMA__) && defined(__AVX__)
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-BATON_ALWAYS_INLINE vec_t<double> fma(const vec_t<double>& a, const vec_t<double>& b, const vec_t<double>& c) noexcept {
-#if defined(__GNUC__) && defined(__AVX512F__)
-  return _mm512_fmadd_pd(a, b, c);
-#elif defined(__GNUC__) && defined(__FMA__) && defined(__AVX__)
-  return _mm256_fmadd_pd(a, b, c);
+  if constexpr (single) return _mm256_fmadd_ps(a, b, c); else return _mm256_fmadd_pd(a, b, c);
 #else
   return a * b + c;
 #endif
