@@ -29,7 +29,7 @@ struct tag_range {
   static_assert(First >= 0, "baton tag_range: tags are non-negative (MPI's rule): start the range at 0 or above");
   static_assert(Count >= 1 || Count == -1,
                 "baton tag_range: a range holds at least one tag (or is open-ended: tag_range_to_bound)");
-  static_assert(Count == -1 || First <= INT_MAX - Count, "baton tag_range: the range ends past INT_MAX");
+  static_assert(First <= INT_MAX - (Count < 0 ? 0 : Count), "baton tag_range: the range ends past INT_MAX");
 
   static constexpr std::string_view name = Name.view();
   static constexpr int first = First;
