@@ -18,9 +18,9 @@
 // ("Duplicate GPU detected", ncclInvalidUsage, since NCCL 2.5; the user guide: using the same
 // CUDA device multiple times as different ranks of the same NCCL communicator is not
 // supported). So:
-//  - over nccl_communicator: one rank per visible GPU (at most 8). With ONE GPU that is a
-//    ring of 1 (and Ulysses of 1, hybrid 1 x 1): the device buffers, kernels, merges,
-//    staging of the agreement and NCCL's self all-to-all run, but no K/V block travels.
+//  - over nccl_communicator: one rank per visible GPU (at most 8), so these cases need two
+//    GPUs and skip with fewer: on one GPU they would be a ring of 1 (Ulysses of 1, hybrid
+//    1 x 1) in which no K/V block travels, a pass that tested no transfer.
 //  - several ranks on one device: the local world with a device adapter (device_local_comm:
 //    it stages each transfer through host memory with cudaMemcpy) runs ring of 2 and 3,
 //    Ulysses of 2 and hybrid 2 x 2 on device 0, so the multi-rank device path (steps skipped
@@ -260,6 +260,13 @@ cp_test::tensors<T> run_on_one_device(const cp_test::config& c, const cp_test::p
   return result;
 }
 
+// Why a case over nccl_communicator skips: it takes one rank per GPU and needs a ring of 2.
+std::string fewer_than_two_gpus(int devices) {
+  if (devices == 0) return "no CUDA device";
+  return "one CUDA device: NCCL takes one rank per GPU and a ring of 1 moves no K/V block; these cases need "
+         "2 or more (the one-device cases run several ranks on it through the local world)";
+}
+
 // One rank per visible GPU (at most 8) over nccl_communicator, with `make_backend(stream)`
 // on the rank's own stream. Hybrid uses a 1 x ranks mesh (Ulysses over all of them) when
 // the rank count is odd, else 2 x ranks/2.
@@ -393,8 +400,8 @@ TEST_CASE("cp gpu: host tensors given to a CUDA backend fail on every rank", "[c
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid over NCCL (staged reference backend)", "[cp][cuda][gpu][nccl][can-skip]") {
   const int devices = std::min(baton_test::visible_cuda_devices(), 8);
-  if (devices == 0) BATON_SKIP("no CUDA device");
-  // One rank per GPU; with one GPU a ring of 1 (see the file comment).
+  if (devices < 2) BATON_SKIP(fewer_than_two_gpus(devices));
+  // One rank per GPU (see the file comment).
   cp_test::dims d = small_dims<double>();
   d.heads_q = 8;  // divisible by every Ulysses degree up to 8
   d.heads_kv = 8;
@@ -443,7 +450,7 @@ TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention on one device", 
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid with cuda_attention over NCCL", "[cp][cuda][gpu][nccl_cuda_attention][can-skip]") {
   const int devices = std::min(baton_test::visible_cuda_devices(), 4);
-  if (devices == 0) BATON_SKIP("no CUDA device");
+  if (devices < 2) BATON_SKIP(fewer_than_two_gpus(devices));
   const cp_test::dims d = cuda_dims(64 * devices + 17);
   const baton::causal_mask mask;
   const auto p = cp_test::make_problem<float>(d, mask, 51);

@@ -221,12 +221,14 @@ TEST_CASE("ring schedule: every rank sees every block once and accumulators end 
       // rank r receives at step s+1 what rank r-1 held at step s
       for (int s = 0; s + 1 < R; ++s) REQUIRE(sched.kv_owner(r, s + 1) == sched.kv_owner((r - 1 + R) % R, s));
     }
-    // after the last step the block of owner o sits on holder_after_last_step(o); one +1 hop
-    // takes it home
+    // what a rank holds at any step goes home in hops_to_owner(step) hops forward; with no
+    // step skipped the last is R-1, where the block of owner o sits on o - 1: one +1 hop
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < sched.steps(); ++s) REQUIRE((r + sched.hops_to_owner(s)) % R == sched.kv_owner(r, s));
     for (int o = 0; o < R; ++o) {
-      const int holder = sched.holder_after_last_step(o);
+      const int holder = (o + R - 1) % R;
       REQUIRE(sched.kv_owner(holder, R - 1) == o);
-      REQUIRE((holder + 1) % R == o);
+      REQUIRE((holder + sched.hops_to_owner(R - 1)) % R == o);
     }
   }
 }

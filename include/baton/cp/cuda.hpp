@@ -37,6 +37,7 @@
 
 #include <baton/config.hpp>
 #include <baton/core/cuda_annotations.hpp>
+#include <baton/core/cuda_check.hpp>
 #include <baton/cp/detail/cuda_elementwise.hpp>
 #include <baton/cp/detail/bshd.hpp>
 #include <baton/cp/error.hpp>
@@ -62,12 +63,6 @@ namespace baton {
 
 namespace detail::cp::cuda_memory {
 
-inline void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess)
-    throw cp_error(std::string("baton::cuda_device_memory: ") + what + " failed: " + cudaGetErrorName(rc) + ": " +
-                   cudaGetErrorString(rc));
-}
-
 template <class>
 inline constexpr bool compiled_by_nvcc = false;
 
@@ -82,7 +77,8 @@ class cuda_device_buffer {
   cuda_device_buffer(std::size_t n, cudaStream_t stream) : size_(n), stream_(stream) {
     if (n == 0) return;
     void* p = nullptr;
-    detail::cp::cuda_memory::check(cudaMallocAsync(&p, n * sizeof(T), stream), "cudaMallocAsync");
+    detail::core::check_cuda<cp_error>(cudaMallocAsync(&p, n * sizeof(T), stream), "baton::cuda_device_memory",
+                                       "cudaMallocAsync");
     data_ = static_cast<T*>(p);
   }
   cuda_device_buffer(cuda_device_buffer&& other) noexcept
@@ -144,7 +140,8 @@ class cuda_device_memory {
     bool zero = true;
     for (unsigned char b : bytes) zero = zero && b == 0;
     if (zero) {  // all-zero bytes (0, +0.0, std::byte{0}): no kernel needed
-      detail::cp::cuda_memory::check(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), stream_), "cudaMemsetAsync");
+      detail::core::check_cuda<cp_error>(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), stream_),
+                                         "baton::cuda_device_memory", "cudaMemsetAsync");
       return;
     }
 #if BATON_CUDA_COMPILATION()
@@ -194,7 +191,8 @@ class cuda_device_memory {
   /// Waits until the stream has done everything issued on it (kernels, and the backend's work
   /// when it shares the stream): called before every transfer and at the end of each call.
   void synchronize() {
-    detail::cp::cuda_memory::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    detail::core::check_cuda<cp_error>(cudaStreamSynchronize(stream_), "baton::cuda_device_memory",
+                                       "cudaStreamSynchronize");
   }
 
   /// The agreement's host descriptors, staged through device buffers for the communicator.
@@ -202,15 +200,15 @@ class cuda_device_memory {
   void with_host_bytes(std::span<const std::byte> send, std::span<std::byte> recv, F&& f) {
     buffer<std::byte> device_send(send.size(), stream_), device_recv(recv.size(), stream_);
     if (!send.empty())
-      detail::cp::cuda_memory::check(
+      detail::core::check_cuda<cp_error>(
           cudaMemcpyAsync(device_send.data(), send.data(), send.size(), cudaMemcpyHostToDevice, stream_),
-          "cudaMemcpyAsync (host to device)");
+          "baton::cuda_device_memory", "cudaMemcpyAsync (host to device)");
     synchronize();
     f(std::span<const std::byte>(device_send.data(), send.size()), std::span<std::byte>(device_recv.data(), recv.size()));
     if (!recv.empty())
-      detail::cp::cuda_memory::check(
+      detail::core::check_cuda<cp_error>(
           cudaMemcpyAsync(recv.data(), device_recv.data(), recv.size(), cudaMemcpyDeviceToHost, stream_),
-          "cudaMemcpyAsync (device to host)");
+          "baton::cuda_device_memory", "cudaMemcpyAsync (device to host)");
     synchronize();
   }
 

@@ -96,7 +96,8 @@ template <all_to_all_communicator UlyssesComm, ring_communicator RingComm, class
           cp_memory_space Memory = cp_memory_space_t<Backend>>
 class hybrid_attention
     : public detail::cp::front_end<hybrid_attention<UlyssesComm, RingComm, Backend, Memory>, Backend, Memory,
-                                   UlyssesComm, RingComm> {
+                                   UlyssesComm, RingComm>,
+      public detail::cp::ulysses_stage<hybrid_attention<UlyssesComm, RingComm, Backend, Memory>, Memory> {
  public:
   hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding)
       : ulysses_(&ulysses),
@@ -133,16 +134,16 @@ class hybrid_attention
   int shard_index() const noexcept { return ring_->rank() * ulysses_->size() + ulysses_->rank(); }
 
   // forward(q, k, v, mask, out, lse, params) and backward(q, k, v, out, lse, dout, mask, dq,
-  // dk, dv, params) come from detail::cp::front_end.
-
-  /// Frees the gathered buffers kept between calls (the next call allocates again); use one
-  /// object per rank, one call at a time, as with the communicators.
-  void release_workspace() noexcept { ws_.release(); }
+  // dk, dv, params) come from detail::cp::front_end; release_workspace() from
+  // detail::cp::ulysses_stage.
 
  private:
   friend class detail::cp::front_end<hybrid_attention, Backend, Memory, UlyssesComm, RingComm>;
+  friend class detail::cp::ulysses_stage<hybrid_attention, Memory>;
 
   Memory& memory() noexcept { return memory_; }
+  UlyssesComm& exchange_group() noexcept { return *ulysses_; }
+  detail::cp::ulysses_workspace<Memory>& workspace() noexcept { return ws_; }
 
   detail::cp::ring_geometry ring_geometry_of(const detail::cp::ulysses_geometry& g) const {
     detail::cp::ring_geometry rg;
@@ -189,32 +190,21 @@ class hybrid_attention
                                            ulysses_->rank());
   }
 
+  // The ring over the groups. A ring's members share their Ulysses rank, so they hold the
+  // same heads: where that is none (more Ulysses ranks than heads), ulysses_stage skips the
+  // attention on the whole ring together.
   template <class T, class Mask>
-  void run_forward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                   tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
-                   double scale) {
-    using namespace detail::cp;
-    ws_.mem = &memory_;
-    const ulysses_gathered<T> x = gather_for_forward<T>(*ulysses_, ws_, g, q, k, v);
-    // A ring's members share their Ulysses rank, so they hold the same heads: where that is
-    // none (more Ulysses ranks than heads), the whole ring skips together.
-    if (g.heads_q() > 0)
-      ring_forward<T>(*ring_, backend_, memory_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse, scale);
-    scatter_out_lse<T>(*ulysses_, ws_, g, x, out, lse);
+  void attend_forward(const detail::cp::ulysses_geometry& g, const detail::cp::ulysses_gathered<T>& x,
+                      const Mask& mask, double scale) {
+    detail::cp::ring_forward<T>(*ring_, backend_, memory_, ring_geometry_of(g), x.q, x.k, x.v, mask, x.out, x.lse,
+                                scale);
   }
 
   template <class T, class Mask>
-  void run_backward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                    tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
-                    tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
-                    tensor_view<T, 4> dv, double scale) {
-    using namespace detail::cp;
-    ws_.mem = &memory_;
-    const ulysses_gathered<T> x = gather_for_backward<T>(*ulysses_, ws_, g, q, k, v, out, lse, dout);
-    if (g.heads_q() > 0)
-      ring_backward<T>(*ring_, backend_, memory_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
-                     tensor_view<const lse_t<T>, 3>(x.lse), x.dout, mask, x.dq, x.dk, x.dv, scale);
-    scatter_grads<T>(*ulysses_, ws_, g, x, dq, dk, dv);
+  void attend_backward(const detail::cp::ulysses_geometry& g, const detail::cp::ulysses_gathered<T>& x,
+                       const Mask& mask, double scale) {
+    detail::cp::ring_backward<T>(*ring_, backend_, memory_, ring_geometry_of(g), x.q, x.k, x.v, x.out,
+                                 tensor_view<const lse_t<T>, 3>(x.lse), x.dout, mask, x.dq, x.dk, x.dv, scale);
   }
 
   UlyssesComm* ulysses_;

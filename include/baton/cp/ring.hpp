@@ -76,14 +76,8 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   int world_size() const noexcept { return ring_->size(); }
 
   std::string topology_problem() const {
-    if (sharding_.inner_degree() != 1)
-      return "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
-             "; ring_attention shards over the ring alone (use hybrid_attention for Ulysses x ring)";
-    if (sharding_.degree() != ring_->size())
-      return "the sequence_sharding spreads the sequence over " + std::to_string(sharding_.degree()) +
-             " ranks but the ring communicator has " + std::to_string(ring_->size()) +
-             "; build the sharding with degree = the ring's size()";
-    return {};
+    return detail::cp::one_group_problem(sharding_, ring_->size(), "ring_attention shards over the ring alone",
+                                         "the ring communicator", "the ring's size()");
   }
   std::string heads_problem(const detail::cp::local_shape&) const { return {}; }
 

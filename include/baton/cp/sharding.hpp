@@ -25,7 +25,8 @@ namespace baton {
 namespace detail::cp {
 
 // n items cut into `parts` runs as evenly as possible, the first n % parts one longer: the
-// rule of every layout where the length does not divide (and of balance.hpp's comparisons).
+// rule of every layout where the length does not divide (and of the layouts in
+// balance/layouts.hpp).
 constexpr std::int64_t even_run_count(std::int64_t n, std::int64_t parts, std::int64_t i) noexcept {
   return n / parts + (i < n % parts ? 1 : 0);
 }
@@ -71,6 +72,21 @@ struct shard_piece {
   constexpr std::int64_t last() const noexcept { return first + (count - 1) * stride; }
   friend constexpr bool operator==(const shard_piece&, const shard_piece&) = default;
 };
+
+namespace detail::cp {
+
+// The global positions of `pieces`, in local order.
+inline std::vector<std::int64_t> positions_of(std::span<const shard_piece> pieces) {
+  std::int64_t n = 0;
+  for (const shard_piece& p : pieces) n += p.count;
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (const shard_piece& p : pieces)
+    for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
+  return out;
+}
+
+}  // namespace detail::cp
 
 /// The layout of one sequence over `degree x inner_degree` ranks.
 ///
@@ -255,24 +271,10 @@ class sequence_sharding {
   }
 
   /// The global positions rank holds, in local order.
-  std::vector<std::int64_t> global_positions(int rank) const {
-    std::vector<std::int64_t> out;
-    out.reserve(static_cast<std::size_t>(local_len(rank)));
-    for (const shard_piece& p : pieces(rank)) {
-      for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
-    }
-    return out;
-  }
+  std::vector<std::int64_t> global_positions(int rank) const { return detail::cp::positions_of(pieces(rank)); }
 
   /// The global positions group holds (the concatenation of its inner ranks' positions).
-  std::vector<std::int64_t> group_positions(int group) const {
-    std::vector<std::int64_t> out;
-    out.reserve(static_cast<std::size_t>(group_len(group)));
-    for (const shard_piece& p : group_pieces(group)) {
-      for (std::int64_t i = 0; i < p.count; ++i) out.push_back(p.position(i));
-    }
-    return out;
-  }
+  std::vector<std::int64_t> group_positions(int group) const { return detail::cp::positions_of(group_pieces(group)); }
 
   /// A hash of the whole layout (every piece), for ranks to check they agree.
   std::int64_t fingerprint() const noexcept {

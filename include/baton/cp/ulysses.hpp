@@ -228,6 +228,55 @@ void scatter_grads(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry&
   scatter_heads<T>(comm, mem, g, x.dv.data, g.kv_split, dv, send, recv);
 }
 
+// The Ulysses stage of ulysses_attention and hybrid_attention (CRTP): the run_forward and
+// run_backward front_end calls, which gather the whole sequence for this rank's heads, have
+// Derived attend over it, and scatter the results back to sequence shards; and
+// release_workspace(). A rank holding no heads (more ranks than heads) exchanges but does
+// not attend. Derived provides, as members this base may call (befriend it):
+//   Comm& exchange_group();   (the Ulysses group's all_to_all_communicator)
+//   Memory& memory();
+//   ulysses_workspace<Memory>& workspace();  (a member declared after the backend and the
+//       memory space, so that its buffers are freed first: a device buffer is freed on the
+//       backend's stream)
+//   template <class T, class Mask>
+//   void attend_forward(const ulysses_geometry&, const ulysses_gathered<T>&, const Mask&, double scale);
+//   template <class T, class Mask>
+//   void attend_backward(const ulysses_geometry&, const ulysses_gathered<T>&, const Mask&, double scale);
+//       (writes the gathered dq, dk, dv)
+template <class Derived, class Memory>
+class ulysses_stage {
+ public:
+  /// Frees the head-sharded buffers kept between calls (the next call allocates again); use
+  /// one object per rank, one call at a time, as with the communicators.
+  void release_workspace() noexcept { static_cast<Derived&>(*this).workspace().release(); }
+
+ protected:
+  template <class T, class Mask>
+  void run_forward(const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                   tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
+                   double scale) {
+    Derived& self = static_cast<Derived&>(*this);
+    ulysses_workspace<Memory>& ws = self.workspace();
+    ws.mem = &self.memory();
+    const ulysses_gathered<T> x = gather_for_forward<T>(self.exchange_group(), ws, g, q, k, v);
+    if (g.heads_q() > 0) self.template attend_forward<T>(g, x, mask, scale);
+    scatter_out_lse<T>(self.exchange_group(), ws, g, x, out, lse);
+  }
+
+  template <class T, class Mask>
+  void run_backward(const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+                    tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
+                    tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
+                    tensor_view<T, 4> dv, double scale) {
+    Derived& self = static_cast<Derived&>(*this);
+    ulysses_workspace<Memory>& ws = self.workspace();
+    ws.mem = &self.memory();
+    const ulysses_gathered<T> x = gather_for_backward<T>(self.exchange_group(), ws, g, q, k, v, out, lse, dout);
+    if (g.heads_q() > 0) self.template attend_backward<T>(g, x, mask, scale);
+    scatter_grads<T>(self.exchange_group(), ws, g, x, dq, dk, dv);
+  }
+};
+
 // The pieces of the gathered sequence: rank i's pieces, shifted past ranks 0 .. i-1's tokens.
 inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& sharding, int first_rank, int count) {
   std::vector<shard_piece> out;
@@ -266,7 +315,8 @@ inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& shardin
 /// ```
 template <all_to_all_communicator Comm, class Backend, cp_memory_space Memory = cp_memory_space_t<Backend>>
 class ulysses_attention
-    : public detail::cp::front_end<ulysses_attention<Comm, Backend, Memory>, Backend, Memory, Comm> {
+    : public detail::cp::front_end<ulysses_attention<Comm, Backend, Memory>, Backend, Memory, Comm>,
+      public detail::cp::ulysses_stage<ulysses_attention<Comm, Backend, Memory>, Memory> {
  public:
   ulysses_attention(Comm& comm, Backend backend, sequence_sharding sharding)
       : comm_(&comm),
@@ -282,15 +332,16 @@ class ulysses_attention
   int shard_index() const noexcept { return comm_->rank(); }
 
   // forward(q, k, v, mask, out, lse, params) and backward(q, k, v, out, lse, dout, mask, dq,
-  // dk, dv, params) come from detail::cp::front_end.
-
-  /// Frees the head-sharded buffers kept between calls (the next call allocates again).
-  void release_workspace() noexcept { ws_.release(); }
+  // dk, dv, params) come from detail::cp::front_end; release_workspace() from
+  // detail::cp::ulysses_stage.
 
  private:
   friend class detail::cp::front_end<ulysses_attention, Backend, Memory, Comm>;
+  friend class detail::cp::ulysses_stage<ulysses_attention, Memory>;
 
   Memory& memory() noexcept { return memory_; }
+  Comm& exchange_group() noexcept { return *comm_; }
+  detail::cp::ulysses_workspace<Memory>& workspace() noexcept { return ws_; }
 
   static constexpr const char* name = "baton::ulysses_attention";
   static constexpr auto forward_op = detail::cp::op_ulysses_forward;
@@ -298,14 +349,8 @@ class ulysses_attention
   int world_size() const noexcept { return comm_->size(); }
 
   std::string topology_problem() const {
-    if (sharding_.inner_degree() != 1)
-      return "the sequence_sharding has inner degree " + std::to_string(sharding_.inner_degree()) +
-             "; ulysses_attention shards over one all-to-all group (use hybrid_attention for Ulysses x ring)";
-    if (sharding_.degree() != comm_->size())
-      return "the sequence_sharding spreads the sequence over " + std::to_string(sharding_.degree()) +
-             " ranks but the Ulysses communicator has " + std::to_string(comm_->size()) +
-             "; build the sharding with degree = the communicator's size()";
-    return {};
+    return detail::cp::one_group_problem(sharding_, comm_->size(), "ulysses_attention shards over one all-to-all group",
+                                         "the Ulysses communicator", "the communicator's size()");
   }
   std::string heads_problem(const detail::cp::local_shape& s) const {
     return detail::cp::check_head_split(s.heads_q, s.heads_kv, comm_->size());
@@ -330,31 +375,18 @@ class ulysses_attention
   }
 
   template <class T, class Mask>
-  void run_forward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                   tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
-                   double scale) {
-    using namespace detail::cp;
-    ws_.mem = &memory_;
-    const ulysses_gathered<T> x = gather_for_forward<T>(*comm_, ws_, g, q, k, v);
+  void attend_forward(const detail::cp::ulysses_geometry&, const detail::cp::ulysses_gathered<T>& x, const Mask& mask,
+                      double scale) {
     std::vector<std::int64_t> storage;
-    if (g.heads_q() > 0)  // more ranks than heads: this one holds none
-      backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, scale));
-    scatter_out_lse<T>(*comm_, ws_, g, x, out, lse);
+    backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, scale));
   }
 
   template <class T, class Mask>
-  void run_backward(const detail::cp::ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                    tensor_view<const T, 4> v, tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
-                    tensor_view<const T, 4> dout, const Mask& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk,
-                    tensor_view<T, 4> dv, double scale) {
-    using namespace detail::cp;
-    ws_.mem = &memory_;
-    const ulysses_gathered<T> x = gather_for_backward<T>(*comm_, ws_, g, q, k, v, out, lse, dout);
+  void attend_backward(const detail::cp::ulysses_geometry&, const detail::cp::ulysses_gathered<T>& x, const Mask& mask,
+                       double scale) {
     std::vector<std::int64_t> storage;
-    if (g.heads_q() > 0)
-      backend_.backward(in(x.q), in(x.k), in(x.v), in(x.out), tensor_view<const lse_t<T>, 3>(x.lse), in(x.dout), mask,
+    backend_.backward(in(x.q), in(x.k), in(x.v), in(x.out), tensor_view<const lse_t<T>, 3>(x.lse), in(x.dout), mask,
                       x.dq, x.dk, x.dv, gathered_params(storage, scale));
-    scatter_grads<T>(*comm_, ws_, g, x, dq, dk, dv);
   }
 
   // The backend reads its inputs through const views (deduction does not convert).

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <baton/core/cuda_annotations.hpp>
+#include <baton/core/cuda_check.hpp>
 
 #if !BATON_CUDA_COMPILATION()
 #error "baton/cp/detail/cuda_kernels.cuh holds CUDA kernels: compile this translation unit with nvcc (a .cu file)"
@@ -23,7 +24,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 namespace baton::detail::cp::cuda {
@@ -61,12 +61,6 @@ __global__ void merge_kernel(A* out, strided_layout<4> o, A* lse, strided_layout
     merge_row_element<A, T, L>(out, o, lse, l, out_b, ob, lse_b, lb, r);
 }
 
-inline void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess)
-    throw cp_error(std::string("baton::cuda_device_memory: ") + what + " failed: " + cudaGetErrorName(rc) + ": " +
-                   cudaGetErrorString(rc));
-}
-
 inline unsigned blocks_for(std::int64_t n, unsigned threads) {
   const std::int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(std::min<std::int64_t>(blocks, 65535));
@@ -84,7 +78,7 @@ void launch_copy(const tensor_view<const U, 4>& src, const tensor_view<T, 4>& ds
   else
     copy_kernel<U, T, A, false><<<blocks_for(n, threads_per_block), threads_per_block, 0, stream>>>(
         src.data, src.layout, dst.data, dst.layout, n);
-  check(cudaGetLastError(), "the copy kernel launch");
+  core::check_cuda<cp_error>(cudaGetLastError(), "baton::cuda_device_memory", "the copy kernel launch");
 }
 
 template <class A, class T>
@@ -93,14 +87,14 @@ void launch_accumulate(const tensor_view<A, 4>& acc, const tensor_view<const T, 
   if (n == 0) return;
   accumulate_kernel<A, T><<<blocks_for(n, threads_per_block), threads_per_block, 0, stream>>>(
       acc.data, acc.layout, src.data, src.layout, n);
-  check(cudaGetLastError(), "the accumulate kernel launch");
+  core::check_cuda<cp_error>(cudaGetLastError(), "baton::cuda_device_memory", "the accumulate kernel launch");
 }
 
 template <class T>
 void launch_fill(T* dst, std::int64_t n, T value, cudaStream_t stream) {
   if (n == 0) return;
   fill_kernel<T><<<blocks_for(n, threads_per_block), threads_per_block, 0, stream>>>(dst, n, value);
-  check(cudaGetLastError(), "the fill kernel launch");
+  core::check_cuda<cp_error>(cudaGetLastError(), "baton::cuda_device_memory", "the fill kernel launch");
 }
 
 template <class A, class T, class L>
@@ -110,7 +104,7 @@ void launch_merge(const tensor_view<A, 4>& out, const tensor_view<A, 4>& lse, co
   if (rows == 0) return;
   merge_kernel<A, T, L><<<blocks_for(rows, threads_per_block), threads_per_block, 0, stream>>>(
       out.data, out.layout, lse.data, lse.layout, out_b.data, out_b.layout, lse_b.data, lse_b.layout, rows);
-  check(cudaGetLastError(), "the merge kernel launch");
+  core::check_cuda<cp_error>(cudaGetLastError(), "baton::cuda_device_memory", "the merge kernel launch");
 }
 
 }  // namespace baton::detail::cp::cuda

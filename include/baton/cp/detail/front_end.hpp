@@ -223,6 +223,21 @@ std::int64_t mask_fingerprint(const Mask& mask, std::int64_t seq_len) {
   return h.value();
 }
 
+// The problem, if any, with the sharding of a class that shards over one group of `size`
+// ranks (ring_attention: the ring; ulysses_attention: the all-to-all group). The words name
+// the class's rule, its communicator and that communicator's size.
+inline std::string one_group_problem(const sequence_sharding& sharding, int size, std::string_view shards_over,
+                                     std::string_view communicator, std::string_view size_call) {
+  if (sharding.inner_degree() != 1)
+    return "the sequence_sharding has inner degree " + std::to_string(sharding.inner_degree()) + "; " +
+           std::string(shards_over) + " (use hybrid_attention for Ulysses x ring)";
+  if (sharding.degree() != size)
+    return "the sequence_sharding spreads the sequence over " + std::to_string(sharding.degree()) + " ranks but " +
+           std::string(communicator) + " has " + std::to_string(size) + "; build the sharding with degree = " +
+           std::string(size_call);
+  return {};
+}
+
 // The problem with a softmax scale, if any (the backends' own rule, checked before any data
 // moves so that a bad scale on one rank stops every rank together).
 inline std::string check_scale(double scale) {
@@ -268,6 +283,8 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
 //   template <class T, class Mask> void run_backward(const G&, q, k, v, out, lse, dout, mask, dq, dk,
 //                                                    dv, double scale);
 //   Memory& memory();  (the memory space its buffers and copies use, cp/memory.hpp)
+// (ulysses_attention and hybrid_attention take run_forward and run_backward from their base
+// ulysses_stage, ulysses.hpp.)
 // Memory and Comms (the communicators the algorithm uses) are checked against each other and
 // against the backend at compile time; the tensors against Memory at run time (agreed).
 template <class Derived, class Backend, class Memory = host_memory, class... Comms>

@@ -13,8 +13,9 @@
 //
 // Backward (seed 001): every step calls the backend with the K/V block of *that* step, the
 // FINAL merged out and lse, and dout — nothing saved at step 0 is reused. A dK/dV
-// accumulator (fp32 or better) travels one step behind its K/V block; after the last step
-// one more hop returns every accumulator to the rank that owns the keys.
+// accumulator (fp32 or better) follows its K/V block, sent on once the step's compute is
+// done; after the last active step one more shift (ring_schedule::hops_to_owner) returns
+// every accumulator to the rank that owns the keys.
 //
 // Memory: every buffer comes from the memory space M and every copy, fill, accumulation and
 // merge is a call on it (memory.hpp), so the same steps run on host or device memory. M is
@@ -233,6 +234,8 @@ struct ring_geometry {
     for (int r = 0; r < static_cast<int>(pieces.size()); ++r) m = std::max(m, len(r));
     return m;
   }
+  // Elements of the K (or V) a transfer carries: the longest shard's.
+  std::int64_t kv_capacity() const noexcept { return batch * max_len() * heads_kv * dim; }
 };
 
 // The ring steps at which some rank's queries need the block it holds: the others are
@@ -257,21 +260,59 @@ std::vector<int> active_ring_steps(const Mask& mask, const ring_geometry& g) {
   return active;
 }
 
+// A rank's walk over the active steps, the same for forward and backward: the K/V block held
+// at each (the first needed one fetched up front when the own block is not), and the next
+// one's transfer started before the step's work and waited for after it, so that the two
+// overlap. `step_work(i, owner, k, v)` does active step i on the block of `owner` (its K and
+// V, g.len(owner) positions long).
+template <class T, class Ring, class M, class StepWork>
+void walk_ring(Ring& ring, kv_blocks<T, M>& blocks, const ring_geometry& g, const std::vector<int>& active,
+               StepWork&& step_work) {
+  const ring_schedule schedule{ring.size()};
+  if (!active.empty() && active.front() != 0) {
+    blocks.start_shift(ring, active.front()).wait();
+    blocks.take_arrived();
+  }
+  for (std::size_t i = 0; i < active.size(); ++i) {
+    const int step = active[i];
+    const int owner = schedule.kv_owner(ring.rank(), step);
+    kv_transfer<Ring> next_block;
+    if (i + 1 < active.size())  // skipped steps are jumped in one shift
+      next_block = blocks.start_shift(ring, active[i + 1] - step);
+    const std::int64_t kl = g.len(owner);
+    step_work(i, owner, blocks.k(kl), blocks.v(kl));
+    if (next_block.active()) {
+      next_block.wait();
+      blocks.take_arrived();
+    }
+  }
+}
+
+// The backend's parameters for call c of a step: its queries' and keys' global positions
+// (backed by the stores when they are not one run).
+inline attention_params call_params(std::span<const shard_piece> q_pieces, std::span<const shard_piece> k_pieces,
+                                    const block_call& c, double softmax_scale, std::vector<std::int64_t>& q_store,
+                                    std::vector<std::int64_t>& k_store) {
+  attention_params params;
+  params.q_pos = positions_for(q_pieces, c.q_piece_begin, c.q_piece_end, q_store);
+  params.k_pos = positions_for(k_pieces, c.k_piece_begin, c.k_piece_end, k_store);
+  params.softmax_scale = softmax_scale;
+  return params;
+}
+
 template <class T, class Ring, class Backend, class Mask, class M>
 void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, tensor_view<const T, 4> q,
                   tensor_view<const T, 4> k, tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out,
                   tensor_view<lse_t<T>, 3> lse, double softmax_scale) {
   using A = cp_accumulator_t<T>;
   using L = lse_t<T>;
-  const int ranks = ring.size(), me = ring.rank();
-  const ring_schedule schedule{ranks};
-  const std::int64_t b = g.batch, sl = g.len(me), hq = g.heads_q, hkv = g.heads_kv, d = g.dim;
-  const std::int64_t capacity = b * g.max_len() * hkv * d;
+  const int me = ring.rank();
+  const std::int64_t b = g.batch, sl = g.len(me), hq = g.heads_q, d = g.dim;
   const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
   const std::vector<int> active = active_ring_steps(mask, g);
 
   const auto out_size = static_cast<std::size_t>(b * sl * hq * d), lse_size = static_cast<std::size_t>(b * hq * sl);
-  kv_blocks<T, M> blocks(mem, k, v, capacity);
+  kv_blocks<T, M> blocks(mem, k, v, g.kv_capacity());
   // The running (out, lse), in fp32 or better: the caller's out and lse themselves when they
   // have that type and are dense.
   typename M::template buffer<A> out_acc, lse_acc;
@@ -321,27 +362,10 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   auto lse_blk = mem.template allocate<L>(blk_size * lse_size);
   std::vector<std::int64_t> q_store, k_store;
 
-  // At active step s the block held is rank (me - s)'s. When nobody needs the own block
-  // (step 0), the first needed one is fetched before anything is computed.
-  if (!active.empty() && active.front() != 0) {
-    blocks.start_shift(ring, active.front()).wait();
-    blocks.take_arrived();
-  }
-  for (std::size_t i = 0; i < active.size(); ++i) {
-    const int step = active[i];
-    const int owner = schedule.kv_owner(me, step);
-    kv_transfer<Ring> transfer;
-    if (i + 1 < active.size())  // overlaps this step; skipped steps are jumped in one shift
-      transfer = blocks.start_shift(ring, active[i + 1] - step);
-
+  walk_ring<T>(ring, blocks, g, active, [&](std::size_t, int owner, const auto& kb, const auto& vb) {
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
-    const std::int64_t kl = g.len(owner);
-    const auto kb = blocks.k(kl), vb = blocks.v(kl);
     for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
-      attention_params params;
-      params.q_pos = positions_for(my_pieces, c.q_piece_begin, c.q_piece_end, q_store);
-      params.k_pos = positions_for(k_pieces, c.k_piece_begin, c.k_piece_end, k_store);
-      params.softmax_scale = softmax_scale;
+      const attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
       const auto call = [&](tensor_view<T, 4> ob, tensor_view<L, 3> lb) {
         backend.forward(q.slice(1, c.q_offset, c.q_count), kb.slice(1, c.k_offset, c.k_count),
                         vb.slice(1, c.k_offset, c.k_count), mask, ob, lb, params);
@@ -365,11 +389,7 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
       mem.merge(out_all.slice(1, c.q_offset, c.q_count), lse_all.slice(1, c.q_offset, c.q_count),
                 ob.as_const(), lse_as_bshd(lb).as_const());
     }
-    if (transfer.active()) {
-      transfer.wait();
-      blocks.take_arrived();
-    }
-  }
+  });
   touch(0, sl, true);  // rows no block reached: the empty result
   if (!out_in_place) mem.copy(out_all.as_const(), out);
   if (!lse_in_place) mem.copy(lse_all.as_const(), lse_as_bshd(lse));
@@ -381,10 +401,10 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
                    tensor_view<const lse_t<T>, 3> lse, tensor_view<const T, 4> dout, const Mask& mask,
                    tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv, double softmax_scale) {
   using A = cp_accumulator_t<T>;
-  const int ranks = ring.size(), me = ring.rank();
-  const ring_schedule schedule{ranks};
+  const int me = ring.rank();
+  const ring_schedule schedule{ring.size()};
   const std::int64_t b = g.batch, sl = g.len(me), hq = g.heads_q, hkv = g.heads_kv, d = g.dim;
-  const std::int64_t capacity = b * g.max_len() * hkv * d;
+  const std::int64_t capacity = g.kv_capacity();
   const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
   const std::vector<int> active = active_ring_steps(mask, g);
 
@@ -411,27 +431,15 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   std::vector<std::int64_t> q_store, k_store;
   in_flight<shift_request_t<Ring>> grad_transfer;
 
-  if (!active.empty() && active.front() != 0) {
-    blocks.start_shift(ring, active.front()).wait();
-    blocks.take_arrived();
-  }
-  for (std::size_t i = 0; i < active.size(); ++i) {
+  walk_ring<T>(ring, blocks, g, active, [&](std::size_t i, int owner, const auto& kb, const auto& vb) {
     const int step = active[i];
-    const int owner = schedule.kv_owner(me, step);
     const bool last = i + 1 == active.size();
-    kv_transfer<Ring> next_block;
-    if (!last) next_block = blocks.start_shift(ring, active[i + 1] - step);
-
     mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
-    const auto kb = blocks.k(kl), vb = blocks.v(kl);
     const tensor_view<A, 4> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
     for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
-      attention_params params;
-      params.q_pos = positions_for(my_pieces, c.q_piece_begin, c.q_piece_end, q_store);
-      params.k_pos = positions_for(k_pieces, c.k_piece_begin, c.k_piece_end, k_store);
-      params.softmax_scale = softmax_scale;
+      attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
       // The K/V of THIS step, and the final merged out / lse (never anything from step 0).
       const auto call = [&](tensor_view<T, 4> gq, tensor_view<T, 4> gk, tensor_view<T, 4> gv) {
         backend.backward(q.slice(1, c.q_offset, c.q_count), kb.slice(1, c.k_offset, c.k_count),
@@ -461,19 +469,14 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     if (i != 0)
       mem.accumulate(flat_view(grad_step.data(), 2 * capacity), flat_view(grad_in.data(), 2 * capacity).as_const());
     std::swap(grad_step, grad_out);
-    // Send it on with the block; after the last active step, back to the owner (me - step):
-    // a shift by -step, none when the last block held is the own one.
-    const int hop = last ? (ranks - step) % ranks : active[i + 1] - step;
+    // Send it on with the block; after the last active step, back to the owner (me - step),
+    // none when the last block held is the own one.
+    const int hop = last ? schedule.hops_to_owner(step) : active[i + 1] - step;
     if (hop != 0)
       grad_transfer = start_shift(ring, mem, grad_out, grad_in, hop, tag_grad);
     else
       std::swap(grad_in, grad_out);
-
-    if (next_block.active()) {
-      next_block.wait();
-      blocks.take_arrived();
-    }
-  }
+  });
   grad_transfer.wait();  // grad_in now holds the dK/dV of my own keys, from every rank's queries
   if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 

@@ -1,5 +1,5 @@
 // baton/cp/detail/ring_plan.hpp — the ring's bookkeeping: which rank's K/V block a rank holds
-// at each step, how many hops each tensor makes, and which (query piece, key piece)
+// at each step, how far what it holds is from its owner, and which (query piece, key piece)
 // rectangles of a step are worth computing under a mask.
 #pragma once
 
@@ -12,20 +12,19 @@
 
 namespace baton::detail::cp {
 
-// K/V blocks travel forward around the ring: at each step rank r sends what it holds to r+1
-// and receives from r-1. So at step s rank r holds the block rank (r - s) mod R owns.
+// K/V blocks travel forward around the ring: rank r sends what it holds towards r+1 and
+// receives from r-1, so at step s rank r holds the block rank (r - s) mod R owns. Steps no
+// rank needs are skipped (active_ring_steps, ring_core.hpp): the block then jumps from one
+// active step to the next in one shift of their difference.
 struct ring_schedule {
   int ranks = 1;
 
   constexpr int steps() const noexcept { return ranks; }
   constexpr int kv_owner(int rank, int step) const noexcept { return ((rank - step) % ranks + ranks) % ranks; }
-  // Forward and backward each move K/V R-1 times: the block held at the last step is not sent on.
-  constexpr int kv_hops() const noexcept { return ranks - 1; }
-  // The dK/dV accumulator of a block travels with it (R-1 hops) and then makes one more hop:
-  // after the last step rank r holds the block of (r + 1) mod R, its next neighbour, so one
-  // shift by +1 returns every accumulator to its owner.
-  constexpr int grad_hops() const noexcept { return ranks; }
-  constexpr int holder_after_last_step(int owner) const noexcept { return (owner + ranks - 1) % ranks; }
+  // The hops forward that take what a rank holds at `step` back to its owner: the backward's
+  // dK/dV accumulator travels with its block and makes this shift after the last active step
+  // (none when that block is the rank's own).
+  constexpr int hops_to_owner(int step) const noexcept { return (ranks - step) % ranks; }
 };
 
 // One backend call of a ring step: local query rows [q_offset, q_offset + q_count) against
@@ -83,15 +82,6 @@ std::vector<block_call> plan_block_calls(std::span<const shard_piece> q, std::sp
     i = i_end;
   }
   return calls;
-}
-
-// Global positions of the pieces [begin, end), in local order.
-inline std::vector<std::int64_t> positions_of(std::span<const shard_piece> pieces, std::size_t begin, std::size_t end) {
-  std::vector<std::int64_t> out;
-  for (std::size_t p = begin; p < end; ++p) {
-    for (std::int64_t i = 0; i < pieces[p].count; ++i) out.push_back(pieces[p].position(i));
-  }
-  return out;
 }
 
 // True when pieces [begin, end) hold one contiguous run of global positions.

@@ -34,40 +34,59 @@ struct sequence_part {
   tensor_view<T, 4> sequence_sharded;  // [b, s_local, H, x] (destination)
 };
 
-template <class T, class Comm, class M>
-void heads_from_sequence(Comm& comm, M& mem, std::span<const heads_part<T>> parts) {
+// Elements a part puts in each rank's block of the exchange: [b, s_local, per_rank, x].
+template <class Part>
+std::int64_t part_block(const Part& p) noexcept {
+  return p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() *
+         p.sequence_sharded.extent(3);
+}
+
+// One all-to-all for every part at once: each rank's block holds every part's part_block
+// elements, in order. `pack(part, rank, out)` writes a part's share for a rank at `out` and
+// returns where the next one goes; `unpack(recv, block)` reads what arrived (block: the
+// elements per rank).
+template <class T, class Comm, class M, class Part, class Pack, class Unpack>
+void exchange_parts(Comm& comm, M& mem, std::span<const Part> parts, Pack&& pack, Unpack&& unpack) {
   const std::int64_t ranks = comm.size();
   std::int64_t block = 0;
-  for (const auto& p : parts) block += p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() * p.sequence_sharded.extent(3);
+  for (const auto& p : parts) block += part_block(p);
   const auto count = static_cast<std::size_t>(block * ranks);
   auto send = mem.template allocate<T>(count), recv = mem.template allocate<T>(count);
   T* out = send.data();
   for (std::int64_t j = 0; j < ranks; ++j)
-    for (const auto& p : parts) out = pack_heads_part(mem, p.sequence_sharded, p.split.first(j), p.split.per_rank(), out);
+    for (const auto& p : parts) out = pack(p, j, out);
   mem.synchronize();
   comm.all_to_all(std::span<const T>(send.data(), count), std::span<T>(recv.data(), count));
-  const T* in = recv.data();
-  for (std::int64_t i = 0; i < ranks; ++i)
-    for (const auto& p : parts) in = unpack_sequence_part(mem, in, i, p.head_sharded, p.sequence_sharded.extent(1));
+  unpack(static_cast<const T*>(recv.data()), block);
+}
+
+template <class T, class Comm, class M>
+void heads_from_sequence(Comm& comm, M& mem, std::span<const heads_part<T>> parts) {
+  exchange_parts<T>(
+      comm, mem, parts,
+      [&](const heads_part<T>& p, std::int64_t j, T* out) {
+        return pack_heads_part(mem, p.sequence_sharded, p.split.first(j), p.split.per_rank(), out);
+      },
+      [&](const T* in, std::int64_t) {
+        for (std::int64_t i = 0; i < comm.size(); ++i)
+          for (const auto& p : parts) in = unpack_sequence_part(mem, in, i, p.head_sharded, p.sequence_sharded.extent(1));
+      });
 }
 
 template <class T, class Comm, class M>
 void sequence_from_heads(Comm& comm, M& mem, std::span<const sequence_part<T>> parts) {
-  const std::int64_t ranks = comm.size();
-  std::int64_t block = 0;
-  for (const auto& p : parts) block += p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() * p.sequence_sharded.extent(3);
-  const auto count = static_cast<std::size_t>(block * ranks);
-  auto send = mem.template allocate<T>(count), recv = mem.template allocate<T>(count);
-  T* out = send.data();
-  for (std::int64_t i = 0; i < ranks; ++i)
-    for (const auto& p : parts) out = pack_sequence_part(mem, p.head_sharded, i, p.sequence_sharded.extent(1), out);
-  mem.synchronize();
-  comm.all_to_all(std::span<const T>(send.data(), count), std::span<T>(recv.data(), count));
-  std::int64_t offset = 0;
-  for (const auto& p : parts) {
-    unpack_heads_part(mem, recv.data(), block, offset, p.split, p.sequence_sharded);
-    offset += p.sequence_sharded.extent(0) * p.sequence_sharded.extent(1) * p.split.per_rank() * p.sequence_sharded.extent(3);
-  }
+  exchange_parts<T>(
+      comm, mem, parts,
+      [&](const sequence_part<T>& p, std::int64_t i, T* out) {
+        return pack_sequence_part(mem, p.head_sharded, i, p.sequence_sharded.extent(1), out);
+      },
+      [&](const T* in, std::int64_t block) {
+        std::int64_t offset = 0;  // where the part starts in each rank's block
+        for (const auto& p : parts) {
+          unpack_heads_part(mem, in, block, offset, p.split, p.sequence_sharded);
+          offset += part_block(p);
+        }
+      });
 }
 
 // The exchanges' scratch: grow-only buffers of the memory space reused across calls. A
@@ -153,29 +172,48 @@ tensor_view<T, 4> exchange_block(T* base, std::int64_t block, std::int64_t j, st
   return {base + j * block + head * x, {{b, len, heads, x}, {rows * max_heads * x, max_heads * x, x, 1}}};
 }
 
-// Sequence-sharded src [b, lens[me], H, x] -> head-sharded dst [b, sum(lens), count(me), x].
-template <class T, class Comm, class M>
-void heads_from_sequence_general(Comm& comm, M& mem, const exchange_shape& e, const tensor_view<const T, 4>& src,
-                                 const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send_scratch,
-                                 scratch<M>& recv_scratch) {
-  const std::int64_t ranks = comm.size(), me = e.rank, b = src.extent(0), x = src.extent(3);
-  const std::int64_t rows = e.max_len(), heads = split.max_count();
+// The general exchange around `pack` and `unpack`: one all-to-all of [b][max_len][max_heads][x]
+// blocks (exchange_block), the send buffer zeroed first. pack(to) writes rank j's block
+// through to(j, head, len, heads): the view of `len` rows and `heads` heads from local head
+// `head`; unpack(from) reads what arrived from rank i through from(i, head, len, heads).
+template <class T, class Comm, class M, class Pack, class Unpack>
+void padded_exchange(Comm& comm, M& mem, const exchange_shape& e, const head_split& split, std::int64_t b,
+                     std::int64_t x, scratch<M>& send_scratch, scratch<M>& recv_scratch, Pack&& pack,
+                     Unpack&& unpack) {
+  const std::int64_t ranks = comm.size(), rows = e.max_len(), heads = split.max_count();
   const std::int64_t block = b * rows * heads * x;
   const auto count = static_cast<std::size_t>(ranks * block);
   T* const send = send_scratch.template get<T>(mem, count);
   T* const recv = recv_scratch.template get<T>(mem, count);
   mem.fill(std::span<T>(send, count), T(0));
-  const std::int64_t mine = e.lens[static_cast<std::size_t>(me)];
-  for (std::int64_t j = 0; j < ranks; ++j)
-    for (std::int64_t i = 0; i < split.count(j); ++i)
-      mem.copy(src.slice(2, split.source(j, i), 1), exchange_block(send, block, j, i, b, mine, 1, rows, heads, x));
+  pack([&](std::int64_t j, std::int64_t head, std::int64_t len, std::int64_t count_heads) {
+    return exchange_block(send, block, j, head, b, len, count_heads, rows, heads, x);
+  });
   mem.synchronize();
   comm.all_to_all(std::span<const T>(send, count), std::span<T>(recv, count));
-  for (std::int64_t i = 0; i < ranks; ++i) {
-    const std::int64_t len = e.lens[static_cast<std::size_t>(i)];
-    mem.copy(exchange_block(static_cast<const T*>(recv), block, i, 0, b, len, split.count(me), rows, heads, x),
-             dst.slice(1, e.offset(i), len));
-  }
+  unpack([&](std::int64_t i, std::int64_t head, std::int64_t len, std::int64_t count_heads) {
+    return exchange_block(static_cast<const T*>(recv), block, i, head, b, len, count_heads, rows, heads, x);
+  });
+}
+
+// Sequence-sharded src [b, lens[me], H, x] -> head-sharded dst [b, sum(lens), count(me), x].
+template <class T, class Comm, class M>
+void heads_from_sequence_general(Comm& comm, M& mem, const exchange_shape& e, const tensor_view<const T, 4>& src,
+                                 const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send_scratch,
+                                 scratch<M>& recv_scratch) {
+  const std::int64_t ranks = comm.size(), me = e.rank, mine = e.lens[static_cast<std::size_t>(me)];
+  padded_exchange<T>(
+      comm, mem, e, split, src.extent(0), src.extent(3), send_scratch, recv_scratch,
+      [&](const auto& to) {
+        for (std::int64_t j = 0; j < ranks; ++j)
+          for (std::int64_t i = 0; i < split.count(j); ++i) mem.copy(src.slice(2, split.source(j, i), 1), to(j, i, mine, 1));
+      },
+      [&](const auto& from) {
+        for (std::int64_t i = 0; i < ranks; ++i) {
+          const std::int64_t len = e.lens[static_cast<std::size_t>(i)];
+          mem.copy(from(i, 0, len, split.count(me)), dst.slice(1, e.offset(i), len));
+        }
+      });
 }
 
 // The inverse: head-sharded src [b, sum(lens), count(me), x] -> sequence-sharded dst
@@ -187,29 +225,26 @@ void sequence_from_heads_general(Comm& comm, M& mem, const exchange_shape& e, co
                                  const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send_scratch,
                                  scratch<M>& recv_scratch) {
   using A = cp_accumulator_t<T>;
-  const std::int64_t ranks = comm.size(), me = e.rank, b = dst.extent(0), x = dst.extent(3), all_heads = dst.extent(2);
-  const std::int64_t rows = e.max_len(), heads = split.max_count();
-  const std::int64_t block = b * rows * heads * x;
-  const auto count = static_cast<std::size_t>(ranks * block);
-  T* const send = send_scratch.template get<T>(mem, count);
-  T* const recv = recv_scratch.template get<T>(mem, count);
-  mem.fill(std::span<T>(send, count), T(0));
-  for (std::int64_t j = 0; j < ranks; ++j) {
-    const std::int64_t len = e.lens[static_cast<std::size_t>(j)];
-    mem.copy(src.slice(1, e.offset(j), len), exchange_block(send, block, j, 0, b, len, split.count(me), rows, heads, x));
-  }
-  mem.synchronize();
-  comm.all_to_all(std::span<const T>(send, count), std::span<T>(recv, count));
-  const std::int64_t mine = e.lens[static_cast<std::size_t>(me)];
-  const auto n = static_cast<std::size_t>(b * mine * all_heads * x);
-  auto sum = mem.template allocate<A>(n);
-  const tensor_view<A, 4> acc = bshd(sum.data(), b, mine, all_heads, x);
-  mem.fill(std::span<A>(sum.data(), n), A(0));
-  for (std::int64_t j = 0; j < ranks; ++j)
-    for (std::int64_t i = 0; i < split.count(j); ++i)
-      mem.accumulate(acc.slice(2, split.source(j, i), 1),
-                     exchange_block(static_cast<const T*>(recv), block, j, i, b, mine, 1, rows, heads, x));
-  mem.copy(acc.as_const(), dst);
+  const std::int64_t ranks = comm.size(), me = e.rank, mine = e.lens[static_cast<std::size_t>(me)];
+  const std::int64_t b = dst.extent(0), x = dst.extent(3), all_heads = dst.extent(2);
+  padded_exchange<T>(
+      comm, mem, e, split, b, x, send_scratch, recv_scratch,
+      [&](const auto& to) {
+        for (std::int64_t j = 0; j < ranks; ++j) {
+          const std::int64_t len = e.lens[static_cast<std::size_t>(j)];
+          mem.copy(src.slice(1, e.offset(j), len), to(j, 0, len, split.count(me)));
+        }
+      },
+      [&](const auto& from) {
+        const auto n = static_cast<std::size_t>(b * mine * all_heads * x);
+        auto sum = mem.template allocate<A>(n);
+        const tensor_view<A, 4> acc = bshd(sum.data(), b, mine, all_heads, x);
+        mem.fill(std::span<A>(sum.data(), n), A(0));
+        for (std::int64_t j = 0; j < ranks; ++j)
+          for (std::int64_t i = 0; i < split.count(j); ++i)
+            mem.accumulate(acc.slice(2, split.source(j, i), 1), from(j, i, mine, 1));
+        mem.copy(acc.as_const(), dst);
+      });
 }
 
 }  // namespace baton::detail::cp

@@ -62,7 +62,7 @@ inline positions positions_for(std::span<const shard_piece> pieces, std::size_t 
     for (std::size_t p = begin; p < end; ++p) n += pieces[p].count;
     return positions(pieces[begin].first, n);
   }
-  storage = positions_of(pieces, begin, end);
+  storage = positions_of(pieces.subspan(begin, end - begin));
   return positions(std::span<const std::int64_t>(storage));
 }
 
