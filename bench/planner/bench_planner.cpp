@@ -23,13 +23,31 @@
 //                                                   search stops there)
 //   synth_seconds_p8_m32_cap7, ..._p16_m64_cap15    one microbatch less: the whole search runs
 //   synth_vs_simulate_*                             per pair: synthesize / one simulation
+// The planned program on the executor (the local world, ranks as threads; stages that sleep
+// their modelled costs, T_F = T_I = T_W = 4, 8, 8, 12 ms for the 4 stages, p = 4, m = 8, cap =
+// 1F1B's peak; each measurement one step after an untimed one, the slowest rank's wall time):
+//   executor_step_seconds_plan_p4_m8, _1f1b_p4_m8   median (min, max, n) of the step
+//   executor_plan_vs_1f1b_p4_m8                      per pair: the plan's step / 1F1B's
+//   executor_plan_vs_1f1b_simulated_p4_m8            the same in the simulation (nominal costs)
+//   executor_plan_vs_simulated_p4_m8                 per step: measured / simulated with the costs
+//   executor_1f1b_vs_simulated_p4_m8                 fitted to the plan's runs (fit_cost_model),
+//                                                    which leave out the executor's own time per
+//                                                    action and message
+//   executor_fitted_vs_nominal_p4_m8                 the largest fitted / modelled F, I or W: a
+//                                                    sleep's overshoot (timer slack, wake-up)
 #include "bench_common.hpp"
 
+#include <baton/comm.hpp>
+#include <baton/payload.hpp>
+#include <baton/pipeline.hpp>
 #include <baton/schedule.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -71,6 +89,105 @@ void time_synthesis(const std::string& suffix, const baton::schedule_shape& shap
       });
   bench::print("synth_seconds_" + suffix, synth_seconds);
   bench::print("synth_vs_simulate_" + suffix, ratio, "%.0f");
+}
+
+using tensor = baton::host_tensor<double>;
+
+// Passes its input through unchanged; each action sleeps for its stage's modelled time (a
+// sleep, not a spin: 4 ranks spinning on 2 cores would time the operating system's scheduler).
+struct sleeping_stage {
+  using input = tensor;
+  using output = tensor;
+  using side = baton::no_side;
+  struct saved {};
+  double forward_seconds = 0, input_seconds = 0, weight_seconds = 0;
+
+  static void nap(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+  output forward(const input& x, const side&, saved&) {
+    nap(forward_seconds);
+    return x;
+  }
+  baton::grad_t<input> backward_input(saved&, const baton::grad_t<output>& dy) {
+    nap(input_seconds);
+    return dy;
+  }
+  void backward_weight(saved&) { nap(weight_seconds); }
+  baton::grad_t<input> backward(saved&, const baton::grad_t<output>& dy) {
+    nap(input_seconds + weight_seconds);
+    return dy;
+  }
+};
+
+struct zero_loss {
+  baton::loss_result<tensor> operator()(const tensor& y, const tensor&) const { return {0.0, tensor(y.shape())}; }
+};
+
+// One step of `prog` after an untimed one (which allocates the receive pools): the slowest
+// rank's wall time; every rank's report of the timed step goes to `reports`.
+double step_seconds(const baton::program& prog, const baton::cost_model& seconds, std::vector<baton::step_report>& reports) {
+  std::mutex lock;
+  double slowest = 0;
+  baton::run_local(prog.shape.ranks, [&](baton::local_communicator& comm) {
+    auto exec = baton::make_pipeline<baton::uniform_stages<sleeping_stage>>(
+        comm, prog,
+        [&](int stage) {
+          return sleeping_stage{seconds.cost(baton::action_kind::forward, stage),
+                                seconds.cost(baton::action_kind::backward_input, stage),
+                                seconds.cost(baton::action_kind::backward_weight, stage)};
+        },
+        zero_loss{});
+    const tensor batch = tensor::filled({prog.shape.microbatches, 2}, 1.0);
+    (void)exec.step(batch, batch);
+    const auto report = exec.step(batch, batch);
+    const std::lock_guard guard(lock);
+    slowest = std::max(slowest, report.wall_seconds);
+    reports.push_back(report);
+  });
+  return slowest;
+}
+
+void time_executor(int pairs) {
+  // 8 ms: what the simulator leaves out (the executor's own time per action and per message)
+  // shrinks against the step as the actions get longer.
+  const double unit = 0.008;
+  baton::cost_model seconds;
+  seconds.forward = seconds.backward_input = seconds.backward_weight = {0.5 * unit, unit, unit, 1.5 * unit};
+  seconds.backward = {unit, 2 * unit, 2 * unit, 3 * unit};
+  const baton::schedule_shape shape{4, 1, 8};
+  const auto one_f_one_b = baton::one_f_one_b::generate(shape);
+  const double cap = baton::simulate(one_f_one_b, seconds).peak_activation();
+  const auto plan = baton::synthesize(shape, seconds, cap);
+
+  std::vector<baton::step_report> plan_reports, baseline_reports;
+  bench::series plan_step, baseline_step, ratio;
+  bench::interleave(
+      pairs, [&] { return step_seconds(one_f_one_b, seconds, baseline_reports); },
+      [&] { return step_seconds(plan.prog, seconds, plan_reports); },
+      [&](int, double baseline, double planned) {
+        baseline_step.add(baseline);
+        plan_step.add(planned);
+        ratio.add(planned / baseline);
+      });
+  const auto fitted = baton::fit_cost_model(plan_reports, shape.num_stages());
+  const double predicted_plan = baton::simulate(plan.prog, fitted.costs).makespan;
+  const double predicted_baseline = baton::simulate(one_f_one_b, fitted.costs).makespan;
+  bench::series plan_vs_simulated, baseline_vs_simulated;
+  for (double t : plan_step.values) plan_vs_simulated.add(t / predicted_plan);
+  for (double t : baseline_step.values) baseline_vs_simulated.add(t / predicted_baseline);
+  double overshoot = 0;
+  for (int s = 0; s < shape.num_stages(); ++s)
+    for (const auto kind : {baton::action_kind::forward, baton::action_kind::backward_input,
+                            baton::action_kind::backward_weight})
+      overshoot = std::max(overshoot, fitted.costs.cost(kind, s) / seconds.cost(kind, s));
+
+  bench::print("executor_step_seconds_plan_p4_m8", plan_step);
+  bench::print("executor_step_seconds_1f1b_p4_m8", baseline_step);
+  bench::print("executor_plan_vs_1f1b_p4_m8", ratio, "%.3f");
+  bench::print_value("executor_plan_vs_1f1b_simulated_p4_m8",
+                     plan.makespan / baton::simulate(one_f_one_b, seconds).makespan, "%.3f");
+  bench::print("executor_plan_vs_simulated_p4_m8", plan_vs_simulated, "%.3f");
+  bench::print("executor_1f1b_vs_simulated_p4_m8", baseline_vs_simulated, "%.3f");
+  bench::print_value("executor_fitted_vs_nominal_p4_m8", overshoot, "%.3f");
 }
 
 }  // namespace
@@ -139,6 +256,7 @@ int main(int argc, char** argv) {
     bench::print_value("partition_vs_1f1b_even_cut_p4_m16", plan.makespan / one_f_one_b.makespan);
     bench::print_value("partition_gap_p4_m16", plan.gap);
   }
+  time_executor(pairs);
   bench::print_load("after");
   return 0;
 }

@@ -1,5 +1,5 @@
 // baton/schedule.hpp — the schedule layer: action IR, policies, lowering, validation,
-// simulation, CSV and pictures. Standard library only.
+// simulation, CSV, pictures and the planner. Standard library only.
 #pragma once
 
 #include <baton/schedule/action.hpp>
@@ -9,9 +9,11 @@
 #include <baton/schedule/cost_file.hpp>
 #include <baton/schedule/grid.hpp>
 #include <baton/schedule/lower.hpp>
+#include <baton/schedule/makespan_bound.hpp>
 #include <baton/schedule/partition.hpp>
 #include <baton/schedule/policies.hpp>
 #include <baton/schedule/policy.hpp>
+#include <baton/schedule/problem.hpp>
 #include <baton/schedule/program.hpp>
 #include <baton/schedule/registry.hpp>
 #include <baton/schedule/render.hpp>

@@ -8,7 +8,8 @@
 // the search reaches "everything done". Every schedule of the simulator's model is one of these
 // (its start times are whole steps), so nothing is assumed about orders. Memory: a rank may
 // start an F only while fewer than `cap` of its microbatches are live (F done, W not yet), the
-// rule the planner's cap and test_synthesize.cpp's exhaustive search use.
+// rule the planner's cap and test_synthesize.cpp's exhaustive search use. The second test
+// repeats the comparison with the built-in programs out of the planner's reach.
 #include <baton/schedule.hpp>
 
 #include "catch.hpp"
@@ -86,4 +87,58 @@ TEST_CASE("synthesize: every shape p <= 3, m <= 4 under caps 1, 2, p equals the 
         ++shapes;
       }
   CHECK(shapes == 36);
+}
+
+namespace {
+
+// Whether some built-in policy's program for this shape stays within the cap, found here from
+// the registry and the simulator rather than from synthesize's own bookkeeping.
+bool some_builtin_fits(const baton::schedule_shape& shape, const baton::cost_model& costs, double cap) {
+  for (const auto& info : baton::builtin_policies) {
+    baton::program prog;
+    try {
+      prog = info.generate(shape);
+    } catch (const baton::schedule_error&) {
+      continue;
+    }
+    if (!baton::is_forward_only(prog) && baton::simulate(prog, costs).peak_activation() <= cap + 1e-9) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// The planner takes the built-in programs as candidates, so where one of them is optimal the
+// test above would pass by construction. Here no built-in can help: they are excluded
+// (include_builtins = false) on every shape, and in the default configuration the cases kept
+// are those whose cap no built-in program fits (the planner then reports none).
+TEST_CASE("synthesize: with the built-in programs excluded, every shape p <= 3, m <= 4 still equals the optimum of "
+          "the search over time steps",
+          "[planner][synthesize][exact]") {
+  const auto costs = baton::cost_model::uniform(1, 1, 1);
+  baton::synthesis_options without_builtins;
+  without_builtins.include_builtins = false;
+  int shapes = 0, none_fits = 0;
+  for (int p = 1; p <= 3; ++p)
+    for (int m = 1; m <= 4; ++m)
+      for (int cap : {1, 2, p}) {
+        INFO("p = " << p << ", m = " << m << ", cap = " << cap);
+        const baton::schedule_shape shape{p, 1, m};
+        const int optimum = least_makespan(p, m, cap);
+        REQUIRE(optimum > 0);
+        const auto plan = baton::synthesize(shape, costs, cap, without_builtins);
+        CHECK(plan.makespan == Approx(optimum));
+        CHECK(plan.best_builtin.empty());  // none was looked at
+        CHECK(baton::is_valid(plan.prog));
+        ++shapes;
+        if (some_builtin_fits(shape, costs, cap)) continue;
+        const auto by_default = baton::synthesize(shape, costs, cap);
+        CHECK(by_default.best_builtin.empty());
+        CHECK(by_default.makespan == Approx(optimum));
+        ++none_fits;
+      }
+  CHECK(shapes == 36);
+  // The built-ins of one stage per rank hold min(p, m) microbatches on rank 0 (1F1B, ZB1P) or
+  // m (GPipe), so none fits cap 1 at p, m >= 2 (6 shapes) nor cap 2 at p = 3, m >= 3 (2).
+  CHECK(none_fits == 8);
 }

@@ -1,21 +1,81 @@
-// A synthesized program run by the real pipeline executor on the local world, with stages that
-// sleep for the modelled durations: the executor's step time is what the simulator says, the
-// plan is faster than 1F1B in wall time too, and fit_cost_model recovers the durations.
+// A synthesized program run by the real pipeline executor on the local world (ranks as
+// threads): it runs, gives the loss and weight gradients of 1F1B's program and of the stages
+// run one after another, holds what the simulator says it holds, and the executor's timings
+// fit a cost model that plans the same program after a round trip through its JSON form.
 //
-// The stages sleep rather than spin: the machine that runs the tests has 2 cores, and 4 ranks
-// spinning would time the operating system's scheduler instead of the pipeline.
-#include <baton/comm.hpp>
-#include <baton/payload.hpp>
-#include <baton/pipeline.hpp>
-#include <baton/schedule.hpp>
+// Nothing here depends on how loaded the machine is. How fast the planned program runs against
+// 1F1B in wall time, and how close its step comes to the simulation, are benchmark figures
+// (bench/planner/bench_planner.cpp, executor_*): measured in interleaved pairs, not asserted.
+#include "../pipeline/parity_support.hpp"
 
 #include "catch.hpp"
 
-#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+namespace {
+
+// Stage costs in arbitrary units: the embedding's stage half a block, the head's 1.5 blocks.
+// 1F1B's memory as the cap leaves the planner room to beat 1F1B by reordering alone.
+baton::cost_model uneven_costs(double unit) {
+  baton::cost_model c;
+  c.forward = c.backward_input = c.backward_weight = {0.5 * unit, unit, unit, 1.5 * unit};
+  c.backward = {unit, 2 * unit, 2 * unit, 3 * unit};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("planned program on the executor: the loss and gradients of 1F1B's program and of the sequential run",
+          "[planner][executor]") {
+  using T = double;
+  const baton::schedule_shape shape{4, 1, 8};
+  const auto costs = uneven_costs(1.0);
+  const auto one_f_one_b = baton::one_f_one_b::generate(shape);
+  const double cap = baton::simulate(one_f_one_b, costs).peak_activation();
+  const auto plan = baton::synthesize(shape, costs, cap);
+  // The plan is another order than 1F1B's (10 % faster in the simulation), so the comparison
+  // below is between two different programs.
+  REQUIRE(plan.makespan < 0.95 * baton::simulate(one_f_one_b, costs).makespan);
+  REQUIRE(baton::is_valid(baton::lower(plan.prog)));
+
+  using namespace pipeline_test;
+  constexpr std::int64_t width = 4;
+  const int m = shape.microbatches;
+  const auto batch = random_tensor<T>({2 * m, width}, 1);
+  const auto target = random_tensor<T>({2 * m, width}, 2, 0.5);
+  auto oracle = oracle_stages<T, baton::no_side>(shape.num_stages(), width);
+  const double oracle_loss = sequential_step(oracle, batch, baton::no_side{}, target, mse_loss<T>{});
+  const auto planned = run_pipeline<T>(plan.prog, width, batch, baton::no_side{}, target);
+  const auto baseline = run_pipeline<T>(one_f_one_b, width, batch, baton::no_side{}, target);
+  const int last_rank = baton::stage_rank(shape, shape.num_stages() - 1);
+
+  CHECK(parity_error(planned, oracle_loss, oracle, last_rank) <= tolerance<T>());
+  REQUIRE(planned.loss_by_rank[static_cast<std::size_t>(last_rank)].has_value());
+  REQUIRE(baseline.loss_by_rank[static_cast<std::size_t>(last_rank)].has_value());
+  CHECK(rel_err(*planned.loss_by_rank[static_cast<std::size_t>(last_rank)],
+                *baseline.loss_by_rank[static_cast<std::size_t>(last_rank)]) <= tolerance<T>());
+  for (int s = 0; s < shape.num_stages(); ++s) {
+    INFO("stage " << s);
+    const auto& mine = planned.grads_by_stage[static_cast<std::size_t>(s)];
+    const auto& theirs = baseline.grads_by_stage[static_cast<std::size_t>(s)];
+    REQUIRE(mine.has_value());
+    REQUIRE(theirs.has_value());
+    CHECK(rel_err(mine->dw, theirs->dw) <= tolerance<T>());
+    CHECK(rel_err(mine->db, theirs->db) <= tolerance<T>());
+  }
+  // The executor holds a stage's saved state from F to W (or B): the plan's peak per rank is
+  // the simulator's, within the cap the planner was given.
+  const auto sim = baton::simulate(plan.prog, costs);
+  for (int r = 0; r < shape.ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(planned.peak_saved_by_rank[static_cast<std::size_t>(r)] ==
+          static_cast<std::size_t>(sim.ranks[static_cast<std::size_t>(r)].peak_live));
+    CHECK(sim.ranks[static_cast<std::size_t>(r)].peak_activation <= cap + 1e-9);
+  }
+}
 
 namespace {
 
@@ -50,92 +110,51 @@ struct zero_loss {
   baton::loss_result<tensor> operator()(const tensor& y, const tensor&) const { return {0.0, tensor(y.shape())}; }
 };
 
-struct measured_run {
-  double median_step_seconds = 0;      // over the timed steps, of the slowest rank's wall time
-  std::vector<baton::step_report> reports;  // every rank's, every timed step
-};
+}  // namespace
 
-// Runs `prog` for 1 untimed and `steps` timed steps on p threads.
-measured_run run_program(const baton::program& prog, const baton::cost_model& seconds, int steps) {
-  const int p = prog.shape.ranks;
+TEST_CASE("planned program on the executor: its timings fit a cost model no faster than the stages, which plans the "
+          "same program after a JSON round trip",
+          "[planner][executor]") {
+  // Distinct F, I and W per stage (1 to 4.5 ms), so that a timing booked under the wrong stage
+  // or kind falls short of what that action sleeps.
+  const double unit = 0.001;
+  baton::cost_model seconds;
+  seconds.forward = {0.5 * unit, unit, unit, 1.5 * unit};
+  seconds.backward_input = {unit, 2 * unit, 2 * unit, 3 * unit};
+  seconds.backward_weight = {1.5 * unit, 3 * unit, 3 * unit, 4.5 * unit};
+  seconds.backward = {2.5 * unit, 5 * unit, 5 * unit, 7.5 * unit};
+  const baton::schedule_shape shape{4, 1, 8};
+  const double cap = baton::simulate(baton::one_f_one_b::generate(shape), seconds).peak_activation();
+  const auto plan = baton::synthesize(shape, seconds, cap);
+
   std::mutex lock;
-  std::vector<std::vector<double>> wall(static_cast<std::size_t>(steps), std::vector<double>(static_cast<std::size_t>(p)));
-  measured_run out;
-  baton::run_local(p, [&](baton::local_communicator& comm) {
+  std::vector<baton::step_report> reports;
+  baton::run_local(shape.ranks, [&](baton::local_communicator& comm) {
     auto exec = baton::make_pipeline<baton::uniform_stages<sleeping_stage>>(
-        comm, prog,
+        comm, plan.prog,
         [&](int stage) {
           return sleeping_stage{seconds.cost(baton::action_kind::forward, stage),
                                 seconds.cost(baton::action_kind::backward_input, stage),
                                 seconds.cost(baton::action_kind::backward_weight, stage)};
         },
         zero_loss{});
-    const tensor batch = tensor::filled({prog.shape.microbatches, 2}, 1.0);
-    (void)exec.step(batch, batch);  // the first step allocates the receive pools
-    for (int step = 0; step < steps; ++step) {
+    const tensor batch = tensor::filled({shape.microbatches, 2}, 1.0);
+    for (int step = 0; step < 2; ++step) {
       const auto report = exec.step(batch, batch);
       const std::lock_guard guard(lock);
-      wall[static_cast<std::size_t>(step)][static_cast<std::size_t>(comm.rank())] = report.wall_seconds;
-      out.reports.push_back(report);
+      reports.push_back(report);
     }
   });
-  std::vector<double> per_step;
-  for (const auto& ranks : wall) per_step.push_back(*std::max_element(ranks.begin(), ranks.end()));
-  std::sort(per_step.begin(), per_step.end());
-  out.median_step_seconds = per_step[per_step.size() / 2];
-  return out;
-}
 
-}  // namespace
-
-TEST_CASE("planned program on the executor: step time within 5 % of the simulation, faster than 1F1B",
-          "[planner][executor]") {
-  // Stage costs in units of 8 ms: the embedding's stage half a block, the head's 1.5 blocks.
-  // What the simulator leaves out is a fixed time per action and per message (below), so
-  // longer actions shrink it relative to the step: at 4 ms the plan measured up to 4.4 % over
-  // its simulation on a loaded machine, too close to the 5 %.
-  const double unit = 0.008;
-  baton::cost_model seconds;
-  seconds.forward = seconds.backward_input = seconds.backward_weight = {0.5 * unit, unit, unit, 1.5 * unit};
-  seconds.backward = {unit, 2 * unit, 2 * unit, 3 * unit};
-  const baton::schedule_shape shape{4, 1, 8};
-  const auto one_f_one_b = baton::one_f_one_b::generate(shape);
-  const double cap = baton::simulate(one_f_one_b, seconds).peak_activation();
-  const auto plan = baton::synthesize(shape, seconds, cap);
-  const int steps = 5;
-
-  const measured_run planned = run_program(plan.prog, seconds, steps);
-  const measured_run baseline = run_program(one_f_one_b, seconds, steps);
-
-  // The costs as the executor measured them (per stage, medians over the steps): a sleep
-  // lasts at least what it asks, and 0.05 to 0.15 ms more (the timer's slack and the wake-up).
-  const auto fitted = baton::fit_cost_model(planned.reports, shape.num_stages());
+  // A sleep lasts at least what it asks, however busy the machine: each fitted cost is at
+  // least the stage's own (how much more is the load's, and not checked).
+  const auto fitted = baton::fit_cost_model(reports, shape.num_stages());
   for (int s = 0; s < shape.num_stages(); ++s) {
     INFO("stage " << s);
-    CHECK(fitted.costs.cost(baton::action_kind::forward, s) >= seconds.cost(baton::action_kind::forward, s));
-    CHECK(fitted.costs.cost(baton::action_kind::forward, s) <= 1.25 * seconds.cost(baton::action_kind::forward, s));
-    CHECK(fitted.costs.cost(baton::action_kind::backward_weight, s) >= seconds.cost(baton::action_kind::backward_weight, s));
+    for (const auto kind : {baton::action_kind::forward, baton::action_kind::backward_input,
+                            baton::action_kind::backward_weight})
+      CHECK(fitted.costs.cost(kind, s) >= seconds.cost(kind, s));
   }
-
-  // The simulator, given the durations the actions really took, predicts the step. What it
-  // leaves out: the executor's own work per action (microseconds), waking a thread for each
-  // message (tens of microseconds, milliseconds when the 2 cores are busy with other work),
-  // over ~30 actions on the critical path of a ~310 ms step: 5 % leaves room for 15 ms of it.
-  const double predicted_plan = baton::simulate(plan.prog, fitted.costs).makespan;
-  const double predicted_baseline = baton::simulate(one_f_one_b, fitted.costs).makespan;
-  INFO("planned: measured " << planned.median_step_seconds << " s, simulated " << predicted_plan << " s (nominal "
-                            << plan.makespan << " s); 1F1B: measured " << baseline.median_step_seconds << " s, simulated "
-                            << predicted_baseline << " s");
-  REQUIRE(plan.makespan < 0.95 * baton::simulate(one_f_one_b, seconds).makespan);
-#ifndef BATON_PLANNER_UNTIMED  // the release build; see tests/planner/CMakeLists.txt
-  CHECK(planned.median_step_seconds == Approx(predicted_plan).epsilon(0.05));
-  // Against the plan's own makespan (the nominal durations) the sleeps' overshoot adds its
-  // 1-2 % at 8 ms (3.4 % at 4 ms), still within the 5 %.
-  CHECK(planned.median_step_seconds == Approx(plan.makespan).epsilon(0.05));
-  CHECK(baseline.median_step_seconds == Approx(predicted_baseline).epsilon(0.05));
-  // The plan's advantage (simulated: 10 % here) shows in wall time too.
-  CHECK(planned.median_step_seconds < baseline.median_step_seconds);
-#endif
 
   // The fitted model saved and read back plans the same program.
   const auto reread = baton::cost_file_from_json(baton::to_json(fitted));

@@ -97,7 +97,6 @@ inline std::string place_text(const program& prog, action_place place) {
 [[nodiscard]] inline std::optional<std::string> check_certificate(const program& prog,
                                                                  const deadlock_certificate& cert) {
   using detail::schedule::place_text;
-  using K = action_kind;
   if (cert.shape != prog.shape) return std::string("the certificate is for another shape");
   if (cert.order.size() != action_count(prog))
     return "the order holds " + std::to_string(cert.order.size()) + " actions, the program " +
@@ -127,21 +126,6 @@ inline std::string place_text(const program& prog, action_place place) {
   for (std::size_t r = 0; r < ranks; ++r)
     for (std::size_t t = 0; t < prog.ranks[r].size(); ++t)
       index.at(index.key(prog.ranks[r][t])) = {static_cast<int>(r), static_cast<int>(t)};
-  const int S = prog.shape.num_stages();
-  // What (kind, stage, microbatch) of another rank `a` waits for, if anything.
-  const auto awaited_by = [&](const action& a) -> std::optional<action> {
-    const int s = a.stage;
-    const int mb = a.microbatch;
-    if (lowered) {
-      if (a.kind == K::recv_forward) return action{s - 1, K::send_forward, mb};
-      if (a.kind == K::recv_backward) return action{s + 1, K::send_backward, mb};
-      return std::nullopt;
-    }
-    if (a.kind == K::forward && s > 0 && index.rank_of(s - 1) != index.rank_of(s)) return action{s - 1, K::forward, mb};
-    if ((a.kind == K::backward || a.kind == K::backward_input) && s + 1 < S && index.rank_of(s + 1) != index.rank_of(s))
-      return index.input_backward(s + 1, mb);
-    return std::nullopt;
-  };
   const auto order_of = [&](action_place p) {
     return position[rank_offset[static_cast<std::size_t>(p[0])] + static_cast<std::size_t>(p[1])];
   };
@@ -151,7 +135,9 @@ inline std::string place_text(const program& prog, action_place place) {
       const action_place waiter{static_cast<int>(r), static_cast<int>(t)};
       // An overlapped forward waits for its own input and for its backward's.
       for (std::size_t j = t; j <= t + (row[t].overlaps_next && t + 1 < row.size() ? 1 : 0); ++j) {
-        const auto awaited = awaited_by(row[j]);
+        // What (kind, stage, microbatch) of another rank it waits for: the rule of the walk
+        // that validation runs, applied here to the program's own actions.
+        const auto awaited = index.remote_dependency(row[j]);
         if (!awaited) continue;
         const auto at = index.at(index.key(*awaited));
         if (!at.found())

@@ -21,15 +21,12 @@
 //      activations stay within the cap, and a new microbatch (stage 0's F) at most every
 //      2 steps (V-Half) or 3 (V-Min): the spacing of the paper's building blocks. Without
 //      it the first microbatches enter in a burst, fill the caps of the ranks below at once
-//      and leave them idle until the first backwards come back (at p = 16, about 1.7 times
-//      the paper's bubble instead of 1.0);
+//      and leave them idle until the first backwards come back;
 //   3. the oldest weight gradient W, which frees memory: W fills the bubbles, and when the
 //      cap stops every forward, W is what runs.
-// Each stage runs its forwards and its input gradients in microbatch order. Measured with
-// T_F = T_I = T_W (tests/schedule/test_controllable_v.cpp): the idle time per rank is at
-// most 1.1 times the paper's figure at p = 4, 8 and 16 (below it at p = 4) and 1.09 times
-// over p <= 32, and the bubble below 1F1B's (m = p, 2p, 4p); ZB-V, with more memory, stays
-// the fastest.
+// Each stage runs its forwards and its input gradients in microbatch order. How close the
+// result comes to the paper's bubble, and to 1F1B's and ZB-V's, is measured in
+// docs/schedules.md (tests/schedule/test_controllable_v.cpp checks it).
 //
 // Why it cannot stall: a forward of the V's first stage leaves one slot free whenever an
 // older microbatch that passed this rank's first stage has still to come back up through its
@@ -164,11 +161,7 @@ constexpr program capped_v_program(const schedule_shape& s, int live_cap, int en
 
 // V-Half: ZB-V's V with at most ranks + 2 live stage-activations per rank, (p + 2) / 2
 // microbatches of the rank's share against 1F1B's p; see the header comment.
-struct v_half {
-  static constexpr bool splits_backward = true;
-  static constexpr placement default_placement = placement::v;
-  static constexpr int default_stages_per_rank = 2;
-
+struct v_half : detail::schedule::policy_traits<true, placement::v, 2> {
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
     detail::schedule::check_v("v_half", s);
     return detail::schedule::capped_v_program(s, detail::schedule::v_half_live_cap(s.ranks), 2);
@@ -177,11 +170,7 @@ struct v_half {
 
 // V-Min: the same with at most ceil(2 (p + 4) / 3) live stage-activations per rank, about a
 // third of 1F1B's memory for large p, for a larger bubble.
-struct v_min {
-  static constexpr bool splits_backward = true;
-  static constexpr placement default_placement = placement::v;
-  static constexpr int default_stages_per_rank = 2;
-
+struct v_min : detail::schedule::policy_traits<true, placement::v, 2> {
   [[nodiscard]] static constexpr program generate(const schedule_shape& s) {
     detail::schedule::check_v("v_min", s);
     return detail::schedule::capped_v_program(s, detail::schedule::v_min_live_cap(s.ranks), 3);

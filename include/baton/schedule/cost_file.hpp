@@ -41,7 +41,7 @@ struct cost_file {
   double bytes_per_message = 0;
 };
 
-namespace detail::planner {
+namespace detail::schedule::planner {
 
 inline std::string json_number(double x) {
   char text[40];
@@ -125,24 +125,24 @@ class json_reader {
   std::size_t pos_ = 0;
 };
 
-}  // namespace detail::planner
+}  // namespace detail::schedule::planner
 
 [[nodiscard]] inline std::string to_json(const cost_file& file) {
   const cost_model& c = file.costs;
   std::string out = "{\n  \"format\": 1,\n";
-  out += "  \"forward\": " + detail::planner::json_array(c.forward) + ",\n";
-  out += "  \"backward_input\": " + detail::planner::json_array(c.backward_input) + ",\n";
-  out += "  \"backward_weight\": " + detail::planner::json_array(c.backward_weight) + ",\n";
-  out += "  \"backward\": " + detail::planner::json_array(c.backward) + ",\n";
-  out += "  \"activation\": " + detail::planner::json_array(c.activation) + ",\n";
-  out += "  \"communication\": " + detail::planner::json_number(c.communication) + ",\n";
-  out += "  \"bytes_per_message\": " + detail::planner::json_number(file.bytes_per_message) + "\n}\n";
+  out += "  \"forward\": " + detail::schedule::planner::json_array(c.forward) + ",\n";
+  out += "  \"backward_input\": " + detail::schedule::planner::json_array(c.backward_input) + ",\n";
+  out += "  \"backward_weight\": " + detail::schedule::planner::json_array(c.backward_weight) + ",\n";
+  out += "  \"backward\": " + detail::schedule::planner::json_array(c.backward) + ",\n";
+  out += "  \"activation\": " + detail::schedule::planner::json_array(c.activation) + ",\n";
+  out += "  \"communication\": " + detail::schedule::planner::json_number(c.communication) + ",\n";
+  out += "  \"bytes_per_message\": " + detail::schedule::planner::json_number(file.bytes_per_message) + "\n}\n";
   return out;
 }
 
 // Parses the format above; throws schedule_error naming the line and what was expected.
 [[nodiscard]] inline cost_file cost_file_from_json(std::string_view text, std::string_view origin = "<text>") {
-  detail::planner::json_reader in(text, origin);
+  detail::schedule::planner::json_reader in(text, origin);
   cost_file file;
   cost_model& c = file.costs;
   bool backward_given = false, format_seen = false;

@@ -51,7 +51,7 @@ struct partition_result {
   [[nodiscard]] int stages() const noexcept { return static_cast<int>(first_layer.size()) - 1; }
 };
 
-namespace detail::planner {
+namespace detail::schedule::planner {
 
 inline void check_partition_inputs(std::span<const layer_cost> layers, std::span<const double> layer_memory, int ranks,
                                    int stages_per_rank, double memory_cap) {
@@ -115,7 +115,7 @@ inline std::vector<int> least_bottleneck_cuts(const std::vector<double>& prefix_
   return first;
 }
 
-}  // namespace detail::planner
+}  // namespace detail::schedule::planner
 
 // The per-stage cost model of a cut: the sums of the layers of each stage.
 [[nodiscard]] inline cost_model stage_costs(std::span<const layer_cost> layers, std::span<const double> layer_memory,
@@ -148,7 +148,7 @@ inline std::vector<int> least_bottleneck_cuts(const std::vector<double>& prefix_
 [[nodiscard]] inline partition_result partition(std::span<const layer_cost> layers, std::span<const double> layer_memory,
                                                 int ranks, int stages_per_rank, double memory_cap, int microbatches = 0,
                                                 placement place = placement::loop) {
-  detail::planner::check_partition_inputs(layers, layer_memory, ranks, stages_per_rank, memory_cap);
+  detail::schedule::planner::check_partition_inputs(layers, layer_memory, ranks, stages_per_rank, memory_cap);
   const int stages = ranks * stages_per_rank;
   std::vector<double> prefix_time{0}, prefix_mem{0};
   double largest_layer = 0;
@@ -160,7 +160,7 @@ inline std::vector<int> least_bottleneck_cuts(const std::vector<double>& prefix_
   const double stage_cap = memory_cap / stages_per_rank;
   const std::vector<double> caps(static_cast<std::size_t>(stages), stage_cap);
   partition_result result;
-  const auto late = detail::planner::least_bottleneck_cuts(prefix_time, prefix_mem, caps, true, result.bottleneck);
+  const auto late = detail::schedule::planner::least_bottleneck_cuts(prefix_time, prefix_mem, caps, true, result.bottleneck);
   if (late.empty())
     throw schedule_error("baton::partition: no cut into " + std::to_string(stages) +
                          " stages keeps every stage's activation under memory_cap / stages_per_rank = " +
@@ -179,10 +179,10 @@ inline std::vector<int> least_bottleneck_cuts(const std::vector<double>& prefix_
     cap_sets.push_back(one_f_one_b_room);
     std::vector<std::vector<int>> candidates;
     double ignored = 0;
-    candidates.push_back(detail::planner::least_bottleneck_cuts(prefix_time, prefix_mem, caps, false, ignored));
+    candidates.push_back(detail::schedule::planner::least_bottleneck_cuts(prefix_time, prefix_mem, caps, false, ignored));
     for (const auto& set : cap_sets)
       for (bool latest : {true, false})
-        candidates.push_back(detail::planner::least_bottleneck_cuts(prefix_time, prefix_mem, set, latest, ignored));
+        candidates.push_back(detail::schedule::planner::least_bottleneck_cuts(prefix_time, prefix_mem, set, latest, ignored));
     const schedule_shape shape{ranks, stages_per_rank, microbatches, place};
     double best = synthesize(shape, result.costs, memory_cap).makespan;
     std::vector<std::vector<int>> tried{late};

@@ -66,6 +66,16 @@ constexpr void require_policy() {
                 "and `static constexpr baton::placement default_placement`; see baton/schedule/policy.hpp.");
 }
 
+// The constants of requirements 2 and 3 and the optional default_stages_per_rank, in the
+// order policy_traits<splits_backward, default_placement, default_stages_per_rank>: the
+// built-in policies derive from it rather than each spelling the three out.
+template <bool SplitsBackward, placement DefaultPlacement, int DefaultStagesPerRank>
+struct policy_traits {
+  static constexpr bool splits_backward = SplitsBackward;
+  static constexpr placement default_placement = DefaultPlacement;
+  static constexpr int default_stages_per_rank = DefaultStagesPerRank;
+};
+
 // Policies report impossible shapes through this, naming themselves and the fix.
 inline void shape_error(const char* policy, const std::string& what) {
   throw schedule_error(std::string("baton::") + policy + ": " + what);
