@@ -14,6 +14,8 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -32,6 +34,35 @@ TEST_CASE("mpi: the communicator concepts", "[comm][mpi]") {
   STATIC_REQUIRE(baton::ring_communicator<C>);
   STATIC_REQUIRE(baton::comm_request<baton::mpi_request>);
   STATIC_REQUIRE(!std::is_copy_constructible_v<C>);
+}
+
+TEST_CASE("mpi: communicators and requests move as a whole; a moved-from one is empty", "[comm][mpi]") {
+  STATIC_REQUIRE(std::is_nothrow_move_constructible_v<baton::mpi_communicator>);
+  STATIC_REQUIRE(std::is_nothrow_move_assignable_v<baton::mpi_communicator>);
+  STATIC_REQUIRE(std::is_nothrow_move_constructible_v<baton::mpi_request>);
+  STATIC_REQUIRE(std::is_nothrow_move_assignable_v<baton::mpi_request>);
+  auto a = world();
+  const int rank = a.rank(), size = a.size();
+  baton::mpi_communicator b = std::move(a);
+  CHECK(b.rank() == rank);
+  CHECK(b.size() == size);
+  CHECK(a.native_handle() == MPI_COMM_NULL);  // the moved-from one holds nothing to free
+  CHECK_THROWS_WITH(baton::run_mpi(a, [](baton::mpi_communicator&) {}), Catch::Contains("moved from"));
+  auto c = world();
+  c = std::move(b);  // frees c's own communicator, takes b's
+  std::int64_t one = 1;
+  c.all_reduce(std::span(&one, 1), baton::reduce_op::sum);
+  CHECK(one == size);
+  // A pending receive moved into another request completes there; the moved-from is done.
+  const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+  std::int32_t out = rank, in = -1;
+  auto pending = baton::irecv(c, std::span(&in, 1), from, 3);
+  auto moved = std::move(pending);
+  CHECK(pending.test());
+  baton::isend(c, std::span(&out, 1), to, 3).wait();
+  moved.wait();
+  CHECK(in == from);
+  c.barrier();
 }
 
 TEST_CASE("mpi: point to point", "[comm][mpi]") {

@@ -1,4 +1,7 @@
-// baton/comm/local.hpp — the local world: ranks are threads of one process.
+// baton/comm/local.hpp — the local world: ranks are threads of one process. Its one job is the
+// local world's public face, the pieces a program uses together: local_options, local_request
+// (a pending transfer), local_communicator (every capability concept) and run_local (the
+// world's threads and failure handling); the shared state behind them is detail/local_world.hpp.
 //
 //     baton::run_local(4, [](baton::local_communicator& comm) {
 //       std::vector<float> grad(1024, float(comm.rank()));
@@ -16,6 +19,7 @@
 
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/detail/checks.hpp>
+#include <baton/comm/detail/elements.hpp>
 #include <baton/comm/detail/local_world.hpp>
 #include <baton/comm/detail/reduce.hpp>
 #include <baton/comm/error.hpp>
@@ -222,18 +226,14 @@ class local_communicator {
   /// in rank order 0, 1, ..., size()-1, so float results are bitwise identical everywhere.
   template <class T>
   void all_reduce(std::span<T> inout, reduce_op op) {
-    static_assert(reducible_element<T>,
-                  "baton: all_reduce supports float, double, std::int32_t and std::int64_t; convert the data "
-                  "to one of them (or all_gather it and reduce it yourself)");
-    coll_entry mine{};
-    mine.kind = coll_kind::all_reduce;
-    mine.recv = inout.data();
-    mine.recv_bytes = inout.size_bytes();
-    mine.element_size = sizeof(T);
-    mine.type_code = type_code<T>();
+    coll_entry mine = entry(coll_kind::all_reduce, std::span<const T>(), inout);
+    mine.element = detail::comm::element_kind_of<T>();
     mine.op = op;
     std::string problem = enter(mine);
-    if (problem.empty()) problem = differing("element type", [](const coll_entry& x) { return type_name(x.type_code); });
+    if (problem.empty()) {
+      problem = differing("element type",
+                          [](const coll_entry& x) { return std::string(detail::comm::element_name(x.element)); });
+    }
     if (problem.empty()) {
       problem = differing("element count",
                           [](const coll_entry& x) { return std::to_string(x.recv_bytes / x.element_size); });
@@ -244,7 +244,7 @@ class local_communicator {
     const auto& e = group_->entries;
     const int n = size();
     const std::size_t count = inout.size();
-    auto chunk_begin = [&](int r) { return count * static_cast<std::size_t>(r) / static_cast<std::size_t>(n); };
+    auto chunk_begin = [&](int r) { return detail::comm::chunk_begin(count, n, r); };
     reduce_chunk<T>(e, inout.data(), chunk_begin(rank_), chunk_begin(rank_ + 1), op);
     sync();  // every chunk reduced by its owner; inputs no longer read
     for (int r = 0; r < n; ++r) {
@@ -259,12 +259,7 @@ class local_communicator {
   template <class T>
   void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     static_assert(communicable_element<T>, "baton: all_gather moves elements as bytes; T must be trivially copyable");
-    coll_entry mine{};
-    mine.kind = coll_kind::all_gather;
-    mine.send = send.data();
-    mine.recv = recv.data();
-    mine.send_bytes = send.size_bytes();
-    mine.recv_bytes = recv.size_bytes();
+    const coll_entry mine = entry(coll_kind::all_gather, send, recv);
     std::string problem = enter(mine);
     if (problem.empty()) problem = differing("send size in bytes", [](const coll_entry& x) { return std::to_string(x.send_bytes); });
     if (problem.empty()) {
@@ -288,13 +283,7 @@ class local_communicator {
   template <class T>
   void all_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
     static_assert(communicable_element<T>, "baton: all_to_all moves elements as bytes; T must be trivially copyable");
-    coll_entry mine{};
-    mine.kind = coll_kind::all_to_all;
-    mine.send = send.data();
-    mine.recv = recv.data();
-    mine.send_bytes = send.size_bytes();
-    mine.recv_bytes = recv.size_bytes();
-    mine.element_size = sizeof(T);
+    const coll_entry mine = entry(coll_kind::all_to_all, send, recv);
     const auto n = static_cast<std::size_t>(size());
     std::string problem = enter(mine);
     if (problem.empty()) problem = differing("send size in bytes", [](const coll_entry& x) { return std::to_string(x.send_bytes); });
@@ -329,13 +318,7 @@ class local_communicator {
   void all_to_all_v(std::span<const std::type_identity_t<T>> send, std::span<const std::int64_t> send_counts,
                     std::span<T> recv, std::span<const std::int64_t> recv_counts) {
     static_assert(communicable_element<T>, "baton: all_to_all_v moves elements as bytes; T must be trivially copyable");
-    coll_entry mine{};
-    mine.kind = coll_kind::all_to_all_v;
-    mine.send = send.data();
-    mine.recv = recv.data();
-    mine.send_bytes = send.size_bytes();
-    mine.recv_bytes = recv.size_bytes();
-    mine.element_size = sizeof(T);
+    coll_entry mine = entry(coll_kind::all_to_all_v, send, recv);
     mine.send_counts = send_counts;
     mine.recv_counts = recv_counts;
     const int n = size();
@@ -381,10 +364,7 @@ class local_communicator {
   template <class T>
   void broadcast(std::span<T> data, int root) {
     static_assert(communicable_element<T>, "baton: broadcast moves elements as bytes; T must be trivially copyable");
-    coll_entry mine{};
-    mine.kind = coll_kind::broadcast;
-    mine.recv = data.data();
-    mine.recv_bytes = data.size_bytes();
+    coll_entry mine = entry(coll_kind::broadcast, std::span<const T>(), data);
     mine.root = root;
     std::string problem = enter(mine);
     if (problem.empty()) problem = differing("root", [](const coll_entry& x) { return std::to_string(x.root); });
@@ -532,16 +512,17 @@ class local_communicator {
     if (bytes != 0 && to != from) std::memcpy(to, from, bytes);
   }
 
+  /// This rank's entry for a collective that reads `send` and writes `recv`.
   template <class T>
-  static constexpr int type_code() {
-    if constexpr (std::is_same_v<T, float>) return 1;
-    else if constexpr (std::is_same_v<T, double>) return 2;
-    else if constexpr (std::is_same_v<T, std::int32_t>) return 3;
-    else return 4;
-  }
-  static std::string type_name(int code) {
-    constexpr const char* names[] = {"?", "float", "double", "std::int32_t", "std::int64_t"};
-    return names[code];
+  static coll_entry entry(coll_kind kind, std::span<const T> send, std::span<T> recv) {
+    coll_entry e{};
+    e.kind = kind;
+    e.send = send.data();
+    e.recv = recv.data();
+    e.send_bytes = send.size_bytes();
+    e.recv_bytes = recv.size_bytes();
+    e.element_size = sizeof(T);
+    return e;
   }
 
   /// out[begin, end) = in_0 op in_1 op ... op in_{n-1}, reading every rank's buffer; blocked
@@ -552,9 +533,8 @@ class local_communicator {
     T acc[block];
     for (std::size_t b = begin; b < end; b += block) {
       const std::size_t len = std::min(block, end - b);
-      std::memcpy(acc, static_cast<const T*>(e[0].recv) + b, len * sizeof(T));
-      for (std::size_t r = 1; r < e.size(); ++r)  // rank order, as every transport (detail/reduce.hpp)
-        detail::comm::combine(acc, static_cast<const T*>(e[r].recv) + b, len, op);
+      const auto piece = [&](int r) { return static_cast<const T*>(e[static_cast<std::size_t>(r)].recv) + b; };
+      detail::comm::fold_in_rank_order(acc, len, static_cast<int>(e.size()), piece, op);  // as every transport
       std::memcpy(out + b, acc, len * sizeof(T));
     }
   }

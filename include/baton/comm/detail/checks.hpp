@@ -16,7 +16,7 @@
 namespace baton::detail::comm {
 
 // Every collective, for agreement checks and error messages. The values start at 1 so that
-// the MPI backend can send a kind and its negation in one all-reduce (see mpi.hpp).
+// the MPI backend can send a kind and its negation in one all-reduce (see detail/mpi_agreement.hpp).
 enum class collective_kind : std::int64_t { barrier = 1, all_reduce, all_gather, all_to_all, all_to_all_v, broadcast, split };
 
 inline const char* collective_name(collective_kind k) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <baton/comm/detail/checks.hpp>
+#include <baton/comm/detail/elements.hpp>
 #include <baton/comm/error.hpp>
 
 #include <algorithm>
@@ -125,7 +126,7 @@ struct coll_entry {
   std::size_t send_bytes = 0;
   std::size_t recv_bytes = 0;
   std::size_t element_size = 1;
-  int type_code = 0;  // all_reduce: which reducible_element
+  element_kind element = element_kind::float32;  // all_reduce: which reducible_element
   reduce_op op = reduce_op::sum;
   int root = 0;
   std::span<const std::int64_t> send_counts;
@@ -178,28 +179,20 @@ class group {
     if (w.failed()) {
       throw comm_error(rank_text(op.owner) + ": " + describe(op) + " " + w.abort_reason());
     }
-    p2p_op* partner = nullptr;
-    if (op.kind == op_kind::send) {
-      auto& waiting = boxes[static_cast<std::size_t>(op.peer)].recvs;
-      auto it = std::find_if(waiting.begin(), waiting.end(),
-                             [&](const p2p_op* r) { return r->peer == op.owner && r->tag == op.tag; });
-      if (it == waiting.end()) {
-        boxes[static_cast<std::size_t>(op.peer)].sends.push_back(&op);
-        return;
-      }
-      partner = *it;
-      waiting.erase(it);
-    } else {
-      auto& waiting = boxes[static_cast<std::size_t>(op.owner)].sends;
-      auto it = std::find_if(waiting.begin(), waiting.end(),
-                             [&](const p2p_op* s) { return s->owner == op.peer && s->tag == op.tag; });
-      if (it == waiting.end()) {
-        boxes[static_cast<std::size_t>(op.owner)].recvs.push_back(&op);
-        return;
-      }
-      partner = *it;
-      waiting.erase(it);
+    // Both ends meet in the receiver's mailbox: a send looks among its receives, a receive
+    // among the sends addressed to it, for the first one from the other end with this tag.
+    const bool sending = op.kind == op_kind::send;
+    mailbox& box = boxes[static_cast<std::size_t>(sending ? op.peer : op.owner)];
+    auto& waiting = sending ? box.recvs : box.sends;
+    const auto it = std::find_if(waiting.begin(), waiting.end(), [&](const p2p_op* other) {
+      return other->owner == op.peer && other->peer == op.owner && other->tag == op.tag;
+    });
+    if (it == waiting.end()) {
+      (sending ? box.sends : box.recvs).push_back(&op);
+      return;
     }
+    p2p_op* partner = *it;
+    waiting.erase(it);
     p2p_op& send = op.kind == op_kind::send ? op : *partner;
     p2p_op& recv = op.kind == op_kind::send ? *partner : op;
     send.state = op_state::copying;
@@ -261,6 +254,18 @@ class group {
     return comm::p2p_text(op.kind == op_kind::send ? "isend" : "irecv", op.peer, op.tag, op.bytes);
   }
 
+  /// Marks `rank` arrived at the barrier (lock held); true when it was the last, which opens
+  /// the barrier for everyone.
+  bool arrive(int rank) {
+    present[static_cast<std::size_t>(rank)] = 1;
+    if (++arrived != size()) return false;
+    arrived = 0;
+    std::fill(present.begin(), present.end(), 0);
+    ++generation;
+    wake_members();
+    return true;
+  }
+
   /// The barriers inside a collective, after every rank has entered it: between them each
   /// rank reads the others' buffers, so none may leave early, not even when the world fails
   /// meanwhile (its caller would free a buffer that a peer still copies from). Every member
@@ -269,14 +274,7 @@ class group {
   void arrive_committed(int rank) {
     world& w = *the_world;
     std::unique_lock lock(w.mutex);
-    present[static_cast<std::size_t>(rank)] = 1;
-    if (++arrived == size()) {
-      arrived = 0;
-      std::fill(present.begin(), present.end(), 0);
-      ++generation;
-      wake_members();
-      return;
-    }
+    if (arrive(rank)) return;
     const std::uint64_t mine_generation = generation;
     w.wakeup(world_rank_of(rank)).wait(lock, [&] { return generation != mine_generation; });
   }
@@ -295,14 +293,7 @@ class group {
                        "); create a new communicator");
     }
     if (mine != nullptr) entries[static_cast<std::size_t>(rank)] = *mine;
-    present[static_cast<std::size_t>(rank)] = 1;
-    if (++arrived == size()) {
-      arrived = 0;
-      std::fill(present.begin(), present.end(), 0);
-      ++generation;
-      wake_members();
-      return;
-    }
+    if (arrive(rank)) return;
     const std::uint64_t mine_generation = generation;
     const auto deadline = comm::deadline_after(timeout);
     for (;;) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <baton/comm/detail/checks.hpp>
+#include <baton/comm/detail/mpi_support.hpp>
 #include <baton/comm/error.hpp>
 
 #include <mpi.h>
@@ -248,12 +249,6 @@ class notice_board {
     MPI_Request request = MPI_REQUEST_NULL;
     std::unique_ptr<notice> data;
   };
-
-  static bool finalized() {
-    int done = 0;
-    MPI_Finalized(&done);
-    return done != 0;
-  }
 
   static std::string label(int r, const std::string& rank_label) { return rank_label + " " + std::to_string(r); }
 
