@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace baton {
 
@@ -41,6 +42,8 @@ struct agreement_field {
 /// only its code, and the protocol words its text).
 template <std::size_t Fields, std::size_t MessageBytes = 0>
 struct agreement_descriptor {
+  struct no_text {};
+
   static constexpr std::int64_t magic_value = 0x626174'6f6e4147;  // "batonAG"
   static constexpr std::size_t fields = Fields;
 
@@ -50,7 +53,8 @@ struct agreement_descriptor {
   std::int64_t rank = 0;       // the sender's rank in the group that agrees
   std::int64_t failure = 0;    // 0, or the code of the problem this rank found in its own input
   std::array<std::int64_t, Fields> values{};
-  std::array<char, MessageBytes> message{};
+  // The text; a struct without members (and so, with no_unique_address, no bytes) when 0.
+  [[no_unique_address]] std::conditional_t<(MessageBytes > 0), std::array<char, MessageBytes>, no_text> message{};
 
   /// Marks this rank's input wrong, with the text every rank will throw (cut to fit).
   void fail(std::int64_t code, std::string_view text = {}) noexcept {
