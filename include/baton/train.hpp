@@ -1,10 +1,17 @@
 // baton/train.hpp — training a transformer LM under pipeline x data x context parallelism:
 // the composition of the schedule, pipeline, cp and nn layers on a device mesh.
 //
-//   lm_trainer, lm_config, lm_parallelism, check_config, config_error   (train/lm_trainer.hpp)
-//   lm_reference (the same model on one rank), greedy_generate          (train/lm_trainer.hpp)
-//   byte_corpus, lm_batch (byte-level text data, packed documents)       (train/text_data.hpp)
+//   lm_trainer (one rank's part of training on a mesh)                    (train/lm_trainer.hpp)
+//   lm_config, lm_parallelism, check_config, config_error                 (train/config.hpp)
+//   lm_step_report (what a step or eval reports)                          (train/report.hpp)
+//   lm_reference (the same model on one rank)                             (train/reference.hpp)
+//   greedy_generate (a one-stage model's greedy continuation)             (train/generate.hpp)
+//   byte_corpus, lm_batch (byte-level text data, packed documents)        (train/text_data.hpp)
 #pragma once
 
+#include <baton/train/config.hpp>
+#include <baton/train/generate.hpp>
 #include <baton/train/lm_trainer.hpp>
+#include <baton/train/reference.hpp>
+#include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>

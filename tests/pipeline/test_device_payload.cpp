@@ -12,7 +12,10 @@
 #include <baton/comm/local.hpp>
 #include <baton/payload/detail/pitched_traits.hpp>
 #include <baton/payload/host_tensor.hpp>
-#include <baton/pipeline/detail/transfer.hpp>
+#include <baton/pipeline/detail/buffer_pool.hpp>
+#include <baton/pipeline/detail/loss.hpp>
+#include <baton/pipeline/detail/receives.hpp>
+#include <baton/pipeline/detail/sends.hpp>
 
 #include <algorithm>
 #include <atomic>

@@ -5,7 +5,8 @@
 #include "test_stages.hpp"
 
 #include <baton/pipeline/detail/gradient_check.hpp>
-#include <baton/pipeline/detail/transfer.hpp>
+#include <baton/pipeline/detail/receives.hpp>
+#include <baton/pipeline/detail/wire.hpp>
 
 #include <chrono>
 #include <cstddef>

@@ -9,7 +9,7 @@
 //
 // Compiled by g++ and nvcc against baton::cuda, CPU-tested through its plain C++ parts
 // (detail/pitched_copies.hpp, the executor's host_accessible routing); it has NOT yet run on
-// a GPU (tests/pipeline/test_pipeline_nccl_gpu.cu is the test that will).
+// a GPU (tests/pipeline/test_pipeline_nccl_gpu.cpp is the test that will).
 //
 // Streams. Every operation here (allocate, zero, copy, slice, concat, scale, free) runs on
 // baton::cuda::payload_stream() — the calling thread's per-thread default stream unless a
@@ -33,6 +33,7 @@
 #error "baton/payload/cuda.hpp needs the CUDA runtime: link baton::cuda (find_package(baton COMPONENTS cuda)); the CUDA toolkit installs it under /usr/local/cuda"
 #else
 
+#include <baton/core/cuda_check.hpp>
 #include <baton/core/sizes.hpp>
 #include <baton/payload/detail/pitched_copies.hpp>
 #include <baton/payload/detail/pitched_traits.hpp>
@@ -58,34 +59,33 @@ class cuda_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-namespace detail {
+}  // namespace baton::cuda
 
-inline void check(cudaError_t rc, const char* call, const std::string& what) {
-  if (rc != cudaSuccess) {
-    throw cuda_error(what + ": " + call + " failed: " + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
-  }
-}
+namespace baton::detail::payload::cuda {
 
 inline cudaStream_t& payload_stream_slot() noexcept {
   thread_local cudaStream_t stream = cudaStreamPerThread;
   return stream;
 }
 
-}  // namespace detail
+}  // namespace baton::detail::payload::cuda
+
+namespace baton::cuda {
 
 /// The stream device payload operations of the calling thread run on.
-inline cudaStream_t payload_stream() noexcept { return detail::payload_stream_slot(); }
+inline cudaStream_t payload_stream() noexcept { return detail::payload::cuda::payload_stream_slot(); }
 
 /// Makes `stream` the calling thread's payload stream until the scope ends. Never pass the
 /// stream of an nccl_communicator (see the file comment).
 class payload_stream_scope {
  public:
-  explicit payload_stream_scope(cudaStream_t stream) noexcept : previous_(detail::payload_stream_slot()) {
-    detail::payload_stream_slot() = stream;
+  explicit payload_stream_scope(cudaStream_t stream) noexcept
+      : previous_(detail::payload::cuda::payload_stream_slot()) {
+    detail::payload::cuda::payload_stream_slot() = stream;
   }
   payload_stream_scope(const payload_stream_scope&) = delete;
   payload_stream_scope& operator=(const payload_stream_scope&) = delete;
-  ~payload_stream_scope() { detail::payload_stream_slot() = previous_; }
+  ~payload_stream_scope() { detail::payload::cuda::payload_stream_slot() = previous_; }
 
  private:
   cudaStream_t previous_;
@@ -108,8 +108,7 @@ struct device_view {
 /// clone()). The shape is fixed at construction; {} is a scalar, the default tensor is {0}.
 template <class T>
 class device_tensor {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-                    std::is_same_v<T, std::int64_t>,
+  static_assert(baton::detail::payload::own_tensor_element_v<T>,
                 "baton::cuda::device_tensor<T> holds float, double, std::int32_t or std::int64_t (as "
                 "host_tensor); for other element types give your own device type payload_traits");
 
@@ -121,7 +120,7 @@ class device_tensor {
   /// A zero-filled tensor of `shape` on the current device.
   explicit device_tensor(std::vector<std::int64_t> shape) : device_tensor(std::move(shape), for_overwrite_tag{}) {
     if (data_ != nullptr) {
-      detail::check(cudaMemsetAsync(data_, 0, bytes_size(), payload_stream()), "cudaMemsetAsync", what());
+      check(cudaMemsetAsync(data_, 0, bytes_size(), payload_stream()), what(), "cudaMemsetAsync");
     }
     synchronise();
   }
@@ -159,8 +158,8 @@ class device_tensor {
   [[nodiscard]] device_tensor clone() const {
     device_tensor out(shape_, for_overwrite_tag{});
     if (data_ != nullptr) {
-      detail::check(cudaMemcpyAsync(out.data_, data_, bytes_size(), cudaMemcpyDeviceToDevice, payload_stream()),
-                    "cudaMemcpyAsync", what());
+      check(cudaMemcpyAsync(out.data_, data_, bytes_size(), cudaMemcpyDeviceToDevice, payload_stream()), what(),
+            "cudaMemcpyAsync");
     }
     out.synchronise();
     return out;
@@ -173,8 +172,8 @@ class device_tensor {
                           baton::detail::core::shape_text(shape_) + " (" + std::to_string(size_) + " elements)");
     }
     if (data_ != nullptr) {
-      detail::check(cudaMemcpyAsync(data_, values.data(), bytes_size(), cudaMemcpyHostToDevice, payload_stream()),
-                    "cudaMemcpyAsync", what());
+      check(cudaMemcpyAsync(data_, values.data(), bytes_size(), cudaMemcpyHostToDevice, payload_stream()), what(),
+            "cudaMemcpyAsync");
     }
     synchronise();
   }
@@ -186,8 +185,8 @@ class device_tensor {
                           baton::detail::core::shape_text(shape_) + " holds " + std::to_string(size_));
     }
     if (data_ != nullptr) {
-      detail::check(cudaMemcpyAsync(out.data(), data_, bytes_size(), cudaMemcpyDeviceToHost, payload_stream()),
-                    "cudaMemcpyAsync", what());
+      check(cudaMemcpyAsync(out.data(), data_, bytes_size(), cudaMemcpyDeviceToHost, payload_stream()), what(),
+            "cudaMemcpyAsync");
     }
     synchronise();
   }
@@ -216,14 +215,18 @@ class device_tensor {
         size_(baton::detail::payload::checked_element_count(shape_, "baton::cuda::device_tensor", sizeof(T))) {
     if (size_ > 0) {
       void* p = nullptr;
-      detail::check(cudaMallocAsync(&p, bytes_size(), payload_stream()), "cudaMallocAsync", what());
+      check(cudaMallocAsync(&p, bytes_size(), payload_stream()), what(), "cudaMallocAsync");
       data_ = static_cast<T*>(p);
     }
   }
 
   std::string what() const { return "baton::cuda::device_tensor of shape " + baton::detail::core::shape_text(shape_); }
 
-  void synchronise() const { detail::check(cudaStreamSynchronize(payload_stream()), "cudaStreamSynchronize", what()); }
+  static void check(cudaError_t rc, const std::string& who, const char* call) {
+    baton::detail::core::check_cuda<cuda_error>(rc, who, call);
+  }
+
+  void synchronise() const { check(cudaStreamSynchronize(payload_stream()), what(), "cudaStreamSynchronize"); }
 
   // Stream-ordered: returns at once and never waits for the device (see the file comment).
   void release() noexcept {
@@ -236,33 +239,36 @@ class device_tensor {
   T* data_ = nullptr;
 };
 
-namespace detail {
+}  // namespace baton::cuda
+
+namespace baton::detail::payload::cuda {
 
 // Runs pitched copies device to device on the payload stream and waits for them.
 struct device_copier {
-  static void run(std::span<const baton::detail::payload::pitched_copy> copies,
-                  std::span<const std::byte* const> sources, std::byte* dst, const std::string& what) {
+  static void run(std::span<const pitched_copy> copies, std::span<const std::byte* const> sources, std::byte* dst,
+                  const std::string& what) {
+    using baton::cuda::cuda_error;
+    using baton::cuda::payload_stream;
     for (std::size_t i = 0; i < copies.size(); ++i) {
       const auto& c = copies[i];
       if (c.empty()) continue;
       if (c.height == 1 || (c.src_pitch == c.width && c.dst_pitch == c.width)) {
         // Contiguous: one plain copy (and no limit on the pitch, which cudaMemcpy2D has).
-        check(cudaMemcpyAsync(dst + c.dst_offset, sources[i] + c.src_offset, c.width * c.height,
-                              cudaMemcpyDeviceToDevice, payload_stream()),
-              "cudaMemcpyAsync", what);
+        core::check_cuda<cuda_error>(cudaMemcpyAsync(dst + c.dst_offset, sources[i] + c.src_offset, c.width * c.height,
+                                                     cudaMemcpyDeviceToDevice, payload_stream()),
+                                     what, "cudaMemcpyAsync");
         continue;
       }
-      check(cudaMemcpy2DAsync(dst + c.dst_offset, c.dst_pitch, sources[i] + c.src_offset, c.src_pitch, c.width,
-                              c.height, cudaMemcpyDeviceToDevice, payload_stream()),
-            "cudaMemcpy2DAsync", what);
+      core::check_cuda<cuda_error>(cudaMemcpy2DAsync(dst + c.dst_offset, c.dst_pitch, sources[i] + c.src_offset,
+                                                     c.src_pitch, c.width, c.height, cudaMemcpyDeviceToDevice,
+                                                     payload_stream()),
+                                   what, "cudaMemcpy2DAsync");
     }
-    check(cudaStreamSynchronize(payload_stream()), "cudaStreamSynchronize", what);
+    core::check_cuda<cuda_error>(cudaStreamSynchronize(payload_stream()), what, "cudaStreamSynchronize");
   }
 };
 
-}  // namespace detail
-
-}  // namespace baton::cuda
+}  // namespace baton::detail::payload::cuda
 
 namespace baton {
 
@@ -272,7 +278,7 @@ namespace baton {
 /// are pitched_payload_traits, which the CPU tests run with host memory.
 template <class T>
 struct payload_traits<cuda::device_tensor<T>>
-    : detail::payload::pitched_payload_traits<cuda::device_tensor<T>, cuda::detail::device_copier> {};
+    : detail::payload::pitched_payload_traits<cuda::device_tensor<T>, detail::payload::cuda::device_copier> {};
 
 }  // namespace baton
 

@@ -30,8 +30,7 @@ namespace baton {
 /// operator==: compare values() explicitly, with the tolerance your test justifies.
 template <class T>
 class host_tensor {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                    std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>,
+  static_assert(detail::payload::own_tensor_element_v<T>,
                 "baton::host_tensor<T> holds float, double, std::int32_t or std::int64_t; for "
                 "other element types use your own tensor type with payload_traits");
 

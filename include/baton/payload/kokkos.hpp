@@ -102,20 +102,8 @@ struct payload_traits<Kokkos::View<DataType, Properties...>> {
   }
 
   static view concat_pointers(std::span<const view* const> parts, int dim) {
-    namespace pi = detail::payload;
-    std::vector<std::vector<std::int64_t>> shapes;
-    std::vector<const std::byte*> sources;
-    shapes.reserve(parts.size());
-    sources.reserve(parts.size());
-    for (const view* p : parts) {
-      require_contiguous(*p);
-      shapes.push_back(shape(*p));
-      sources.push_back(reinterpret_cast<const std::byte*>(p->data()));
-    }
-    const auto [d, out_shape] = pi::concat_shape(shapes, dim, "baton Kokkos::View concat");
-    view out = make(out_shape, false);
-    pi::row_major_concat(sources, shapes, d, out_shape, sizeof(value_type), reinterpret_cast<std::byte*>(out.data()));
-    return out;
+    return detail::payload::concat_through_traits<payload_traits>(
+        parts, dim, "baton Kokkos::View concat", [](const auto& extents) { return make(extents, false); });
   }
 
  private:

@@ -65,20 +65,9 @@ struct row_major_payload_traits {
   }
 
   static Tensor concat_pointers(std::span<const Tensor* const> parts, int dim) {
-    namespace pi = detail::payload;
-    std::vector<std::vector<std::int64_t>> shapes;
-    std::vector<const std::byte*> sources;
-    shapes.reserve(parts.size());
-    sources.reserve(parts.size());
-    for (const Tensor* part : parts) {
-      const std::span<const std::int64_t> shape = shape_of(*part);
-      shapes.emplace_back(shape.begin(), shape.end());
-      sources.push_back(reinterpret_cast<const std::byte*>(traits::data(*part)));
-    }
-    auto [d, shape] = pi::concat_shape(shapes, dim, "baton::row_major_payload_traits concat");
-    Tensor out = allocate_uninitialised(shape);
-    pi::row_major_concat(sources, shapes, d, shape, element_size(), reinterpret_cast<std::byte*>(traits::data(out)));
-    return out;
+    return detail::payload::concat_through_traits<traits>(
+        parts, dim, "baton::row_major_payload_traits concat",
+        [](const auto& extents) { return allocate_uninitialised(extents); });
   }
 
  private:

@@ -41,18 +41,10 @@ struct link_model {
       throw schedule_error("baton::fit_cost_model: the link's latency, bandwidth and message size must be finite and >= 0");
   // samples[4 * stage + kind]: one per report that ran it.
   std::vector<std::vector<double>> samples(static_cast<std::size_t>(4 * num_stages));
-  const auto slot = [](action_kind k) {
-    switch (k) {
-      case action_kind::forward: return 0;
-      case action_kind::backward: return 1;
-      case action_kind::backward_input: return 2;
-      default: return 3;
-    }
-  };
   for (const step_report& report : reports)
     for (const action_time& t : report.action_times)
       if (t.stage >= 0 && t.stage < num_stages && t.count > 0)
-        samples[static_cast<std::size_t>(4 * t.stage + slot(t.kind))].push_back(t.seconds / t.count);
+        samples[static_cast<std::size_t>(4 * t.stage + detail::pipeline::cost_slot(t.kind))].push_back(t.seconds / t.count);
   const auto median = [](std::vector<double> v) {
     if (v.empty()) return -1.0;
     std::sort(v.begin(), v.end());

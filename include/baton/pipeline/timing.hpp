@@ -16,6 +16,20 @@
 
 namespace baton {
 
+namespace detail::pipeline {
+
+// Where a compute kind's figures go among a stage's four: F, B, I, W.
+constexpr int cost_slot(action_kind kind) noexcept {
+  switch (kind) {
+    case action_kind::forward: return 0;
+    case action_kind::backward: return 1;
+    case action_kind::backward_input: return 2;
+    default: return 3;
+  }
+}
+
+}  // namespace detail::pipeline
+
 /// Time spent in the compute actions of one kind of one stage during a call: the stage's
 /// forward (with the loss on the last stage), backward, backward_input or backward_weight,
 /// summed over `count` microbatches. Waiting for a message is not included.
@@ -33,17 +47,9 @@ struct action_time {
 /// half of a measured B. `communication` is the per-message latency to assume.
 inline cost_model measured_cost_model(std::span<const action_time> times, int num_stages, double communication = 0) {
   std::vector<double> sum(static_cast<std::size_t>(4 * num_stages), 0.0), count(sum.size(), 0.0);
-  const auto slot = [](action_kind k) {
-    switch (k) {
-      case action_kind::forward: return 0;
-      case action_kind::backward: return 1;
-      case action_kind::backward_input: return 2;
-      default: return 3;
-    }
-  };
   for (const action_time& t : times) {
     if (t.stage < 0 || t.stage >= num_stages || t.count <= 0) continue;
-    const auto i = static_cast<std::size_t>(4 * t.stage + slot(t.kind));
+    const auto i = static_cast<std::size_t>(4 * t.stage + detail::pipeline::cost_slot(t.kind));
     sum[i] += t.seconds;
     count[i] += t.count;
   }

@@ -29,39 +29,41 @@ struct pitched_copy {
   [[nodiscard]] bool empty() const noexcept { return width == 0 || height == 0; }
 };
 
+// `rows` rows along dim (of `inner` elements each, in each of `outer` blocks) from row
+// src_row of a tensor with src_extent rows along dim to row dst_row of one with dst_extent.
+inline pitched_copy rows_copy(row_major_split blocks, std::int64_t rows, std::int64_t src_row, std::int64_t src_extent,
+                              std::int64_t dst_row, std::int64_t dst_extent, std::size_t element_size) {
+  const auto bytes = [&](std::int64_t r) { return static_cast<std::size_t>(r * blocks.inner) * element_size; };
+  pitched_copy c;
+  c.width = bytes(rows);
+  c.height = static_cast<std::size_t>(blocks.outer);
+  c.src_offset = bytes(src_row);
+  c.src_pitch = bytes(src_extent);
+  c.dst_offset = bytes(dst_row);
+  c.dst_pitch = bytes(dst_extent);
+  return c;
+}
+
 // Rows [begin, begin + count) along dim of a tensor of `shape` (dim normalised, range checked
 // by checked_slice_shape), into a tensor holding exactly the slice.
 inline pitched_copy slice_copy(std::span<const std::int64_t> shape, int dim, std::int64_t begin,
                                std::int64_t count, std::size_t element_size) {
-  const auto [outer, inner] = split_at(shape, dim);
   const std::int64_t extent = shape[static_cast<std::size_t>(dim)];
-  pitched_copy c;
-  c.width = static_cast<std::size_t>(count * inner) * element_size;
-  c.height = static_cast<std::size_t>(outer);
-  c.src_offset = static_cast<std::size_t>(begin * inner) * element_size;
-  c.src_pitch = static_cast<std::size_t>(extent * inner) * element_size;
-  c.dst_pitch = c.width;
-  return c;
+  return rows_copy(split_at(shape, dim), count, begin, extent, 0, count, element_size);
 }
 
 // One copy per part: part p lands at its running offset along dim of the result (shape
 // `result_shape`, from concat_shape; dim normalised).
 inline std::vector<pitched_copy> concat_copies(std::span<const std::vector<std::int64_t>> shapes, int dim,
                                                std::span<const std::int64_t> result_shape, std::size_t element_size) {
-  const auto [outer, inner] = split_at(result_shape, dim);
+  const row_major_split blocks = split_at(result_shape, dim);
   const std::int64_t total = result_shape[static_cast<std::size_t>(dim)];
   std::vector<pitched_copy> copies;
   copies.reserve(shapes.size());
   std::int64_t at = 0;
   for (const auto& s : shapes) {
     const std::int64_t rows = s[static_cast<std::size_t>(dim)];
-    pitched_copy c;
-    c.width = static_cast<std::size_t>(rows * inner) * element_size;
-    c.height = static_cast<std::size_t>(outer);
-    c.dst_offset = static_cast<std::size_t>(at * inner) * element_size;
-    c.dst_pitch = static_cast<std::size_t>(total * inner) * element_size;
-    c.src_pitch = c.width;
-    copies.push_back(c);
+    copies.push_back(rows_copy(blocks, rows, 0, rows, at, total, element_size));
     at += rows;
   }
   return copies;

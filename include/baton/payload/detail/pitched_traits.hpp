@@ -55,18 +55,11 @@ struct pitched_payload_traits {
   static tensor concat(std::span<const tensor> parts, int dim) { return concat_pointers(pointers_to(parts), dim); }
 
   static tensor concat_pointers(std::span<const tensor* const> parts, int dim) {
-    std::vector<std::vector<std::int64_t>> shapes;
-    std::vector<const std::byte*> sources;
-    shapes.reserve(parts.size());
-    sources.reserve(parts.size());
-    for (const tensor* p : parts) {
-      shapes.push_back(p->shape());
-      sources.push_back(bytes(*p).data());
-    }
-    const auto [d, out_shape] = concat_shape(shapes, dim, "baton device tensor concat");
+    const concat_sources in = sources_of<pitched_payload_traits>(parts);
+    const auto [d, out_shape] = concat_shape(in.shapes, dim, "baton device tensor concat");
     tensor out = tensor::for_overwrite(out_shape);
-    const auto copies = concat_copies(shapes, d, out_shape, sizeof(value_type));
-    Copier::run(copies, sources, mutable_bytes(out).data(), "baton device tensor concat");
+    const auto copies = concat_copies(in.shapes, d, out_shape, sizeof(value_type));
+    Copier::run(copies, in.data, mutable_bytes(out).data(), "baton device tensor concat");
     return out;
   }
 

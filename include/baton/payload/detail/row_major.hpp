@@ -1,6 +1,6 @@
 // baton/payload/detail/row_major.hpp — slice and concatenate contiguous row-major buffers.
 //
-// Shared by host_tensor and the Kokkos adapter. A row-major tensor sliced along dim d is
+// Shared by host_tensor, row_major_payload_traits and the Kokkos adapter. A row-major tensor sliced along dim d is
 // `outer` blocks (the product of the extents before d) of `count * inner` contiguous elements,
 // so slicing along dim 0 is a single memcpy and any other dim is one memcpy per outer block.
 #pragma once
@@ -16,10 +16,16 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace baton::detail::payload {
+
+// The element types baton's own tensors hold (host_tensor, cuda::device_tensor).
+template <class T>
+inline constexpr bool own_tensor_element_v = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                             std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
 
 // Number of elements of a shape, or a payload_error naming the problem (core/sizes.hpp).
 inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, std::string_view what,
@@ -117,6 +123,26 @@ inline shape_along concat_shape(std::span<const std::vector<std::int64_t>> shape
   return {d, std::move(out)};
 }
 
+// The parts of a concatenation as row_major_concat and concat_copies take them: each part's
+// extents and its first byte, read through the tensor type's traits (shape and bytes).
+struct concat_sources {
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<const std::byte*> data;
+};
+
+template <class Traits, class T>
+concat_sources sources_of(std::span<const T* const> parts) {
+  concat_sources out;
+  out.shapes.reserve(parts.size());
+  out.data.reserve(parts.size());
+  for (const T* part : parts) {
+    const auto& extents = Traits::shape(*part);
+    out.shapes.emplace_back(extents.begin(), extents.end());
+    out.data.push_back(Traits::bytes(*part).data());
+  }
+  return out;
+}
+
 // Concatenates row-major buffers along dim into dst (shape `result_shape`).
 inline void row_major_concat(std::span<const std::byte* const> parts,
                              std::span<const std::vector<std::int64_t>> shapes, int dim,
@@ -132,6 +158,19 @@ inline void row_major_concat(std::span<const std::byte* const> parts,
       dst += block;
     }
   }
+}
+
+// Concatenates contiguous row-major host tensors of type T along dim, through their traits
+// (shape, bytes, mutable_bytes, value_type), into allocate(shape), whose elements need not be
+// initialised. Throws a payload_error naming `what` when the parts do not fit together.
+template <class Traits, class T, class Allocate>
+T concat_through_traits(std::span<const T* const> parts, int dim, std::string_view what, Allocate&& allocate) {
+  const concat_sources in = sources_of<Traits>(parts);
+  const auto [d, shape] = concat_shape(in.shapes, dim, what);
+  T out = allocate(shape);
+  row_major_concat(in.data, in.shapes, d, shape, sizeof(typename Traits::value_type),
+                   Traits::mutable_bytes(out).data());
+  return out;
 }
 
 }  // namespace baton::detail::payload

@@ -13,7 +13,6 @@
 #include <baton/payload/visit.hpp>
 #include <baton/pipeline/detail/extents.hpp>
 #include <baton/pipeline/detail/gradient_check.hpp>
-#include <baton/pipeline/detail/transfer.hpp>
 #include <baton/pipeline/stage.hpp>
 #include <baton/schedule/program.hpp>
 

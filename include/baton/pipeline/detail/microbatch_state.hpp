@@ -5,7 +5,9 @@
 #pragma once
 
 #include <baton/payload/grad.hpp>
-#include <baton/pipeline/detail/transfer.hpp>
+#include <baton/pipeline/detail/buffer_pool.hpp>
+#include <baton/pipeline/detail/receives.hpp>
+#include <baton/pipeline/detail/sends.hpp>
 #include <baton/pipeline/stage.hpp>
 
 #include <cstddef>

@@ -1,0 +1,108 @@
+// baton/train/config.hpp — what a training run is configured with (lm_config: the model and
+// the optimisation; lm_parallelism: the mesh, CP mode and sequence layout) and the check that
+// rejects, on every rank alike and before any work, a configuration that cannot run.
+#pragma once
+
+#include <baton/comm/mesh.hpp>
+#include <baton/cp/error.hpp>
+#include <baton/cp/sharding.hpp>
+#include <baton/nn/config.hpp>
+#include <baton/nn/cp_attention.hpp>
+#include <baton/nn/error.hpp>
+#include <baton/nn/optim.hpp>
+#include <baton/schedule/program.hpp>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace baton::train {
+
+/// A configuration that cannot run: `setting()` names what to change ("mesh", "cp",
+/// "schedule", "model", "layers", "seq", "batch", "microbatches"), the message says
+/// how. Every rank checks the same configuration the same way, so every rank throws it
+/// before any work.
+class config_error : public std::invalid_argument {
+ public:
+  config_error(std::string setting, const std::string& message)
+      : std::invalid_argument(message), setting_(std::move(setting)) {}
+  const std::string& setting() const noexcept { return setting_; }
+
+ private:
+  std::string setting_;
+};
+
+/// The model and the optimisation.
+struct lm_config {
+  nn::transformer_config model{};
+  std::int64_t layers = 4;
+  /// The global sequence length (every row of a batch).
+  std::int64_t seq = 128;
+  /// Rows of a step's batch per data-parallel replica (the global batch has dp x batch rows).
+  std::int64_t batch = 8;
+  nn::adamw_options optimizer{};
+  /// Gradient-norm clipping (2-norm over the whole model); <= 0 turns it off.
+  double clip_norm = 1.0;
+  std::uint64_t seed = 1;
+};
+
+/// How the model is spread over the ranks.
+struct lm_parallelism {
+  mesh_shape mesh{};
+  nn::cp_mode cp = nn::cp_mode::none;
+  shard_layout layout = shard_layout::zigzag;
+};
+
+/// Throws config_error when (config, parallelism, schedule) cannot run on `world_size` ranks:
+/// the same answer on every rank, so every rank stops before any work.
+inline void check_config(const lm_config& c, const lm_parallelism& p, int world_size, const schedule_shape& schedule) {
+  const mesh_shape& m = p.mesh;
+  if (m.pp < 1 || m.dp < 1 || m.cp_ring < 1 || m.cp_ulysses < 1 || m.size() != world_size)
+    throw config_error("mesh", "the mesh " + m.text() + " has " + std::to_string(m.size()) + " ranks but there are " +
+                                   std::to_string(world_size) + "; choose pp x dp x cp whose product is the number of ranks");
+  const int cp = m.cp_ring * m.cp_ulysses;
+  const auto mode_needs = [&](bool ok, const std::string& what) {
+    if (!ok) throw config_error("cp", "cp mode " + std::string(nn::to_string(p.cp)) + " " + what + " (mesh " + m.text() + ")");
+  };
+  switch (p.cp) {
+    case nn::cp_mode::none: mode_needs(cp == 1, "runs without context parallelism: the cp degree must be 1"); break;
+    case nn::cp_mode::ring: mode_needs(m.cp_ulysses == 1, "shards over cp_ring only; use hybrid for cp_ring x cp_ulysses"); break;
+    case nn::cp_mode::ulysses: mode_needs(m.cp_ring == 1, "shards over cp_ulysses only; use hybrid for cp_ring x cp_ulysses"); break;
+    case nn::cp_mode::hybrid: break;
+  }
+  if (schedule.ranks != m.pp)
+    throw config_error("schedule", "the schedule is for " + std::to_string(schedule.ranks) + " pipeline ranks but pp = " +
+                                       std::to_string(m.pp));
+  nn::transformer_config model;
+  try {
+    model = c.model.resolved();
+  } catch (const nn::nn_error& e) {
+    throw config_error("model", e.what());
+  }
+  const int stages = schedule.num_stages();
+  if (c.layers < stages || c.layers % stages != 0)
+    throw config_error("layers", std::to_string(c.layers) + " layers cannot be split evenly into the schedule's " +
+                                     std::to_string(stages) + " stages (" + std::to_string(schedule.ranks) + " ranks x " +
+                                     std::to_string(schedule.stages_per_rank) +
+                                     " stages per rank); choose a number of layers divisible by " + std::to_string(stages));
+  try {
+    if (p.cp != nn::cp_mode::none) {
+      const sequence_sharding s(p.layout, c.seq, p.cp == nn::cp_mode::ulysses ? m.cp_ulysses : m.cp_ring,
+                                p.cp == nn::cp_mode::hybrid ? m.cp_ulysses : 1);
+      (void)s;
+    } else if (c.seq < 1) {
+      throw cp_error("the sequence length must be positive");
+    }
+  } catch (const cp_error& e) {
+    throw config_error("seq", std::string("sequence length ") + std::to_string(c.seq) + ": " + e.what());
+  }
+  // Any head count splits over the Ulysses degree (unevenly where it must; baton/cp/ulysses.hpp).
+  if (c.batch < schedule.microbatches)
+    throw config_error("batch", "a batch of " + std::to_string(c.batch) + " rows per replica cannot be cut into " +
+                                    std::to_string(schedule.microbatches) +
+                                    " microbatches; use at least as many rows as microbatches");
+  if (schedule.microbatches < 1) throw config_error("microbatches", "the schedule has no microbatches");
+}
+
+}  // namespace baton::train

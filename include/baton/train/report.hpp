@@ -1,0 +1,39 @@
+// baton/train/report.hpp — what one step or eval of a trainer reports (lm_step_report): the
+// loss and its tokens, the gradient norm, wall times, the measured bubble and memory.
+#pragma once
+
+#include <baton/pipeline/timing.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace baton::train {
+
+/// What one step (or eval) reports, the same on every rank unless said otherwise.
+struct lm_step_report {
+  /// Mean loss over the step's counted tokens (the whole global batch).
+  double loss = 0;
+  /// Tokens counted in the loss, whole mesh.
+  std::int64_t tokens = 0;
+  /// Gradient 2-norm over the whole model before clipping (step only).
+  double grad_norm = 0;
+  /// Wall seconds of the whole step on this rank (slicing, pipeline, reductions, optimizer).
+  double seconds = 0;
+  /// Wall seconds of the pipeline call, its longest over the pp group (0 from lm_reference,
+  /// which runs no pipeline).
+  double pipeline_seconds = 0;
+  /// This rank's wall seconds in the gradient all-reduce over the replicas, and in clipping
+  /// and the optimizer step (step only).
+  double sync_seconds = 0;
+  double optimizer_seconds = 0;
+  /// 1 - mean over the pp group of (compute seconds / pipeline seconds): the share of the
+  /// pipeline call its ranks spent waiting (bubbles and communication).
+  double bubble_fraction = 0;
+  /// Peak bytes of saved state (activations kept for backward) on any rank of the pp group.
+  std::size_t peak_saved_bytes = 0;
+  /// This rank's measured compute per stage and action kind (see measured_cost_model).
+  std::vector<action_time> action_times;
+};
+
+}  // namespace baton::train
