@@ -26,7 +26,7 @@
 
 namespace cuda_bwd_test {
 
-namespace bc = baton::detail::cuda;
+namespace bc = baton::detail::attention::cuda;
 using attn_test::shape;
 
 using bc::from_float;

@@ -58,8 +58,8 @@ problem<S> make_problem(const shape& s, unsigned seed, double magnitude = 1.0) {
     x.resize(static_cast<std::size_t>(n));
     xd.resize(static_cast<std::size_t>(n));
     for (std::size_t i = 0; i < x.size(); ++i) {
-      x[i] = baton::detail::cuda::from_float<S>(static_cast<float>(normal(gen)));
-      xd[i] = static_cast<double>(baton::detail::cuda::to_float(x[i]));
+      x[i] = baton::detail::attention::cuda::from_float<S>(static_cast<float>(normal(gen)));
+      xd[i] = static_cast<double>(baton::detail::attention::cuda::to_float(x[i]));
     }
   };
   fill(p.q, p.qd, s.batch * s.seq_q * s.heads_q * s.dim);
@@ -72,7 +72,7 @@ problem<S> make_problem(const shape& s, unsigned seed, double magnitude = 1.0) {
 template <class S>
 void poke(std::vector<S>& x, std::vector<double>& xd, std::int64_t row, std::int64_t dim, std::int64_t d, float value) {
   const auto i = static_cast<std::size_t>(row * dim + d);
-  x[i] = baton::detail::cuda::from_float<S>(value);
+  x[i] = baton::detail::attention::cuda::from_float<S>(value);
   xd[i] = static_cast<double>(value);
 }
 
@@ -142,12 +142,12 @@ template <class S, class Run, class Mask>
 void check_forward_with(const Run& run, const problem<S>& p, const Mask& mask, const baton::attention_params& params,
                         const std::string& what) {
   const shape& s = p.s;
-  std::vector<S> out(p.q.size(), baton::detail::cuda::from_float<S>(-7.0f));  // stale values must be overwritten
+  std::vector<S> out(p.q.size(), baton::detail::attention::cuda::from_float<S>(-7.0f));  // stale values must be overwritten
   std::vector<float> lse(static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q), -7.0f);
   run(p, mask, params, out, lse);
   const forward_result want = reference_forward(p, mask, params);
   std::vector<double> got_out(out.size()), got_lse(lse.begin(), lse.end());
-  for (std::size_t i = 0; i < out.size(); ++i) got_out[i] = static_cast<double>(baton::detail::cuda::to_float(out[i]));
+  for (std::size_t i = 0; i < out.size(); ++i) got_out[i] = static_cast<double>(baton::detail::attention::cuda::to_float(out[i]));
   const double tol = tolerance_for<S>();
   const double scale = attn_test::max_magnitude(want.out);
   const double out_err = max_error_nan_aware(got_out, want.out);

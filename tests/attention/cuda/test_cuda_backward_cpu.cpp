@@ -9,7 +9,7 @@
 
 #include "backward_test_util.hpp"
 
-#include <baton/attention/cuda/detail/backward_kernel.hpp>
+#include <baton/attention/cuda/detail/emulate.hpp>
 #include <baton/attention/cuda/emulated.hpp>
 
 #include <algorithm>
@@ -23,7 +23,7 @@
 namespace {
 
 using cuda_bwd_test::shape;
-namespace bc = baton::detail::cuda;
+namespace bc = baton::detail::attention::cuda;
 
 template <class S>
 void run_emulated(cuda_bwd_test::problem<S>& p) {
