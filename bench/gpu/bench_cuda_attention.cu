@@ -51,7 +51,8 @@ struct device_tensor {
     std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
     for (auto& e : host) {  // uniform in [-1, 1): values of typical activations' magnitude
       x = x * 6364136223846793005ull + 1442695040888963407ull;
-      e = baton::detail::cuda::from_float<S>(static_cast<float>(static_cast<double>(x >> 11) * 0x1p-52 - 1.0));
+      e = baton::detail::attention::cuda::from_float<S>(
+          static_cast<float>(static_cast<double>(x >> 11) * 0x1p-52 - 1.0));
     }
     check(cudaMemcpy(data, host.data(), n * sizeof(S), cudaMemcpyHostToDevice), "cudaMemcpy");
   }
@@ -152,7 +153,7 @@ void bench_backward(const operands<S>& o, const Mask& mask, bool causal, const s
 /// The forward with tiling (MT, TK) through the detail launch (no mask), to compare tilings.
 template <int MT, int TK>
 void bench_tiling(const operands<baton::bfloat16>& o, const std::string& suffix, cudaStream_t stream, int reps) {
-  namespace dc = baton::detail::cuda;
+  namespace dc = baton::detail::attention::cuda;
   constexpr int D = 128;
   const dc::forward_config cfg = dc::make_forward_config(2, D, MT, TK);
   const baton::positions all(0, o.p.seq);

@@ -8,10 +8,24 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace attn_test {
+
+/// The unit roundoff of storage type S (half the spacing of its values just above 1): the
+/// largest relative error of rounding a float to S. bfloat16 stores 7 mantissa bits, so
+/// 2^-8 ~ 3.9e-3; float16 stores 10, so 2^-11 ~ 4.9e-4; float 23, so 2^-24.
+template <class S>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<S, baton::bfloat16>)
+    return 0x1p-8;
+  else if constexpr (std::is_same_v<S, baton::float16>)
+    return 0x1p-11;
+  else
+    return 0x1p-24;
+}
 
 struct shape {
   std::int64_t batch = 1, seq_q = 1, seq_k = 1, heads_q = 1, heads_kv = 1, dim = 1;

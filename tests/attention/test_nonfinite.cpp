@@ -4,6 +4,7 @@
 // their values, and a row with no allowed key keeps out 0, lse -inf. Before the rule, a NaN
 // silently became "attends to nothing" (out 0, lse -inf) and the backends disagreed.
 #include "catch.hpp"
+#include "skip.hpp"
 
 #include "attention_test_util.hpp"
 #include "nonfinite_oracle.hpp"
@@ -148,13 +149,17 @@ TEST_CASE("non-finite rule: a NaN lse handed to backward poisons the row's pairs
   CHECK(attn_test::count_nan(dq) == 4);  // row 2 only
 }
 
+TEST_CASE("non-finite rule: Kokkos backend, float and double", "[attention][nonfinite][kokkos][reliability][kokkos-nonfinite][can-skip]") {
 #if BATON_HAS_KOKKOS()
-TEST_CASE("non-finite rule: Kokkos backend, float and double", "[attention][nonfinite][kokkos][reliability]") {
   all_cases<double>(baton::kokkos_attention{}, "kokkos double");
   all_cases<float>(baton::kokkos_attention{}, "kokkos float");
+#else
+  BATON_SKIP("Kokkos is not linked (baton::kokkos): the Kokkos backend's non-finite rule is not tested");
+#endif
 }
 
-TEST_CASE("non-finite rule: the Kokkos NaN lse path matches the reference", "[attention][nonfinite][kokkos][reliability]") {
+TEST_CASE("non-finite rule: the Kokkos NaN lse path matches the reference", "[attention][nonfinite][kokkos][reliability][kokkos-nan-lse][can-skip]") {
+#if BATON_HAS_KOKKOS()
   const shape s{1, 70, 70, 2, 1, 8};
   const auto in = attn_test::random_inputs<float>(s, 5);
   auto r = attn_test::run(baton::reference_attention{}, in, baton::causal_mask{});
@@ -172,5 +177,7 @@ TEST_CASE("non-finite rule: the Kokkos NaN lse path matches the reference", "[at
   const auto got = grads(baton::kokkos_attention{});
   CHECK(attn_test::count_nan(want[1]) > 0);
   for (std::size_t t = 0; t < 3; ++t) CHECK(attn_test::nan_pattern_mismatch(got[t], want[t], tol<float>()) == "");
-}
+#else
+  BATON_SKIP("Kokkos is not linked (baton::kokkos): the Kokkos backend's NaN lse path is not tested");
 #endif
+}

@@ -1,7 +1,9 @@
-// Properties every backend must have, checked for the reference and (where Kokkos is linked)
-// the Kokkos backend, float and double: the softmax identity backward relies on, fully
-// masked rows, accumulation, splitting the keys the way a ring does, and bad input.
+// Properties every backend must have, checked for the reference and the Kokkos backend, float
+// and double: the softmax identity backward relies on, fully masked rows, accumulation,
+// splitting the keys the way a ring does, and bad input. The Kokkos backend's case skips
+// where Kokkos is not linked.
 #include "catch.hpp"
+#include "skip.hpp"
 
 #include "attention_test_util.hpp"
 
@@ -29,15 +31,11 @@ double tolerance() {
 
 }  // namespace
 
-#if BATON_HAS_KOKKOS()
-#define BATON_ATTENTION_CONFIGS                                                                                 \
-  (config<baton::reference_attention, float>), (config<baton::reference_attention, double>),                    \
-      (config<baton::kokkos_attention, float>), (config<baton::kokkos_attention, double>)
-#else
-#define BATON_ATTENTION_CONFIGS (config<baton::reference_attention, float>), (config<baton::reference_attention, double>)
-#endif
+// The reference backend's configurations; the Kokkos backend's run in one case of their own
+// (at the end), which skips where Kokkos is not linked.
+#define BATON_REFERENCE_CONFIGS (config<baton::reference_attention, float>), (config<baton::reference_attention, double>)
 
-TEMPLATE_TEST_CASE("attention backends model attention_backend", "[attention][concept]", BATON_ATTENTION_CONFIGS) {
+TEMPLATE_TEST_CASE("attention backends model attention_backend", "[attention][concept]", BATON_REFERENCE_CONFIGS) {
   STATIC_REQUIRE(baton::attention_backend<typename TestType::backend, typename TestType::value>);
 }
 
@@ -97,8 +95,12 @@ TEST_CASE("attention_backend rejects near misses", "[attention][concept]") {
   STATIC_REQUIRE_FALSE(baton::attention_mask<int>);
 }
 
-TEMPLATE_TEST_CASE("rowsum(dO * O) = rowsum(P * dP), and P sums to one", "[attention][identity]",
-                   BATON_ATTENTION_CONFIGS) {
+// Each property once, for any (backend, element type) config; the test cases below run them.
+namespace property_checks {
+
+/// Rowsum(dO * O) = rowsum(P * dP), and P sums to one.
+template <class TestType>
+void check_softmax_identity() {
   // Backward computes dS = P * (dP - D) with D = rowsum(dO * O) instead of rowsum(P * dP):
   // equal because O = P V, so rowsum(dO * O) = sum_j P_ij (dO_i . v_j) = rowsum(P * dP).
   // Here both sides are formed in double from the backend's own out and lse.
@@ -144,8 +146,9 @@ TEMPLATE_TEST_CASE("rowsum(dO * O) = rowsum(P * dP), and P sums to one", "[atten
       }
 }
 
-TEMPLATE_TEST_CASE("a fully masked query row: out 0, lse -inf, no NaN in any gradient", "[attention][masked]",
-                   BATON_ATTENTION_CONFIGS) {
+/// A fully masked query row: out 0, lse -inf, no NaN in any gradient.
+template <class TestType>
+void check_fully_masked_row() {
   using T = typename TestType::value;
   const shape s{1, 70, 75, 8, 2, 32};
   const auto in = attn_test::random_inputs<T>(s, 5);
@@ -182,7 +185,9 @@ TEMPLATE_TEST_CASE("a fully masked query row: out 0, lse -inf, no NaN in any gra
   for (auto g : r0.dq) CHECK(g == T(0));
 }
 
-TEMPLATE_TEST_CASE("accumulate adds into dq, dk, dv", "[attention][accumulate]", BATON_ATTENTION_CONFIGS) {
+/// Accumulate adds into dq, dk, dv.
+template <class TestType>
+void check_accumulate() {
   using T = typename TestType::value;
   const shape s{1, 19, 23, 4, 1, 8};
   const auto in = attn_test::random_inputs<T>(s, 7);
@@ -205,8 +210,9 @@ TEMPLATE_TEST_CASE("accumulate adds into dq, dk, dv", "[attention][accumulate]",
   CHECK(attn_test::max_abs_error(dv, shifted(r.dv, T(0.25))) <= 4 * tolerance<T>());
 }
 
-TEMPLATE_TEST_CASE("keys split in two, as a ring does: merged forward and summed backward equal the whole",
-                   "[attention][ring]", BATON_ATTENTION_CONFIGS) {
+/// Keys split in two, as a ring does: merged forward and summed backward equal the whole.
+template <class TestType>
+void check_split_keys() {
   // What context parallelism relies on: attention over keys [0, m) and [m, Sk) separately,
   // merged by lse, equals attention over all keys; and backward over each part, given the
   // merged out and lse and accumulating into dq, equals the whole backward. Causal with
@@ -275,8 +281,9 @@ TEMPLATE_TEST_CASE("keys split in two, as a ring does: merged forward and summed
   CHECK(attn_test::max_abs_error(dv, whole.dv) <= 10 * tolerance<T>() * attn_test::max_magnitude(whole.dv));
 }
 
-TEMPLATE_TEST_CASE("bad input raises attention_error naming the tensor and the expected shape", "[attention][errors]",
-                   BATON_ATTENTION_CONFIGS) {
+/// Bad input raises attention_error naming the tensor and the expected shape.
+template <class TestType>
+void check_bad_input() {
   using T = typename TestType::value;
   using L = baton::lse_t<T>;
   typename TestType::backend backend;
@@ -334,7 +341,9 @@ TEMPLATE_TEST_CASE("bad input raises attention_error naming the tensor and the e
                   "tensor 'lse' has shape [1, 4, 6] but expected [1, 4, 5]");
 }
 
-TEMPLATE_TEST_CASE("strided views: a head-dim stride other than 1", "[attention][errors]", BATON_ATTENTION_CONFIGS) {
+/// Strided views: a head-dim stride other than 1.
+template <class TestType>
+void check_strided_views() {
   // q laid out [batch, seq, heads, dim] with every element followed by a gap (stride 2 along
   // dim). The reference reads any strides; the Kokkos backend refuses, naming the tensor.
   using T = typename TestType::value;
@@ -362,4 +371,58 @@ TEMPLATE_TEST_CASE("strided views: a head-dim stride other than 1", "[attention]
                       Catch::Contains("tensor 'q' has stride 2 along its last axis") &&
                           Catch::Contains("needs the head dim contiguous (stride 1)"));
   }
+}
+
+}  // namespace property_checks
+
+TEMPLATE_TEST_CASE("rowsum(dO * O) = rowsum(P * dP), and P sums to one", "[attention][identity]",
+                   BATON_REFERENCE_CONFIGS) {
+  property_checks::check_softmax_identity<TestType>();
+}
+
+TEMPLATE_TEST_CASE("a fully masked query row: out 0, lse -inf, no NaN in any gradient", "[attention][masked]",
+                   BATON_REFERENCE_CONFIGS) {
+  property_checks::check_fully_masked_row<TestType>();
+}
+
+TEMPLATE_TEST_CASE("accumulate adds into dq, dk, dv", "[attention][accumulate]", BATON_REFERENCE_CONFIGS) {
+  property_checks::check_accumulate<TestType>();
+}
+
+TEMPLATE_TEST_CASE("keys split in two, as a ring does: merged forward and summed backward equal the whole",
+                   "[attention][ring]", BATON_REFERENCE_CONFIGS) {
+  property_checks::check_split_keys<TestType>();
+}
+
+TEMPLATE_TEST_CASE("bad input raises attention_error naming the tensor and the expected shape", "[attention][errors]",
+                   BATON_REFERENCE_CONFIGS) {
+  property_checks::check_bad_input<TestType>();
+}
+
+TEMPLATE_TEST_CASE("strided views: a head-dim stride other than 1", "[attention][errors]", BATON_REFERENCE_CONFIGS) {
+  property_checks::check_strided_views<TestType>();
+}
+
+// (The tags stay on the TEST_CASE line: that is where baton_add_test finds [can-skip].)
+TEST_CASE("kokkos_attention: every property above, float and double", "[attention][kokkos][kokkos-properties][can-skip]") {
+#if BATON_HAS_KOKKOS()
+  using F = config<baton::kokkos_attention, float>;
+  using D = config<baton::kokkos_attention, double>;
+  STATIC_REQUIRE(baton::attention_backend<baton::kokkos_attention, float>);
+  STATIC_REQUIRE(baton::attention_backend<baton::kokkos_attention, double>);
+  SECTION("rowsum(dO * O) = rowsum(P * dP) (float)") { property_checks::check_softmax_identity<F>(); }
+  SECTION("rowsum(dO * O) = rowsum(P * dP) (double)") { property_checks::check_softmax_identity<D>(); }
+  SECTION("a fully masked query row (float)") { property_checks::check_fully_masked_row<F>(); }
+  SECTION("a fully masked query row (double)") { property_checks::check_fully_masked_row<D>(); }
+  SECTION("accumulate adds into dq, dk, dv (float)") { property_checks::check_accumulate<F>(); }
+  SECTION("accumulate adds into dq, dk, dv (double)") { property_checks::check_accumulate<D>(); }
+  SECTION("keys split in two, as a ring does (float)") { property_checks::check_split_keys<F>(); }
+  SECTION("keys split in two, as a ring does (double)") { property_checks::check_split_keys<D>(); }
+  SECTION("bad input raises attention_error (float)") { property_checks::check_bad_input<F>(); }
+  SECTION("bad input raises attention_error (double)") { property_checks::check_bad_input<D>(); }
+  SECTION("strided views: a head-dim stride other than 1 (float)") { property_checks::check_strided_views<F>(); }
+  SECTION("strided views: a head-dim stride other than 1 (double)") { property_checks::check_strided_views<D>(); }
+#else
+  BATON_SKIP("Kokkos is not linked (baton::kokkos): the Kokkos backend's properties are not tested");
+#endif
 }

@@ -192,9 +192,7 @@ void mark_non_finite_keys(const tensor_view<TK, 4>& k, const tensor_view<TV, 4>&
     bad[static_cast<std::size_t>(j)] = !row_finite(k, b, j, hk, dim) || !row_finite(v, b, j, hk, dim);
 }
 
-/// Compile-time check shared by backends: the mask argument models attention_mask. Each
-/// backend's forward/backward has an overload for a non-mask argument that only calls this,
-/// so the user reads this message rather than a failed constraint.
+/// Compile-time check shared by backends: the mask argument models attention_mask.
 template <class Mask>
 constexpr void static_check_mask() {
   static_assert(attention_mask<Mask>,
@@ -202,6 +200,29 @@ constexpr void static_check_mask() {
                 "members allowed(q_pos, k_pos) -> bool and classify(position_block, position_block) -> block_kind; "
                 "pass baton::no_mask{} for no masking, or wrap a predicate in baton::block_mask");
 }
+
+/// The base of every backend: the forward and backward taken when the mask argument is not an
+/// attention_mask, which only static_check_mask, so that a caller reads that message rather
+/// than a failed constraint on the backend's own overloads (constrained on attention_mask).
+/// A backend derives from it and declares `using mask_argument_check::forward;` and
+/// `using mask_argument_check::backward;` beside its own (their constraints differ, so
+/// neither hides the other).
+struct mask_argument_check {
+  template <class TQ, class TK, class TV, class Mask, class TO, class TL>
+    requires(!attention_mask<Mask>)
+  void forward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, const Mask&, tensor_view<TO, 4>,
+               tensor_view<TL, 3>, const attention_params& = {}) const {
+    static_check_mask<Mask>();
+  }
+
+  template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask, class TG1, class TG2, class TG3>
+    requires(!attention_mask<Mask>)
+  void backward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, tensor_view<TO, 4>, tensor_view<TL, 3>,
+                tensor_view<TD, 4>, const Mask&, tensor_view<TG1, 4>, tensor_view<TG2, 4>, tensor_view<TG3, 4>,
+                const attention_params& = {}) const {
+    static_check_mask<Mask>();
+  }
+};
 
 /// Compile-time checks shared by backends: one element type, mutable outputs, lse_t LSE.
 template <class TQ, class TK, class TV, class TO, class TL>

@@ -22,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -33,6 +32,7 @@
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
+#include <baton/core/cuda_check.hpp>
 #include <baton/core/tensor_view.hpp>
 
 namespace baton {
@@ -55,7 +55,7 @@ namespace baton {
 ///    plan, flags) reused across calls; the stream orders the calls that share it. Calls from
 ///    several threads on one object are serialised while they queue (a mutex), so they are
 ///    safe; for concurrency across streams make one object per stream.
-class cuda_attention {
+class cuda_attention : public detail::attention::mask_argument_check {
  public:
   static constexpr const char* name = "baton::cuda_attention";
 
@@ -67,17 +67,14 @@ class cuda_attention {
   /// share it); the next call allocates again.
   void release_workspace() const { workspace_->release(stream_); }
 
-  template <class TQ, class TK, class TV, class Mask, class TO, class TL>
-    requires(!attention_mask<Mask>)
-  void forward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, const Mask&, tensor_view<TO, 4>,
-               tensor_view<TL, 3>, const attention_params& = {}) const {
-    detail::attention::static_check_mask<Mask>();
-  }
+  // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
+  using detail::attention::mask_argument_check::forward;
+  using detail::attention::mask_argument_check::backward;
 
   template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
   void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
                tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
-    namespace dc = detail::cuda;
+    namespace dc = detail::attention::cuda;
     using S = std::remove_const_t<TQ>;
     const dc::forward_call f = dc::prepare_forward(q, k, v, mask, out, lse, params, name);
     if (f.call.batch * f.call.heads_q * f.call.seq_q == 0) return;
@@ -92,20 +89,12 @@ class cuda_attention {
     dc::launch_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, f.plan.view(base), key_bad), stream_);
   }
 
-  template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask, class TG1, class TG2, class TG3>
-    requires(!attention_mask<Mask>)
-  void backward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, tensor_view<TO, 4>, tensor_view<TL, 3>,
-                tensor_view<TD, 4>, const Mask&, tensor_view<TG1, 4>, tensor_view<TG2, 4>, tensor_view<TG3, 4>,
-                const attention_params& = {}) const {
-    detail::attention::static_check_mask<Mask>();
-  }
-
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
             class TG3>
   void backward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                 tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
                 tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
-    namespace dc = detail::cuda;
+    namespace dc = detail::attention::cuda;
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
     const auto& c = bc.call;
@@ -137,16 +126,18 @@ class cuda_attention {
       if (need <= bytes && data != nullptr) return data;
       release_locked(stream);
       void* p = nullptr;
-      check(cudaMalloc(&p, need == 0 ? 256 : need), "cudaMalloc (attention workspace)");
+      detail::core::check_cuda<std::runtime_error>(cudaMalloc(&p, need == 0 ? 256 : need), name,
+                                                   "cudaMalloc (attention workspace)");
       data = static_cast<std::byte*>(p);
       bytes = need;
       return data;
     }
-    void upload_plan(std::byte* at, const detail::cuda::tile_plan& plan, cudaStream_t stream) {
+    void upload_plan(std::byte* at, const detail::attention::cuda::tile_plan& plan, cudaStream_t stream) {
       const std::size_t n = plan.size_bytes();
       if (at == uploaded_at && uploaded.size() * 8 == n && std::memcmp(uploaded.data(), plan.blob(), n) == 0) return;
       // From pageable memory: the call returns once the bytes are staged, so `plan` may die.
-      check(cudaMemcpyAsync(at, plan.blob(), n, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (tile plan)");
+      detail::core::check_cuda<std::runtime_error>(cudaMemcpyAsync(at, plan.blob(), n, cudaMemcpyHostToDevice, stream),
+                                                   name, "cudaMemcpyAsync (tile plan)");
       uploaded.assign(plan.blob(), plan.blob() + n / 8);
       uploaded_at = at;
     }
@@ -157,8 +148,9 @@ class cuda_attention {
     void release_locked(cudaStream_t stream) {
       if (data == nullptr) return;
       // Kernels queued earlier may still read it.
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (before freeing the attention workspace)");
-      check(cudaFree(data), "cudaFree (attention workspace)");
+      detail::core::check_cuda<std::runtime_error>(cudaStreamSynchronize(stream), name,
+                                                   "cudaStreamSynchronize (before freeing the attention workspace)");
+      detail::core::check_cuda<std::runtime_error>(cudaFree(data), name, "cudaFree (attention workspace)");
       data = nullptr;
       bytes = 0;
       uploaded.clear();
@@ -169,11 +161,6 @@ class cuda_attention {
         (void)cudaDeviceSynchronize();  // the stream may be gone; no throw from a destructor
         (void)cudaFree(data);
       }
-    }
-    static void check(cudaError_t status, const char* what) {
-      if (status != cudaSuccess)
-        throw std::runtime_error(std::string("baton::cuda_attention: ") + what + " failed: " + cudaGetErrorName(status) +
-                                 " (" + cudaGetErrorString(status) + ")");
     }
   };
 

@@ -1,8 +1,8 @@
 // baton/attention/kokkos.hpp — tiled flash attention through Kokkos on host execution spaces,
 // and tensor_view from Kokkos::View.
 //
-// The kernels are in detail/ (cpu_gemm.hpp, flash_tiles.hpp, flash_forward.hpp,
-// flash_backward.hpp); this header launches them. Every launch is a flat
+// The kernels are in detail/ (cpu_gemm.hpp, flash_tiles.hpp, flash_packing.hpp,
+// flash_forward.hpp, flash_backward.hpp); this header launches them. Every launch is a flat
 // Kokkos::RangePolicy parallel_for whose functor does all of an item's work (its reductions
 // included) with its own scratch: Kokkos 3.4's Serial backend keeps one global scratch
 // buffer for reductions and team policies, so those are not safe when several threads (the
@@ -22,12 +22,15 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/detail/flash_backward.hpp>
 #include <baton/attention/detail/flash_forward.hpp>
+#include <baton/attention/detail/flash_packing.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
+#include <baton/core/workspace.hpp>
 
 namespace baton {
 
@@ -72,7 +75,7 @@ template <class DataType, class... Properties>
 ///  - memory: O(seq) per call (packed copies of one round's heads: a call runs over a few kv
 ///    heads at a time, enough work items for every thread), never O(seq_q * seq_k); the
 ///    packing buffers are kept for the next call (release_workspace() frees them).
-class kokkos_attention {
+class kokkos_attention : public detail::attention::mask_argument_check {
  public:
   using execution_space = Kokkos::DefaultHostExecutionSpace;
 
@@ -83,13 +86,9 @@ class kokkos_attention {
   /// them). The next call allocates again.
   void release_workspace() const noexcept { workspace_->release(); }
 
-  /// A mask argument that is not an attention_mask: one readable error (static_check_mask).
-  template <class TQ, class TK, class TV, class Mask, class TO, class TL>
-    requires(!attention_mask<Mask>)
-  void forward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, const Mask&, tensor_view<TO, 4>,
-               tensor_view<TL, 3>, const attention_params& = {}) const {
-    detail::attention::static_check_mask<Mask>();
-  }
+  // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
+  using detail::attention::mask_argument_check::forward;
+  using detail::attention::mask_argument_check::backward;
 
   template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
   void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
@@ -107,11 +106,7 @@ class kokkos_attention {
     if (call.batch * call.heads_q * call.seq_q == 0) return;
 
     const da::flash_layout<T> layout(call, threads());
-    detail::core::workspace_carver measure;
-    (void)da::carve_forward_packing(layout, measure);
-    const auto memory = workspace_->acquire(measure.bytes());
-    detail::core::workspace_carver carver(memory.data());
-    const da::forward_packed<T> packed = da::carve_forward_packing(layout, carver);
+    const auto [memory, packed] = lease_packing([&](auto& carver) { return da::carve_forward_packing(layout, carver); });
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
       const da::head_round round = layout.round(r);
       launch("baton::attention::pack_kv", layout.kv_items(round), [&](std::int64_t item) {
@@ -123,15 +118,6 @@ class kokkos_attention {
                           da::forward_tile(layout, round, item, mask, q, packed, out, lse, work);
                         });
     }
-  }
-
-  /// A mask argument that is not an attention_mask: one readable error (static_check_mask).
-  template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask, class TG1, class TG2, class TG3>
-    requires(!attention_mask<Mask>)
-  void backward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, tensor_view<TO, 4>, tensor_view<TL, 3>,
-                tensor_view<TD, 4>, const Mask&, tensor_view<TG1, 4>, tensor_view<TG2, 4>, tensor_view<TG3, 4>,
-                const attention_params& = {}) const {
-    detail::attention::static_check_mask<Mask>();
   }
 
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
@@ -155,11 +141,7 @@ class kokkos_attention {
     baton::validate_mask(mask, call.q_pos, call.k_pos);
 
     const da::flash_layout<T> layout(call, threads());
-    detail::core::workspace_carver measure;
-    (void)da::carve_backward_packing(layout, measure);
-    const auto memory = workspace_->acquire(measure.bytes());
-    detail::core::workspace_carver carver(memory.data());
-    const da::backward_packed<T> packed = da::carve_backward_packing(layout, carver);
+    const auto [memory, packed] = lease_packing([&](auto& carver) { return da::carve_backward_packing(layout, carver); });
     const bool accumulate = params.accumulate;
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
       const da::head_round round = layout.round(r);
@@ -181,6 +163,18 @@ class kokkos_attention {
   }
 
  private:
+  // A round's packed operands, placed by carve(carver) in a buffer leased from the pool (a
+  // first carve with no buffer measures them); the lease holds the buffer while it lives.
+  template <class Carve>
+  [[nodiscard]] auto lease_packing(const Carve& carve) const {
+    detail::core::workspace_carver measure;
+    (void)carve(measure);
+    auto memory = workspace_->acquire(measure.bytes());
+    detail::core::workspace_carver carver(memory.data());
+    const auto packed = carve(carver);
+    return std::pair{std::move(memory), packed};
+  }
+
   template <class F>
   void launch(const char* label, std::int64_t items, const F& body) const {
     if (items <= 0) return;

@@ -23,7 +23,7 @@
 namespace {
 
 using cuda_bwd_test::shape;
-namespace bc = baton::detail::cuda;
+namespace bc = baton::detail::attention::cuda;
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));

@@ -6,6 +6,7 @@
 #include "forward_test_util.hpp"
 
 #include <baton/attention.hpp>
+#include <baton/attention/cuda/detail/emulate.hpp>
 #include <baton/attention/cuda/emulated.hpp>
 
 #include <cmath>
@@ -201,7 +202,7 @@ struct tiled_run {
   template <class S, class Mask>
   void operator()(const problem<S>& p, const Mask& mask, const baton::attention_params& params, std::vector<S>& out,
                   std::vector<float>& lse) const {
-    namespace dc = baton::detail::cuda;
+    namespace dc = baton::detail::attention::cuda;
     const auto q = attn_test::q_view(p.q, p.s), k = attn_test::kv_view(p.k, p.s), v = attn_test::kv_view(p.v, p.s);
     const auto call = baton::detail::attention::check_inputs(q, k, v, params);
     const dc::forward_config cfg = dc::make_forward_config(static_cast<int>(sizeof(S)), D, MT, TK);

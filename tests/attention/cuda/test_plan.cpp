@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace cu = baton::detail::cuda;
+namespace cu = baton::detail::attention::cuda;
 using baton::block_kind;
 
 namespace {

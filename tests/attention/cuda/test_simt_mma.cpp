@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-namespace cu = baton::detail::cuda;
-namespace simt = baton::detail::cuda::simt;
+namespace cu = baton::detail::attention::cuda;
+namespace simt = baton::detail::attention::cuda::simt;
 using block = simt::host_block<64>;  // two warps: shuffles must stay inside each
 template <class T>
 using L = block::lanes_of<T>;

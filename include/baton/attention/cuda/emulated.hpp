@@ -2,10 +2,10 @@
 //
 // cuda_attention_emulated has the interface of cuda_attention (cuda.hpp) on HOST memory and
 // runs the very kernel bodies the GPU runs (forward_kernel.hpp, backward_kernel.hpp) through
-// the lockstep simt emulation: block after block, tensor-core fragments emulated lane by
-// lane, shared-memory races checked. It exists for tests (the CPU suite compares it with the
-// reference backend, so the GPU kernels' logic is tested where there is no GPU); it is far
-// too slow for anything else. Plain C++ (g++-compilable).
+// the lockstep simt emulation (cuda/detail/emulate.hpp): block after block, tensor-core
+// fragments emulated lane by lane, shared-memory races checked. It exists for tests (the CPU
+// suite compares it with the reference backend, so the GPU kernels' logic is tested where
+// there is no GPU); it is far too slow for anything else. Plain C++ (g++-compilable).
 #pragma once
 
 #include <cstddef>
@@ -14,9 +14,8 @@
 #include <vector>
 
 #include <baton/attention/backend.hpp>
-#include <baton/attention/cuda/detail/backward_kernel.hpp>
 #include <baton/attention/cuda/detail/call.hpp>
-#include <baton/attention/cuda/detail/forward_kernel.hpp>
+#include <baton/attention/cuda/detail/emulate.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
@@ -25,21 +24,18 @@ namespace baton {
 
 /// The CUDA backend's kernels on the CPU, for tests. Element types float, bfloat16, float16
 /// (the LSE is float); head dims 64, 128, 256. Models attention_backend<..., float>.
-class cuda_attention_emulated {
+class cuda_attention_emulated : public detail::attention::mask_argument_check {
  public:
   static constexpr const char* name = "baton::cuda_attention_emulated";
 
-  template <class TQ, class TK, class TV, class Mask, class TO, class TL>
-    requires(!attention_mask<Mask>)
-  void forward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, const Mask&, tensor_view<TO, 4>,
-               tensor_view<TL, 3>, const attention_params& = {}) const {
-    detail::attention::static_check_mask<Mask>();
-  }
+  // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
+  using detail::attention::mask_argument_check::forward;
+  using detail::attention::mask_argument_check::backward;
 
   template <class TQ, class TK, class TV, attention_mask Mask, class TO, class TL>
   void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
                tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
-    namespace dc = detail::cuda;
+    namespace dc = detail::attention::cuda;
     using S = std::remove_const_t<TQ>;
     const dc::forward_call f = dc::prepare_forward(q, k, v, mask, out, lse, params, name);
     if (f.call.batch * f.call.heads_q * f.call.seq_q == 0) return;
@@ -49,20 +45,12 @@ class cuda_attention_emulated {
     dc::emulate_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, f.plan.view(), key_bad.data()));
   }
 
-  template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask, class TG1, class TG2, class TG3>
-    requires(!attention_mask<Mask>)
-  void backward(tensor_view<TQ, 4>, tensor_view<TK, 4>, tensor_view<TV, 4>, tensor_view<TO, 4>, tensor_view<TL, 3>,
-                tensor_view<TD, 4>, const Mask&, tensor_view<TG1, 4>, tensor_view<TG2, 4>, tensor_view<TG3, 4>,
-                const attention_params& = {}) const {
-    detail::attention::static_check_mask<Mask>();
-  }
-
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
             class TG3>
   void backward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                 tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
                 tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
-    namespace dc = detail::cuda;
+    namespace dc = detail::attention::cuda;
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
     const auto& c = bc.call;

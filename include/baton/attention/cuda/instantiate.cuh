@@ -18,8 +18,8 @@
 //         BATON_CUDA_ATTENTION_INSTANTIATE_BACKWARD(baton::bfloat16)
 //
 // A storage type used but not instantiated is a link error naming
-// baton::detail::cuda::launch_forward<S> (or launch_key_flags, launch_backward). Write the
-// macros at namespace scope outside any namespace.
+// baton::detail::attention::cuda::launch_forward<S> (or launch_key_flags, launch_backward).
+// Write the macros at namespace scope outside any namespace.
 #pragma once
 
 #include <baton/core/cuda_annotations.hpp>

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <baton/attention/error.hpp>
@@ -31,7 +32,7 @@
 #include <baton/attention/positions.hpp>
 #include <baton/attention/cuda/storage.hpp>  // BATON_HD
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 /// A call's tile plan as the kernels read it: arrays in host memory (emulation) or device
 /// memory (a copy of tile_plan::blob(), rebased by tile_plan::view(base)).
@@ -243,6 +244,21 @@ inline constexpr std::array<int, 3> supported_head_dims{64, 128, 256};
   return dim == 64 || dim == 128 || dim == 256;
 }
 
+/// Calls f(std::integral_constant<int, D>{}) for the supported head dim `dim`: the one
+/// switch from a call's head dim to the kernel instantiated for it.
+template <class Fn>
+inline void dispatch_head_dim(int dim, Fn&& f) {
+  switch (dim) {
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    default:
+      throw attention_error("baton::cuda_attention: head dim " + std::to_string(dim) +
+                            " is not supported; the kernels are built for head dims 64, 128 and 256 (pad the "
+                            "head dim with zeros to the next of these)");
+  }
+}
+
 /// Shared memory a block may use (opt-in maximum per block): sm_80 163 KiB, sm_90 227 KiB.
 inline constexpr std::size_t max_shared_bytes_sm80 = 163 * 1024;
 inline constexpr std::size_t max_shared_bytes_sm90 = 227 * 1024;
@@ -347,4 +363,4 @@ inline constexpr int key_flag_threads = 128;  // keys per block of the flag pass
   return align256(plan.size_bytes()) + align256(key_flag_bytes(batch, heads_kv, seq_k));
 }
 
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda

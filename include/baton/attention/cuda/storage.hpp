@@ -21,7 +21,7 @@ namespace baton {
 template <class T>
 concept cuda_storage = std::is_same_v<T, float> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
-namespace detail::cuda {
+namespace detail::attention::cuda {
 // The kernels convert and test storage with the core's helpers.
 using core::bf16_bits_to_float;
 using core::bits_float;
@@ -32,6 +32,6 @@ using core::float_to_f16_bits;
 using core::from_float;
 using core::storage_finite;
 using core::to_float;
-}  // namespace detail::cuda
+}  // namespace detail::attention::cuda
 
 }  // namespace baton

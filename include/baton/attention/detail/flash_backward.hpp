@@ -18,11 +18,6 @@
 #include <limits>
 #include <numbers>
 
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
 namespace baton::detail::attention {
 
 /// One round's packed operands of the backward (query units: the round's kv units x group).
@@ -71,9 +66,7 @@ inline void pack_q_block(const flash_layout<T>& layout, const head_round& round,
                          const tensor_view<TQ, 4>& q, const tensor_view<TO, 4>& out, const tensor_view<TL, 3>& lse,
                          const tensor_view<TD, 4>& dout, const backward_packed<T>& packed) {
   const auto& call = layout.call;
-  const auto [unit, b, h, hk, qb] = layout.q_item_at(round, item, false);
-  const std::int64_t q0 = qb * block_q;
-  const std::int64_t qc = std::min(block_q, call.seq_q - q0);
+  const auto [unit, b, h, hk, qb, q0, qc, kv_unit] = layout.q_item_at(round, item, false);
   const std::int64_t dim_padded = layout.dim_padded;
   constexpr T inf = std::numeric_limits<T>::infinity();
   bool any_bad = false;
@@ -166,9 +159,7 @@ inline void backward_kv_tile(const flash_layout<T>& layout, const head_round& ro
                              const tensor_view<TG, 4>& dv, bool accumulate, item_scratch<T>& work) {
   const auto& call = layout.call;
   const std::int64_t dim_padded = layout.dim_padded;
-  const auto [unit, b, hk, kb] = layout.kv_item_at(round, item);
-  const std::int64_t k0 = kb * block_k;
-  const std::int64_t kc = std::min(block_k, call.seq_k - k0);
+  const auto [unit, b, hk, kb, k0, kc] = layout.kv_item_at(round, item);
   const T c = static_cast<T>(call.scale * std::numbers::log2e);
   const T* kt = packed.kt + layout.kv_block_index(round, unit, kb) * call.dim * block_k;
   const T* vt = packed.vt + layout.kv_block_index(round, unit, kb) * call.dim * block_k;
@@ -228,10 +219,7 @@ inline void backward_q_tile(const flash_layout<T>& layout, const head_round& rou
                             item_scratch<T>& work) {
   const auto& call = layout.call;
   const std::int64_t dim_padded = layout.dim_padded;
-  const auto [unit, b, h, hk, qb] = layout.q_item_at(round, item, true);
-  const std::int64_t kv_unit = b * call.heads_kv + hk;
-  const std::int64_t q0 = qb * block_q;
-  const std::int64_t qc = std::min(block_q, call.seq_q - q0);
+  const auto [unit, b, h, hk, qb, q0, qc, kv_unit] = layout.q_item_at(round, item, true);
   const T c = static_cast<T>(call.scale * std::numbers::log2e);
   const std::int64_t r = layout.q_row_index(round, unit, q0);
   const T* qrows = packed.q + r * dim_padded;
@@ -274,7 +262,3 @@ inline void backward_q_tile(const flash_layout<T>& layout, const head_round& rou
 }
 
 }  // namespace baton::detail::attention
-
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif

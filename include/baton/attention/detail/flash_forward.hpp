@@ -18,11 +18,6 @@
 #include <limits>
 #include <numbers>
 
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
 namespace baton::detail::attention {
 
 template <class T>
@@ -55,10 +50,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const auto& call = layout.call;
   const std::int64_t dim_padded = layout.dim_padded;
-  const auto [unit, b, h, hk, qb] = layout.q_item_at(round, item, true);
-  const std::int64_t kv_unit = b * call.heads_kv + hk;
-  const std::int64_t q0 = qb * block_q;
-  const std::int64_t qc = std::min(block_q, call.seq_q - q0);
+  const auto [unit, b, h, hk, qb, q0, qc, kv_unit] = layout.q_item_at(round, item, true);
   const std::int64_t rows = round_up(qc, tile_rows);
   const T c = static_cast<T>(call.scale * std::numbers::log2e);  // scores in log2 units
 
@@ -153,7 +145,3 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
 }
 
 }  // namespace baton::detail::attention
-
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif

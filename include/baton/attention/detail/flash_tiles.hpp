@@ -1,8 +1,8 @@
 // baton/attention/detail/flash_tiles.hpp — the tiles of the host flash kernels, shared by the
 // forward and the backward: the layout of a call (blocks of 64 queries and 64 keys, rounds of
 // kv heads, work items), which part of a tile a mask leaves, the products and masking of one
-// tile through cpu_gemm.hpp, the non-finite rule at tile granularity, and the packing of key
-// blocks into contiguous, zero-padded operands.
+// tile through cpu_gemm.hpp, and the non-finite rule at tile granularity. The packing of key
+// blocks is in flash_packing.hpp.
 //
 // Nothing here knows about Kokkos, and nothing here is shared between work items except
 // read-only packed inputs, so any number of items (and any number of calling threads) may
@@ -39,11 +39,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
 
 namespace baton::detail::attention {
 
@@ -105,12 +100,13 @@ struct head_round {
   return std::clamp<std::int64_t>((wanted_items + per_unit - 1) / per_unit, 1, std::max<std::int64_t>(units, 1));
 }
 
-/// What one work item works on: a kv head's key block, or a query head's query block.
+/// What one work item works on: a kv head's key block (keys k0 .. k0 + kc - 1), or a query
+/// head's query block (queries q0 .. q0 + qc - 1; its kv head's unit kv_unit).
 struct kv_item {
-  std::int64_t unit, b, hk, kb;
+  std::int64_t unit, b, hk, kb, k0, kc;
 };
 struct q_item {
-  std::int64_t unit, b, h, hk, qb;
+  std::int64_t unit, b, h, hk, qb, q0, qc, kv_unit;
 };
 
 template <class T>
@@ -164,8 +160,8 @@ struct flash_layout {
   [[nodiscard]] std::int64_t kv_items(const head_round& r) const noexcept { return r.units() * k_blocks; }
   [[nodiscard]] std::int64_t q_items(const head_round& r) const noexcept { return r.units() * call.group() * q_blocks; }
   [[nodiscard]] kv_item kv_item_at(const head_round& r, std::int64_t item) const noexcept {
-    const std::int64_t unit = r.begin + item / k_blocks;
-    return {unit, unit / call.heads_kv, unit % call.heads_kv, item % k_blocks};
+    const std::int64_t unit = r.begin + item / k_blocks, kb = item % k_blocks;
+    return {unit, unit / call.heads_kv, unit % call.heads_kv, kb, kb * block_k, std::min(block_k, call.seq_k - kb * block_k)};
   }
   /// Query blocks in descending order when asked: each item of a head then reads a subset of
   /// the key tiles the item before it read, so under a causal mask its diagonal tile is warm.
@@ -173,7 +169,8 @@ struct flash_layout {
     const std::int64_t unit = r.begin * call.group() + item / q_blocks;
     const std::int64_t h = unit % call.heads_q;
     const std::int64_t qb = descending ? q_blocks - 1 - item % q_blocks : item % q_blocks;
-    return {unit, unit / call.heads_q, h, h / call.group(), qb};
+    const std::int64_t b = unit / call.heads_q, hk = h / call.group();
+    return {unit, b, h, hk, qb, qb * block_q, std::min(block_q, call.seq_q - qb * block_q), b * call.heads_kv + hk};
   }
 };
 
@@ -462,113 +459,4 @@ inline void tile_accumulate_keys(const tile_extent<T>& t, T* c, std::int64_t ldc
     }
 }
 
-// ---- packing ---------------------------------------------------------------------------------
-
-/// dst[d * block_k + j] = rows[j][d] for j < count, 0 for count <= j < block_k: a key tile
-/// transposed (K^T, V^T). 4 x 4 (float) or 2 x 2 (double) register transposes on x86; the
-/// scalar loop it replaces cost ~5% of a short causal forward.
-template <class T>
-inline void transpose_rows(const T* const* rows, std::int64_t count, std::int64_t dim, T* dst) noexcept {
-  std::int64_t j = 0;
-  const auto prefetch_ahead = [&](std::int64_t first, std::int64_t n) {
-    for (std::int64_t r = first + prefetch_rows_ahead; r < std::min(count, first + prefetch_rows_ahead + n); ++r)
-      prefetch_row(rows[r], dim);
-  };
-#if defined(__GNUC__) && (defined(__SSE2__) || defined(__x86_64__))
-  if constexpr (std::is_same_v<T, float>) {
-    for (; j + 4 <= count; j += 4) {
-      prefetch_ahead(j, 4);
-      std::int64_t d = 0;
-      for (; d + 4 <= dim; d += 4) {
-        __m128 r0 = _mm_loadu_ps(rows[j] + d), r1 = _mm_loadu_ps(rows[j + 1] + d);
-        __m128 r2 = _mm_loadu_ps(rows[j + 2] + d), r3 = _mm_loadu_ps(rows[j + 3] + d);
-        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-        _mm_storeu_ps(dst + d * block_k + j, r0);
-        _mm_storeu_ps(dst + (d + 1) * block_k + j, r1);
-        _mm_storeu_ps(dst + (d + 2) * block_k + j, r2);
-        _mm_storeu_ps(dst + (d + 3) * block_k + j, r3);
-      }
-      for (; d < dim; ++d)
-        for (std::int64_t jj = j; jj < j + 4; ++jj) dst[d * block_k + jj] = rows[jj][d];
-    }
-  } else {
-    for (; j + 2 <= count; j += 2) {
-      prefetch_ahead(j, 2);
-      std::int64_t d = 0;
-      for (; d + 2 <= dim; d += 2) {
-        const __m128d r0 = _mm_loadu_pd(rows[j] + d), r1 = _mm_loadu_pd(rows[j + 1] + d);
-        _mm_storeu_pd(dst + d * block_k + j, _mm_unpacklo_pd(r0, r1));
-        _mm_storeu_pd(dst + (d + 1) * block_k + j, _mm_unpackhi_pd(r0, r1));
-      }
-      for (; d < dim; ++d) {
-        dst[d * block_k + j] = rows[j][d];
-        dst[d * block_k + j + 1] = rows[j + 1][d];
-      }
-    }
-  }
-#endif
-  for (; j < count; ++j)
-    for (std::int64_t d = 0; d < dim; ++d) dst[d * block_k + j] = rows[j][d];
-  if (count < block_k)
-    for (std::int64_t d = 0; d < dim; ++d) std::fill(dst + d * block_k + count, dst + (d + 1) * block_k, T(0));
-}
-
-/// Work item (kv head, key block) of a round's packing pass; layout.kv_items(round) items.
-template <class T, class TK, class TV>
-inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round, std::int64_t item,
-                          const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v, T* kt_out, T* v_rows_out,
-                          T* vt_out, T* k_rows_out, unsigned char* key_bad_out, unsigned char* block_bad_out) {
-  const auto& call = layout.call;
-  const auto [unit, b, hk, kb] = layout.kv_item_at(round, item);
-  const std::int64_t k0 = kb * block_k;
-  const std::int64_t kc = std::min(block_k, call.seq_k - k0);
-  const std::int64_t blk = layout.kv_block_index(round, unit, kb);
-  const std::int64_t row0 = layout.kv_row_index(round, unit, k0);
-  const std::int64_t dim_padded = layout.dim_padded;
-  // Every byte a tile reads is written here (the workspace is reused, not zeroed): key
-  // columns past the sequence end are 0 in K^T/V^T, and row padding (columns dim..dim_padded, and
-  // whole rows past the end) is 0 in the row-major copies.
-  const T* k_rows[block_k];
-  const T* v_rows[block_k];
-  for (std::int64_t j = 0; j < kc; ++j) {
-    k_rows[j] = &k(b, k0 + j, hk, 0);
-    v_rows[j] = &v(b, k0 + j, hk, 0);
-  }
-  // Keys with a non-finite k or v: flagged for the non-finite rule, and packed as zeros, so
-  // that no tile's arithmetic meets them (a masked pair must not turn NaN through 0 * inf).
-  unsigned char bad[block_k] = {};
-  bool any_bad = false;
-  for (std::int64_t j = 0; j < kc; ++j) {
-    bad[j] = !(all_finite(k_rows[j], call.dim) && all_finite(v_rows[j], call.dim));
-    any_bad = any_bad || bad[j];
-  }
-  std::copy(bad, bad + block_k, key_bad_out + row0);
-  block_bad_out[blk] = any_bad;
-  if (kt_out) transpose_rows(k_rows, kc, call.dim, kt_out + blk * call.dim * block_k);
-  if (vt_out) transpose_rows(v_rows, kc, call.dim, vt_out + blk * call.dim * block_k);
-  for (std::int64_t j = 0; j < block_k; ++j) {
-    const bool real = j < kc;
-    const auto copy_row = [&](const T* src, T* dst) {
-      if (real) std::copy(src, src + call.dim, dst);
-      std::fill(dst + (real ? call.dim : 0), dst + dim_padded, T(0));
-    };
-    if (v_rows_out && j + prefetch_rows_ahead < kc) prefetch_row(v_rows[j + prefetch_rows_ahead], call.dim);
-    if (v_rows_out) copy_row(real ? v_rows[j] : nullptr, v_rows_out + (row0 + j) * dim_padded);
-    if (k_rows_out) copy_row(real ? k_rows[j] : nullptr, k_rows_out + (row0 + j) * dim_padded);
-  }
-  if (any_bad)
-    for (std::int64_t j = 0; j < kc; ++j) {
-      if (!bad[j]) continue;
-      for (T* t : {kt_out, vt_out})
-        if (t)
-          for (std::int64_t d = 0; d < call.dim; ++d) t[blk * call.dim * block_k + d * block_k + j] = T(0);
-      for (T* rows : {v_rows_out, k_rows_out})
-        if (rows) std::fill(rows + (row0 + j) * dim_padded, rows + (row0 + j + 1) * dim_padded, T(0));
-    }
-}
-
 }  // namespace baton::detail::attention
-
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif

@@ -14,17 +14,19 @@
 #include <baton/attention/cuda/detail/launches.cuh>
 #include <baton/attention/cuda/detail/mma.cuh>
 #include <baton/attention/cuda/detail/simt.cuh>
+#include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/error.hpp>
+#include <baton/core/cuda_check.hpp>
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 // The bodies take the arguments by reference; __grid_constant__ lets them refer to the
 // kernel parameter itself instead of a per-thread stack copy of the struct.
 template <class S>
-__global__ void __launch_bounds__(backward_detail::prepass_threads)
+__global__ void __launch_bounds__(prepass_threads)
     backward_prepass_kernel(const __grid_constant__ backward_args<S> a, int row_blocks) {
-  simt::device_block<backward_detail::prepass_threads> ctx;
+  simt::device_block<prepass_threads> ctx;
   backward_detail::prepass_block<S>(ctx, a, row_blocks);
 }
 
@@ -37,11 +39,8 @@ __global__ void __launch_bounds__(backward_pass_layout<S, Dim, KeyPass>::threads
 
 namespace backward_detail {
 
-inline void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string("baton cuda attention (backward): ") + what + " failed: " +
-                             cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
-}
+// Who a failed launch names (core::check_cuda's message).
+inline constexpr const char* backward_who = "baton cuda attention (backward)";
 
 template <class S, int Dim, bool KeyPass>
 void launch_tile_pass(const backward_args<S>& a, std::int64_t tiles, int heads, cudaStream_t stream) {
@@ -49,11 +48,13 @@ void launch_tile_pass(const backward_args<S>& a, std::int64_t tiles, int heads, 
   if (tiles == 0 || heads == 0 || a.batch == 0) return;
   const auto kernel = backward_tile_kernel<S, Dim, KeyPass>;
   // Above 48 KiB a block's dynamic shared memory must be opted into, per kernel and device.
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::bytes)),
-             KeyPass ? "cudaFuncSetAttribute (key pass shared memory)" : "cudaFuncSetAttribute (query pass shared memory)");
+  core::check_cuda<std::runtime_error>(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::bytes)), backward_who,
+      KeyPass ? "cudaFuncSetAttribute (key pass shared memory)" : "cudaFuncSetAttribute (query pass shared memory)");
   kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads), static_cast<unsigned>(a.batch)),
            dim3(L::threads), L::bytes, stream>>>(a);
-  check_cuda(cudaGetLastError(), KeyPass ? "launching the key pass" : "launching the query pass");
+  core::check_cuda<std::runtime_error>(cudaGetLastError(), backward_who,
+                                       KeyPass ? "launching the key pass" : "launching the query pass");
 }
 
 template <class S, int Dim>
@@ -62,7 +63,7 @@ void launch_backward_dim(const backward_args<S>& a, cudaStream_t stream) {
   if (g.prepass_blocks > 0) {
     backward_prepass_kernel<S><<<dim3(static_cast<unsigned>(g.prepass_blocks)), dim3(prepass_threads), 0, stream>>>(
         a, static_cast<int>(g.prepass_row_blocks));
-    check_cuda(cudaGetLastError(), "launching the D = rowsum(dO * O) pre-pass");
+    core::check_cuda<std::runtime_error>(cudaGetLastError(), backward_who, "launching the D = rowsum(dO * O) pre-pass");
   }
   launch_tile_pass<S, Dim, true>(a, g.key_tiles, a.heads_kv, stream);
   launch_tile_pass<S, Dim, false>(a, g.query_tiles, a.heads_q, stream);
@@ -83,19 +84,15 @@ void launch_backward(const backward_args<S>& a, cudaStream_t stream) {
   if (a.heads_q > grid_yz_max || a.batch > grid_yz_max)
     throw attention_error("baton cuda attention (backward): " + std::to_string(a.heads_q) + " query heads x " +
                           std::to_string(a.batch) + " batch entries exceed the grid's 65535 per axis; split the batch");
-  switch (a.dim) {
-    case 64: backward_detail::launch_backward_dim<S, 64>(a, stream); break;
-    case 128: backward_detail::launch_backward_dim<S, 128>(a, stream); break;
-    default: backward_detail::launch_backward_dim<S, 256>(a, stream); break;
-  }
+  dispatch_head_dim(a.dim, [&](auto dim_constant) {
+    backward_detail::launch_backward_dim<S, decltype(dim_constant)::value>(a, stream);
+  });
 }
 
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda
 
 // With BATON_CUDA_ATTENTION_EXTERN_KERNELS the kernels are compiled elsewhere in the program
 // (cuda/instantiate.cuh says how); this translation unit only queues them.
 #if defined(BATON_CUDA_ATTENTION_EXTERN_KERNELS)
-BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(extern, float)
-BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(extern, ::baton::bfloat16)
-BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES(extern, ::baton::float16)
+BATON_DETAIL_CUDA_ATTENTION_EXTERN(BATON_DETAIL_CUDA_ATTENTION_BACKWARD_LAUNCHES)
 #endif

@@ -26,7 +26,7 @@
 #include <string>
 #include <type_traits>
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 /// Where row (b, s, h) of an operand starts: a [batch, seq, heads, dim] tensor, or the LSE
 /// [batch, heads, seq], whose "row" is one element.
@@ -146,6 +146,27 @@ struct backward_args {
   [[nodiscard]] constexpr std::int32_t group() const noexcept { return heads_q / heads_kv; }
 };
 
+/// Threads of a pre-pass block: one per query row (or key) it checks.
+inline constexpr int prepass_threads = 256;
+
+/// Grid sizes of the three passes, (x, y, z); a pass with no work has x = 0.
+struct backward_grids {
+  std::int64_t prepass_row_blocks = 0, prepass_blocks = 0;
+  std::int64_t key_tiles = 0, query_tiles = 0;
+};
+
+template <class S>
+[[nodiscard]] backward_grids backward_grids_for(const backward_args<S>& a) noexcept {
+  backward_grids g;
+  const std::int64_t rows = std::int64_t{a.batch} * a.heads_q * a.plan.seq_q;
+  const std::int64_t keys = std::int64_t{a.batch} * a.heads_kv * a.plan.seq_k;
+  g.prepass_row_blocks = (rows + prepass_threads - 1) / prepass_threads;
+  g.prepass_blocks = g.prepass_row_blocks + (keys + prepass_threads - 1) / prepass_threads;
+  g.key_tiles = a.batch > 0 ? a.plan.k_tiles : 0;
+  g.query_tiles = a.batch > 0 ? a.plan.q_tiles : 0;
+  return g;
+}
+
 /// Throws attention_error when `a` cannot be run by the kernels (unsupported head dim, a plan
 /// built for other tiles or sizes, missing pointers, strides that break 16-byte row loads).
 template <class Storage>
@@ -201,4 +222,4 @@ void check_backward_args(const backward_args<Storage>& a) {
   }
 }
 
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda

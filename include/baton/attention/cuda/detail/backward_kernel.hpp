@@ -1,7 +1,8 @@
-// baton/attention/cuda/detail/backward_kernel.hpp — the bodies of the three backward passes
-// (see backward_args.hpp), written once over the SIMT layer (simt.hpp): the device runs them
-// per thread (backward.cuh), the CPU tests run them per block in lockstep (emulate_backward,
-// below), with the same tensor-core fragment layouts (mma.hpp).
+// baton/attention/cuda/detail/backward_kernel.hpp — one job: the bodies of the three backward
+// passes of the CUDA backend (their arguments and grids are in backward_args.hpp), written
+// once over the SIMT layer (simt.hpp): the device runs them per thread (backward.cuh), the
+// CPU tests run them per block in lockstep (emulate.hpp), with the same tensor-core fragment
+// layouts (mma.hpp).
 //
 // The tile passes are one body, KeyPass choosing the roles (FlashAttention-2's backward):
 //
@@ -38,20 +39,17 @@
 #include <baton/attention/cuda/detail/simt.hpp>
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
-#include <baton/attention/error.hpp>
 #include <baton/attention/masks.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <string>
 #include <type_traits>
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 namespace backward_detail {
 inline constexpr float log2e = 1.4426950408889634f;
-inline constexpr int prepass_threads = 256;
 }  // namespace backward_detail
 
 /// Shared-memory row pitch (elements) of a tile row of `columns` elements: 16 bytes more, so
@@ -146,81 +144,92 @@ namespace backward_detail {
 template <class Ctx, class T>
 using lanes_t = typename Ctx::template lanes_of<T>;
 
+/// Per thread, base + offset: the pointers the context's loads and stores take.
+template <class T, class Offsets>
+[[nodiscard]] BATON_HD auto pointers(T* base, const Offsets& offsets) {
+  return simt::map([base](std::int64_t off) { return base + off; }, offsets);
+}
+
+/// Per thread, the index of row first + r of head h, batch b, in a flattened [batch, heads,
+/// seq] array (the workspace's), or 0 where !on.
+template <class LI, class LB>
+[[nodiscard]] BATON_HD auto flat_rows(int b, std::int64_t heads, int h, std::int64_t seq, int first, const LI& r,
+                                      const LB& on) {
+  return simt::map([=](int rr, bool o) { return o ? (std::int64_t{b} * heads + h) * seq + rr + first : std::int64_t{0}; },
+                   r, on);
+}
+
+/// The rows of one pre-pass block: thread t takes row block_number * prepass_threads + t of the
+/// flattened [batch, heads, seq] (query rows, or keys), `active` where that row exists.
+template <class Ctx>
+struct prepass_rows {
+  lanes_t<Ctx, std::int64_t> index;
+  lanes_t<Ctx, bool> active;
+  std::int64_t heads, seq;
+
+  BATON_HD prepass_rows(Ctx& ctx, std::int64_t block_number, std::int64_t batch, std::int64_t heads_, std::int64_t seq_)
+      : heads(heads_), seq(seq_) {
+    const std::int64_t count = batch * heads * seq;
+    index = simt::map([](int t, std::int64_t first) { return first + t; }, ctx.thread_index(),
+                      lanes_t<Ctx, std::int64_t>(block_number * prepass_threads));
+    active = simt::map([count](std::int64_t r) { return r < count; }, index);
+  }
+
+  /// Where each thread's row (b, s, h) starts in a tensor of layout l; 0 on inactive lanes
+  /// (never read through: loads are predicated).
+  template <class Layout>
+  [[nodiscard]] BATON_HD auto at(const Layout& l) const {
+    return simt::map(
+        [l, heads = heads, seq = seq](std::int64_t r, bool on) {
+          if (!on) return std::int64_t{0};
+          const std::int64_t i = r % seq, h = r / seq % heads, b = r / seq / heads;
+          return row_at(l, b, i, h);
+        },
+        index, active);
+  }
+};
+
 /// Pre-pass block (prepass_threads threads): block x < row_blocks handles query rows
 /// [x * threads, ...) of the flattened [batch, heads_q, seq_q]; the remaining blocks handle
 /// keys of [batch, heads_kv, seq_k]. One thread per row: D summed in a fixed order.
 template <class S, class Ctx>
 BATON_HD void prepass_block(Ctx& ctx, const backward_args<S>& a, int row_blocks) {
   using namespace simt;
-  using li = lanes_t<Ctx, int>;
   using lb = lanes_t<Ctx, bool>;
   using lf = lanes_t<Ctx, float>;
-  const int dim = a.dim;
-  const std::int64_t seq_q = a.plan.seq_q, seq_k = a.plan.seq_k;
-  const li tid = ctx.thread_index();
+  using lu8 = lanes_t<Ctx, std::uint8_t>;
   if (ctx.block_x() < row_blocks) {
-    const std::int64_t rows = std::int64_t{a.batch} * a.heads_q * seq_q;
-    const auto row = map([](int t, std::int64_t first) { return first + t; }, tid,
-                         lanes_t<Ctx, std::int64_t>(std::int64_t{ctx.block_x()} * prepass_threads));
-    const lb active = map([rows](std::int64_t r) { return r < rows; }, row);
-    // (b, h, i) of the row; inactive lanes use row 0 (never read through: loads are predicated).
-    const auto at = [&](const auto& st) {
-      return map(
-          [st, seq_q, hq = std::int64_t{a.heads_q}](std::int64_t r, bool on) {
-            if (!on) return std::int64_t{0};
-            const std::int64_t i = r % seq_q, h = r / seq_q % hq, b = r / seq_q / hq;
-            return row_at(st, b, i, h);
-          },
-          row, active);
-    };
-    const auto q_at = at(a.q.layout), o_at = at(a.out.layout), g_at = at(a.dout.layout), l_at = at(a.lse.layout);
-    const auto pointer = [](const S* base) {
-      return [base](std::int64_t off) { return base + off; };
-    };
+    const prepass_rows<Ctx> rows(ctx, ctx.block_x(), a.batch, a.heads_q, a.plan.seq_q);
+    const auto q_at = rows.at(a.q.layout), o_at = rows.at(a.out.layout), g_at = rows.at(a.dout.layout);
     // fp32: summing in double changed no gradient's error measurably in the CPU tests (the
     // fp32 accumulations of the tile passes dominate).
     lf sum = 0.f;
     lb finite = true;
-    for (int d = 0; d < dim; ++d) {
-      const auto q = ctx.template load<S>(map(pointer(a.q.data + d), q_at), active);
-      const auto o = ctx.template load<S>(map(pointer(a.out.data + d), o_at), active);
-      const auto g = ctx.template load<S>(map(pointer(a.dout.data + d), g_at), active);
+    for (int d = 0; d < a.dim; ++d) {
+      const auto q = ctx.template load<S>(pointers(a.q.data + d, q_at), rows.active);
+      const auto o = ctx.template load<S>(pointers(a.out.data + d, o_at), rows.active);
+      const auto g = ctx.template load<S>(pointers(a.dout.data + d, g_at), rows.active);
       finite = finite && map([](S x, S y, S z) { return storage_finite(x) && storage_finite(y) && storage_finite(z); }, q, o, g);
       sum = sum + map([](S x, S y) { return to_float(x) * to_float(y); }, g, o);
     }
-    const lf lse = ctx.template load<float>(map([p = a.lse.data](std::int64_t off) { return p + off; }, l_at), active);
+    const lf lse = ctx.template load<float>(pointers(a.lse.data, rows.at(a.lse.layout)), rows.active);
     const lb no_gradient = map([](float l) { return l == -std::numeric_limits<float>::infinity(); }, lse);
     const lb lse_ok = map([](float l) { return l < std::numeric_limits<float>::infinity(); }, lse);  // not NaN, not +inf
-    const auto state = select(no_gradient, lanes_t<Ctx, std::uint8_t>(row_without_gradient),
-                              select(finite && lse_ok, lanes_t<Ctx, std::uint8_t>(row_live),
-                                     lanes_t<Ctx, std::uint8_t>(row_poisoning)));
+    const auto state = select(no_gradient, lu8(row_without_gradient),
+                              select(finite && lse_ok, lu8(row_live), lu8(row_poisoning)));
     const lf delta = select(state == std::uint8_t{row_live}, sum, lf(0.f));
-    ctx.template store<float>(map([p = a.workspace.delta](std::int64_t r) { return p + r; }, row), delta, active);
-    ctx.template store<std::uint8_t>(map([p = a.workspace.row](std::int64_t r) { return p + r; }, row), state, active);
+    ctx.template store<float>(pointers(a.workspace.delta, rows.index), delta, rows.active);
+    ctx.template store<std::uint8_t>(pointers(a.workspace.row, rows.index), state, rows.active);
   } else {
-    const std::int64_t keys = std::int64_t{a.batch} * a.heads_kv * seq_k;
-    const auto key = map([](int t, std::int64_t first) { return first + t; }, tid,
-                         lanes_t<Ctx, std::int64_t>(std::int64_t{ctx.block_x() - row_blocks} * prepass_threads));
-    const lb active = map([keys](std::int64_t r) { return r < keys; }, key);
-    const auto at = [&](const auto& st) {
-      return map(
-          [st, seq_k, hk = std::int64_t{a.heads_kv}](std::int64_t r, bool on) {
-            if (!on) return std::int64_t{0};
-            const std::int64_t j = r % seq_k, h = r / seq_k % hk, b = r / seq_k / hk;
-            return row_at(st, b, j, h);
-          },
-          key, active);
-    };
-    const auto k_at = at(a.k.layout), v_at = at(a.v.layout);
+    const prepass_rows<Ctx> keys(ctx, ctx.block_x() - row_blocks, a.batch, a.heads_kv, a.plan.seq_k);
+    const auto k_at = keys.at(a.k.layout), v_at = keys.at(a.v.layout);
     lb finite = true;
-    for (int d = 0; d < dim; ++d) {
-      const auto k = ctx.template load<S>(map([p = a.k.data + d](std::int64_t off) { return p + off; }, k_at), active);
-      const auto v = ctx.template load<S>(map([p = a.v.data + d](std::int64_t off) { return p + off; }, v_at), active);
+    for (int d = 0; d < a.dim; ++d) {
+      const auto k = ctx.template load<S>(pointers(a.k.data + d, k_at), keys.active);
+      const auto v = ctx.template load<S>(pointers(a.v.data + d, v_at), keys.active);
       finite = finite && map([](S x, S y) { return storage_finite(x) && storage_finite(y); }, k, v);
     }
-    ctx.template store<std::uint8_t>(map([p = a.workspace.key_bad](std::int64_t r) { return p + r; }, key),
-                                     select(finite, lanes_t<Ctx, std::uint8_t>(0), lanes_t<Ctx, std::uint8_t>(1)),
-                                     active);
+    ctx.template store<std::uint8_t>(pointers(a.workspace.key_bad, keys.index), select(finite, lu8(0), lu8(1)), keys.active);
   }
 }
 
@@ -255,15 +264,12 @@ BATON_HD void stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, i
   using namespace simt;
   const auto i = ctx.thread_index();
   const auto active = i < L::queries;
-  const int seq_q = a.plan.seq_q;
-  const auto in = active && (i + first < seq_q);
-  const auto index = map(
-      [=](int r, bool on) { return on ? (std::int64_t{b} * a.heads_q + h) * seq_q + r + first : std::int64_t{0}; }, i, in);
+  const auto in = active && (i + first < a.plan.seq_q);
+  const auto index = flat_rows(b, a.heads_q, h, a.plan.seq_q, first, i, in);
   const auto lse_at = map([=](int r, bool on) { return on ? row_at(a.lse.layout, b, r + first, h) : std::int64_t{0}; }, i, in);
-  const auto state = cast<std::uint32_t>(
-      ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.row)](std::int64_t x) { return p + x; }, index), in));
-  const auto lse = ctx.template load<float>(map([p = a.lse.data](std::int64_t x) { return p + x; }, lse_at), in);
-  const auto delta = ctx.template load<float>(map([p = static_cast<const float*>(a.workspace.delta)](std::int64_t x) { return p + x; }, index), in);
+  const auto state = cast<std::uint32_t>(ctx.template load<std::uint8_t>(pointers<const std::uint8_t>(a.workspace.row, index), in));
+  const auto lse = ctx.template load<float>(pointers(a.lse.data, lse_at), in);
+  const auto delta = ctx.template load<float>(pointers<const float>(a.workspace.delta, index), in);
   const auto live = state == std::uint32_t{row_live};
   const auto slot = cast<std::uint32_t>(i) * 4u;
   ctx.template shared_store<float>(slot + L::lse2(st),
@@ -278,56 +284,58 @@ BATON_HD void stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, i
 template <class S, class L, class Ctx>
 BATON_HD void stage_keys(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first, int st) {
   using namespace simt;
+  using lu = lanes_t<Ctx, std::uint32_t>;
   const auto j = ctx.thread_index();
   const auto active = j < L::keys;
-  const int seq_k = a.plan.seq_k;
-  const auto in = active && (j + first < seq_k);
-  const auto index = map(
-      [=](int r, bool on) { return on ? (std::int64_t{b} * a.heads_kv + hk) * seq_k + r + first : std::int64_t{0}; }, j,
-      in);
-  const auto bad = ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.key_bad)](std::int64_t x) { return p + x; }, index), in);
-  const auto code = select(in, select(bad != std::uint8_t{0}, lanes_t<Ctx, std::uint32_t>(1u), lanes_t<Ctx, std::uint32_t>(0u)),
-                           lanes_t<Ctx, std::uint32_t>(2u));
+  const auto in = active && (j + first < a.plan.seq_k);
+  const auto index = flat_rows(b, a.heads_kv, hk, a.plan.seq_k, first, j, in);
+  const auto bad = ctx.template load<std::uint8_t>(pointers<const std::uint8_t>(a.workspace.key_bad, index), in);
+  const auto code = select(in, select(bad != std::uint8_t{0}, lu(1u), lu(0u)), lu(2u));
   ctx.template shared_store<std::uint32_t>(cast<std::uint32_t>(j) * 4u + L::key_code(st), code, active);
 }
 
-/// Whether query row r of tile qt is usable as a Q/dO row (live), from the workspace.
-template <class S, class Ctx>
-BATON_HD auto query_row_live(Ctx& ctx, const backward_args<S>& a, int b, int h, int first,
-                             const lanes_t<Ctx, int>& r) {
-  using namespace simt;
-  const int seq_q = a.plan.seq_q;
-  const auto in = (r + first) < seq_q;
-  const auto index = map(
-      [=](int rr, bool on) { return on ? (std::int64_t{b} * a.heads_q + h) * seq_q + rr + first : std::int64_t{0}; }, r, in);
-  const auto state = ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.row)](std::int64_t x) { return p + x; }, index), in);
-  return in && (state == std::uint8_t{row_live});
+/// Per thread, whether row first + r of head h (of `heads`, batch b) exists and its byte in
+/// the workspace array `flags` ([batch, heads, seq]) is `wanted`.
+template <class Ctx>
+BATON_HD auto row_flag_is(Ctx& ctx, const std::uint8_t* flags, std::uint8_t wanted, int b, std::int64_t heads, int h,
+                          int seq, int first, const lanes_t<Ctx, int>& r) {
+  const auto in = (r + first) < seq;
+  const auto flag = ctx.template load<std::uint8_t>(pointers(flags, flat_rows(b, heads, h, seq, first, r, in)), in);
+  return in && (flag == wanted);
 }
 
-/// Whether key r of the tile starting at `first` has finite k and v, from the workspace.
+/// Whether query row r of the tile starting at `first` is usable as a Q/dO row (live).
 template <class S, class Ctx>
-BATON_HD auto key_row_finite(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first,
-                             const lanes_t<Ctx, int>& r) {
-  using namespace simt;
-  const int seq_k = a.plan.seq_k;
-  const auto in = (r + first) < seq_k;
-  const auto index = map(
-      [=](int rr, bool on) { return on ? (std::int64_t{b} * a.heads_kv + hk) * seq_k + rr + first : std::int64_t{0}; }, r,
-      in);
-  const auto bad = ctx.template load<std::uint8_t>(map([p = static_cast<const std::uint8_t*>(a.workspace.key_bad)](std::int64_t x) { return p + x; }, index), in);
-  return in && (bad == std::uint8_t{0});
+BATON_HD auto query_row_live(Ctx& ctx, const backward_args<S>& a, int b, int h, int first, const lanes_t<Ctx, int>& r) {
+  return row_flag_is(ctx, a.workspace.row, std::uint8_t{row_live}, b, a.heads_q, h, a.plan.seq_q, first, r);
 }
 
-/// acc[n][.] += A (16 owned rows from row0, all k of `a_at`) x B^T where B is stored
-/// [n][k] (visited rows, column slice from col0): phase 1's S or dP for one warp.
-template <class S, class L, int K, class Ctx, class LF>
-BATON_HD void product_rows_by_rows(Ctx& ctx, LF (&acc)[L::slice_tiles][4], std::uint32_t a_at, std::uint32_t b_at,
-                                   const lanes_t<Ctx, int>& row0, const lanes_t<Ctx, int>& col0) {
+/// Whether key r of the tile starting at `first` has finite k and v.
+template <class S, class Ctx>
+BATON_HD auto key_row_finite(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first, const lanes_t<Ctx, int>& r) {
+  return row_flag_is(ctx, a.workspace.key_bad, std::uint8_t{0}, b, a.heads_kv, hk, a.plan.seq_k, first, r);
+}
+
+/// acc[n][.] += A B for one warp: A = the 16 rows from row0 of the tile at `a_at` (pitch
+/// APitch elements), its first K columns; B = K x (8 NTiles), columns from n0, read from the
+/// tile at `b_at` (pitch BPitch), stored [n][k] when BByRows (phase 1: S = K Q^T or Q K^T and
+/// dP from the visited tile's rows) and [k][n] otherwise (phase 2: the score tile times the
+/// visited tile's head-dim columns). Tensor cores as mma.hpp says: m16n8k16 with ldmatrix
+/// fragments for 16-bit storage, 3xTF32 with element-wise fragments for float.
+template <class S, int K, int NTiles, std::uint32_t APitch, std::uint32_t BPitch, bool BByRows, class Ctx, class LF>
+BATON_HD void warp_product(Ctx& ctx, LF (&acc)[NTiles][4], std::uint32_t a_at, std::uint32_t b_at,
+                           const lanes_t<Ctx, int>& row0, const lanes_t<Ctx, int>& n0) {
   using namespace simt;
   using lu = lanes_t<Ctx, std::uint32_t>;
   const auto lane = ctx.lane();
-  constexpr std::uint32_t pitch = L::pitch_d;
-  if constexpr (L::tf32) {
+  // Element (k, n) of B: its offset in the tile, in elements.
+  const auto b_element = [](const auto& k, const auto& n) {
+    if constexpr (BByRows)
+      return cast<std::uint32_t>(n) * BPitch + cast<std::uint32_t>(k);
+    else
+      return cast<std::uint32_t>(k) * BPitch + cast<std::uint32_t>(n);
+  };
+  if constexpr (std::is_same_v<S, float>) {
     const auto g = lane / 4, t = lane % 4;
     BATON_UNROLL
     for (int kk = 0; kk < K / 8; ++kk) {
@@ -335,89 +343,35 @@ BATON_HD void product_rows_by_rows(Ctx& ctx, LF (&acc)[L::slice_tiles][4], std::
       BATON_UNROLL
       for (int r = 0; r < 4; ++r) {
         const auto row = row0 + g + 8 * (r & 1), col = t + 4 * (r >> 1) + kk * 8;
-        const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * pitch + cast<std::uint32_t>(col)) * 4u + a_at);
+        const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * APitch + cast<std::uint32_t>(col)) * 4u + a_at);
         split_tf32(x, a_big[r], a_small[r]);
       }
       BATON_UNROLL
-      for (int n = 0; n < L::slice_tiles; ++n) {
+      for (int n = 0; n < NTiles; ++n) {
         lu b_big[2], b_small[2];
         BATON_UNROLL
         for (int r = 0; r < 2; ++r) {
-          const auto row = col0 + n * 8 + g, col = t + 4 * r + kk * 8;  // B(k = col, n = row)
-          const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * pitch + cast<std::uint32_t>(col)) * 4u + b_at);
+          const auto x = ctx.template shared_load<float>(b_element(t + 4 * r + kk * 8, n0 + n * 8 + g) * 4u + b_at);
           split_tf32(x, b_big[r], b_small[r]);
         }
         mma_3xtf32(acc[n], a_big, a_small, b_big, b_small);
       }
     }
   } else {
+    // ldmatrix: lane l addresses row l % 8 of 8 x 8 matrix l / 8; for B that row is n (BByRows)
+    // or k (read transposed).
     const auto a_row = row0 + lane % 8 + 8 * ((lane / 8) % 2);
     const auto a_col = 8 * (lane / 16);
-    const auto b_row = col0 + lane % 8 + 8 * (lane / 16);
-    const auto b_col = 8 * ((lane / 8) % 2);
+    const auto b_k = BByRows ? 8 * ((lane / 8) % 2) : lane % 8 + 8 * ((lane / 8) % 2);
+    const auto b_n = BByRows ? n0 + lane % 8 + 8 * (lane / 16) : n0 + 8 * (lane / 16);
     BATON_UNROLL
     for (int kk = 0; kk < K / 16; ++kk) {
       lu af[4];
-      ctx.ldmatrix_x4(af, (cast<std::uint32_t>(a_row) * pitch + cast<std::uint32_t>(a_col + kk * 16)) * 2u + a_at, false);
+      ctx.ldmatrix_x4(af, (cast<std::uint32_t>(a_row) * APitch + cast<std::uint32_t>(a_col + kk * 16)) * 2u + a_at, false);
       BATON_UNROLL
-      for (int n = 0; n < L::slice_tiles; n += 2) {
+      for (int n = 0; n < NTiles; n += 2) {
         lu bf[4];
-        ctx.ldmatrix_x4(bf, (cast<std::uint32_t>(b_row + n * 8) * pitch + cast<std::uint32_t>(b_col + kk * 16)) * 2u + b_at,
-                        false);
-        const lu lo[2] = {bf[0], bf[1]}, hi[2] = {bf[2], bf[3]};
-        mma_m16n8k16<S>(acc[n], af, lo);
-        mma_m16n8k16<S>(acc[n + 1], af, hi);
-      }
-    }
-  }
-}
-
-/// acc[n][.] += A x B for one warp's phase 2: A = 16 owned rows from row0 of the score tile
-/// at `a_at` ([owned][visited], pitch_v), B = the visited tile at `b_at` stored [k][n]
-/// (visited rows x head dim), head-dim columns from dcol0.
-template <class S, class L, class Ctx, class LF>
-BATON_HD void product_scores_by_rows(Ctx& ctx, LF (&acc)[L::dim_tiles][4], std::uint32_t a_at, std::uint32_t b_at,
-                                     const lanes_t<Ctx, int>& row0, const lanes_t<Ctx, int>& dcol0) {
-  using namespace simt;
-  using lu = lanes_t<Ctx, std::uint32_t>;
-  const auto lane = ctx.lane();
-  constexpr std::uint32_t pa = L::pitch_v, pb = L::pitch_d;
-  if constexpr (L::tf32) {
-    const auto g = lane / 4, t = lane % 4;
-    BATON_UNROLL
-    for (int kk = 0; kk < L::visited / 8; ++kk) {
-      lu a_big[4], a_small[4];
-      BATON_UNROLL
-      for (int r = 0; r < 4; ++r) {
-        const auto row = row0 + g + 8 * (r & 1), col = t + 4 * (r >> 1) + kk * 8;
-        const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(row) * pa + cast<std::uint32_t>(col)) * 4u + a_at);
-        split_tf32(x, a_big[r], a_small[r]);
-      }
-      BATON_UNROLL
-      for (int n = 0; n < L::dim_tiles; ++n) {
-        lu b_big[2], b_small[2];
-        BATON_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const auto k = t + 4 * r + kk * 8, col = dcol0 + n * 8 + g;
-          const auto x = ctx.template shared_load<float>((cast<std::uint32_t>(k) * pb + cast<std::uint32_t>(col)) * 4u + b_at);
-          split_tf32(x, b_big[r], b_small[r]);
-        }
-        mma_3xtf32(acc[n], a_big, a_small, b_big, b_small);
-      }
-    }
-  } else {
-    const auto a_row = row0 + lane % 8 + 8 * ((lane / 8) % 2);
-    const auto a_col = 8 * (lane / 16);
-    const auto b_k = lane % 8 + 8 * ((lane / 8) % 2);
-    const auto b_n = dcol0 + 8 * (lane / 16);
-    BATON_UNROLL
-    for (int kk = 0; kk < L::visited / 16; ++kk) {
-      lu af[4];
-      ctx.ldmatrix_x4(af, (cast<std::uint32_t>(a_row) * pa + cast<std::uint32_t>(a_col + kk * 16)) * 2u + a_at, false);
-      BATON_UNROLL
-      for (int n = 0; n < L::dim_tiles; n += 2) {
-        lu bf[4];
-        ctx.ldmatrix_x4(bf, (cast<std::uint32_t>(b_k + kk * 16) * pb + cast<std::uint32_t>(b_n + n * 8)) * 2u + b_at, true);
+        ctx.ldmatrix_x4(bf, b_element(b_k + kk * 16, b_n + n * 8) * 2u + b_at, !BByRows);
         const lu lo[2] = {bf[0], bf[1]}, hi[2] = {bf[2], bf[3]};
         mma_m16n8k16<S>(acc[n], af, lo);
         mma_m16n8k16<S>(acc[n + 1], af, hi);
@@ -529,8 +483,8 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
     for (int n = 0; n < L::slice_tiles; ++n)
       BATON_UNROLL
       for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.f;
-    product_rows_by_rows<S, L, Dim>(ctx, s, L::owned1, L::visited1(st), row0, col0);
-    product_rows_by_rows<S, L, Dim>(ctx, dp, L::owned2, L::visited2(st), row0, col0);
+    warp_product<S, Dim, L::slice_tiles, L::pitch_d, L::pitch_d, true>(ctx, s, L::owned1, L::visited1(st), row0, col0);
+    warp_product<S, Dim, L::slice_tiles, L::pitch_d, L::pitch_d, true>(ctx, dp, L::owned2, L::visited2(st), row0, col0);
 
     // Elementwise: P and dS into shared memory, poisoned pairs into flags.
     BATON_UNROLL
@@ -582,8 +536,10 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
     ctx.sync_block();
 
     // Phase 2: accumulate over the visited tile.
-    product_scores_by_rows<S, L>(ctx, acc1, L::ds, L::visited1(st), row0, dcol0);  // dK += dS^T Q, dQ += dS K
-    if constexpr (KeyPass) product_scores_by_rows<S, L>(ctx, acc2, L::p, L::visited2(st), row0, dcol0);  // dV += P^T dO
+    constexpr int K = L::visited;
+    warp_product<S, K, L::dim_tiles, L::pitch_v, L::pitch_d, false>(ctx, acc1, L::ds, L::visited1(st), row0, dcol0);  // dK += dS^T Q, dQ += dS K
+    if constexpr (KeyPass)  // dV += P^T dO
+      warp_product<S, K, L::dim_tiles, L::pitch_v, L::pitch_d, false>(ctx, acc2, L::p, L::visited2(st), row0, dcol0);
     ctx.sync_block();  // later copies and stores overwrite what phase 2 read
   }
   ctx.template wait_async<0>();  // the owned tile's copies, when no tile was visited
@@ -638,61 +594,4 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
   }
 }
 
-/// Grid sizes of the three passes, (x, y, z); a pass with no work has x = 0.
-struct backward_grids {
-  std::int64_t prepass_row_blocks = 0, prepass_blocks = 0;
-  std::int64_t key_tiles = 0, query_tiles = 0;
-};
-
-template <class S>
-[[nodiscard]] backward_grids backward_grids_for(const backward_args<S>& a) noexcept {
-  backward_grids g;
-  const std::int64_t rows = std::int64_t{a.batch} * a.heads_q * a.plan.seq_q;
-  const std::int64_t keys = std::int64_t{a.batch} * a.heads_kv * a.plan.seq_k;
-  g.prepass_row_blocks = (rows + backward_detail::prepass_threads - 1) / backward_detail::prepass_threads;
-  g.prepass_blocks = g.prepass_row_blocks + (keys + backward_detail::prepass_threads - 1) / backward_detail::prepass_threads;
-  g.key_tiles = a.batch > 0 ? a.plan.k_tiles : 0;
-  g.query_tiles = a.batch > 0 ? a.plan.q_tiles : 0;
-  return g;
-}
-
-namespace backward_detail {
-template <class S, int Dim, bool KeyPass>
-void emulate_tile_pass(const backward_args<S>& a, std::int64_t tiles, int heads) {
-  using L = backward_pass_layout<S, Dim, KeyPass>;
-  for (int z = 0; z < a.batch; ++z)
-    for (int y = 0; y < heads; ++y)
-      for (std::int64_t x = 0; x < tiles; ++x) {
-        simt::host_block<L::threads> ctx(L::bytes);
-        ctx.block_index = {static_cast<int>(x), y, z};
-        backward_tile_block<S, Dim, KeyPass>(ctx, a);
-      }
-}
-
-template <class S, int Dim>
-void emulate_backward_dim(const backward_args<S>& a) {
-  const backward_grids g = backward_grids_for(a);
-  for (std::int64_t x = 0; x < g.prepass_blocks; ++x) {
-    simt::host_block<prepass_threads> ctx(0);
-    ctx.block_index = {static_cast<int>(x), 0, 0};
-    prepass_block<S>(ctx, a, static_cast<int>(g.prepass_row_blocks));
-  }
-  emulate_tile_pass<S, Dim, true>(a, g.key_tiles, a.heads_kv);
-  emulate_tile_pass<S, Dim, false>(a, g.query_tiles, a.heads_q);
-}
-}  // namespace backward_detail
-
-/// Runs the three backward passes on the CPU, block after block, with the device's kernel
-/// bodies (every pointer in `a`, the plan's included, is host memory). For tests: it is as
-/// slow as an emulation of tensor cores lane by lane is, and checks shared-memory races.
-template <class S>
-void emulate_backward(const backward_args<S>& a) {
-  check_backward_args(a);
-  switch (a.dim) {
-    case 64: backward_detail::emulate_backward_dim<S, 64>(a); break;
-    case 128: backward_detail::emulate_backward_dim<S, 128>(a); break;
-    default: backward_detail::emulate_backward_dim<S, 256>(a); break;
-  }
-}
-
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda

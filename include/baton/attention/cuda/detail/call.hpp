@@ -4,6 +4,7 @@
 // argument structs built from tensor_views. Plain C++ (g++-compilable).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -13,13 +14,13 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/cuda/detail/backward_args.hpp>
-#include <baton/attention/cuda/detail/forward_kernel.hpp>
+#include <baton/attention/cuda/detail/forward_args.hpp>
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 template <class TQ, class TK, class TV, class TO, class TL>
 constexpr void static_check_forward_storage() {
@@ -67,6 +68,14 @@ void check_layout(const tensor_view<T, N>& t, const char* name, const char* back
                           "are multiples of " + std::to_string(per_vector) + " elements (a contiguous tensor is fine)");
 }
 
+/// check_layout of each tensor t, named by names (in order: the first bad one is reported).
+template <class... T, std::size_t... N>
+void check_layouts(const char* backend, const std::array<const char*, sizeof...(T)>& names,
+                   const tensor_view<T, N>&... t) {
+  std::size_t i = 0;
+  (check_layout(t, names[i++], backend), ...);
+}
+
 /// A checked forward call and its plan.
 struct forward_call {
   attention::checked_call call;
@@ -85,10 +94,7 @@ template <class TQ, class TK, class TV, class Mask, class TO, class TL>
   f.call = attention::check_inputs(q, k, v, params);
   attention::check_forward_outputs(f.call, out, lse);
   check_head_dim(f.call.dim, backend);
-  check_layout(q, "q", backend);
-  check_layout(k, "k", backend);
-  check_layout(v, "v", backend);
-  check_layout(out, "out", backend);
+  check_layouts(backend, {"q", "k", "v", "out"}, q, k, v, out);
   baton::validate_mask(mask, f.call.q_pos, f.call.k_pos);
   f.config = forward_config_for(static_cast<int>(sizeof(std::remove_const_t<TQ>)), static_cast<int>(f.call.dim));
   f.plan = make_tile_plan(mask, f.call.q_pos, f.call.k_pos, f.call.seq_q, f.call.seq_k, f.config.tile_q, f.config.tile_k);
@@ -96,18 +102,25 @@ template <class TQ, class TK, class TV, class Mask, class TO, class TL>
   return f;
 }
 
+/// Copies the call's sizes into a kernel's arguments (int32: the kernels index in 32 bits).
+template <class Args>
+void set_sizes(Args& a, const attention::checked_call& call) noexcept {
+  a.batch = static_cast<std::int32_t>(call.batch);
+  a.heads_q = static_cast<std::int32_t>(call.heads_q);
+  a.heads_kv = static_cast<std::int32_t>(call.heads_kv);
+  a.dim = static_cast<std::int32_t>(call.dim);
+}
+
 template <class S>
 [[nodiscard]] key_flag_args<S> key_flag_args_for(const tensor_view<const S, 4>& k, const tensor_view<const S, 4>& v,
                                                  const attention::checked_call& call, std::uint8_t* key_bad) {
-  key_flag_args<S> a;
-  a.k = k;
-  a.v = v;
-  a.batch = static_cast<std::int32_t>(call.batch);
-  a.heads_kv = static_cast<std::int32_t>(call.heads_kv);
-  a.seq_k = static_cast<std::int32_t>(call.seq_k);
-  a.dim = static_cast<std::int32_t>(call.dim);
-  a.key_bad = key_bad;
-  return a;
+  return {.k = k,
+          .v = v,
+          .batch = static_cast<std::int32_t>(call.batch),
+          .heads_kv = static_cast<std::int32_t>(call.heads_kv),
+          .seq_k = static_cast<std::int32_t>(call.seq_k),
+          .dim = static_cast<std::int32_t>(call.dim),
+          .key_bad = key_bad};
 }
 
 template <class S>
@@ -115,19 +128,9 @@ template <class S>
                                                const tensor_view<const S, 4>& v, const tensor_view<S, 4>& out,
                                                const tensor_view<float, 3>& lse, const attention::checked_call& call,
                                                const tile_plan_view& plan, const std::uint8_t* key_bad) {
-  forward_args<S> a;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out = out;
-  a.lse = lse;
-  a.batch = static_cast<std::int32_t>(call.batch);
-  a.heads_q = static_cast<std::int32_t>(call.heads_q);
-  a.heads_kv = static_cast<std::int32_t>(call.heads_kv);
-  a.dim = static_cast<std::int32_t>(call.dim);
-  a.scale_log2 = static_cast<float>(call.scale * std::numbers::log2e);
-  a.plan = plan;
-  a.key_bad = key_bad;
+  forward_args<S> a{.q = q, .k = k, .v = v, .out = out, .lse = lse,
+                    .scale_log2 = static_cast<float>(call.scale * std::numbers::log2e), .plan = plan, .key_bad = key_bad};
+  set_sizes(a, call);
   return a;
 }
 
@@ -150,14 +153,7 @@ template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask
   b.call = attention::check_inputs(q, k, v, params);
   attention::check_backward_tensors(b.call, out, lse, dout, dq, dk, dv);
   check_head_dim(b.call.dim, backend);
-  check_layout(q, "q", backend);
-  check_layout(k, "k", backend);
-  check_layout(v, "v", backend);
-  check_layout(out, "out", backend);
-  check_layout(dout, "dout", backend);
-  check_layout(dq, "dq", backend);
-  check_layout(dk, "dk", backend);
-  check_layout(dv, "dv", backend);
+  check_layouts(backend, {"q", "k", "v", "out", "dout", "dq", "dk", "dv"}, q, k, v, out, dout, dq, dk, dv);
   baton::validate_mask(mask, b.call.q_pos, b.call.k_pos);
   const backward_shape shape = backward_shape_for<S>(static_cast<int>(b.call.dim));
   b.plan = make_tile_plan(mask, b.call.q_pos, b.call.k_pos, b.call.seq_q, b.call.seq_k, shape.tile_q, shape.tile_k);
@@ -172,25 +168,11 @@ template <class S>
                                                  const tensor_view<S, 4>& dk, const tensor_view<S, 4>& dv,
                                                  const attention::checked_call& call, bool accumulate,
                                                  const tile_plan_view& plan, void* workspace) {
-  backward_args<S> a;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out = out;
-  a.dout = dout;
-  a.lse = lse;
-  a.dq = dq;
-  a.dk = dk;
-  a.dv = dv;
-  a.batch = static_cast<std::int32_t>(call.batch);
-  a.heads_q = static_cast<std::int32_t>(call.heads_q);
-  a.heads_kv = static_cast<std::int32_t>(call.heads_kv);
-  a.dim = static_cast<std::int32_t>(call.dim);
-  a.scale = static_cast<float>(call.scale);
-  a.accumulate = accumulate;
-  a.plan = plan;
-  a.workspace = carve_backward_workspace(workspace, call.batch, call.heads_q, call.seq_q);
+  backward_args<S> a{.q = q, .k = k, .v = v, .out = out, .dout = dout, .lse = lse, .dq = dq, .dk = dk, .dv = dv,
+                     .scale = static_cast<float>(call.scale), .accumulate = accumulate, .plan = plan,
+                     .workspace = carve_backward_workspace(workspace, call.batch, call.heads_q, call.seq_q)};
+  set_sizes(a, call);
   return a;
 }
 
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda

@@ -5,19 +5,18 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <stdexcept>
-#include <string>
 
+#include <baton/attention/cuda/detail/forward_args.hpp>
 #include <baton/attention/cuda/detail/forward_kernel.hpp>
 #include <baton/attention/cuda/detail/launches.cuh>
 #include <baton/attention/cuda/detail/mma.cuh>
 #include <baton/attention/cuda/detail/simt.cuh>
 #include <baton/attention/cuda/plan.hpp>
 #include <baton/attention/cuda/storage.hpp>
-#include <baton/attention/error.hpp>
+#include <baton/core/cuda_check.hpp>
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 template <class S>
 __global__ void __launch_bounds__(key_flag_threads) key_flag_kernel(const key_flag_args<S> a) {
@@ -31,13 +30,8 @@ __global__ void __launch_bounds__(128) forward_kernel(const forward_args<S> a) {
   forward_body<simt::device_block<128>, S, D, MT, TK>::run(ctx, a);
 }
 
-namespace forward_detail {
-inline void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string("baton cuda attention (forward): ") + what + " failed: " +
-                             cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
-}
-}  // namespace forward_detail
+// Who a failed launch names (core::check_cuda's message).
+inline constexpr const char* forward_who = "baton cuda attention (forward)";
 
 /// Writes a.key_bad (one byte per key: k or v row non-finite) on `stream`.
 template <class S>
@@ -45,7 +39,7 @@ void launch_key_flags(const key_flag_args<S>& a, cudaStream_t stream) {
   if (a.batch == 0 || a.heads_kv == 0 || a.seq_k == 0) return;
   const launch_shape s = key_flag_launch(a.seq_k, a.heads_kv, a.batch);
   key_flag_kernel<S><<<dim3(s.grid[0], s.grid[1], s.grid[2]), dim3(s.block[0]), 0, stream>>>(a);
-  forward_detail::check_cuda(cudaGetLastError(), "launching the key-flag pass");
+  core::check_cuda<std::runtime_error>(cudaGetLastError(), forward_who, "launching the key-flag pass");
 }
 
 /// Runs the forward with tiling (MT, TK) on `stream` (after launch_key_flags wrote
@@ -59,11 +53,11 @@ void launch_forward_tiled(const forward_args<S>& a, cudaStream_t stream) {
   const launch_shape s = forward_launch(cfg, a.plan.seq_q, a.heads_q, a.batch);
   const auto kernel = forward_kernel<S, D, MT, TK>;
   // Above 48 KiB a block's dynamic shared memory must be opted into, per kernel and device.
-  forward_detail::check_cuda(
+  core::check_cuda<std::runtime_error>(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.shared_bytes)),
-      "cudaFuncSetAttribute (forward shared memory)");
+      forward_who, "cudaFuncSetAttribute (forward shared memory)");
   kernel<<<dim3(s.grid[0], s.grid[1], s.grid[2]), dim3(s.block[0]), s.shared_bytes, stream>>>(a);
-  forward_detail::check_cuda(cudaGetLastError(), "launching the forward");
+  core::check_cuda<std::runtime_error>(cudaGetLastError(), forward_who, "launching the forward");
 }
 
 /// Runs the forward on `stream` (after launch_key_flags wrote a.key_bad), with
@@ -80,12 +74,10 @@ void launch_forward(const forward_args<S>& a, cudaStream_t stream) {
   });
 }
 
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda
 
 // With BATON_CUDA_ATTENTION_EXTERN_KERNELS the kernels are compiled elsewhere in the program
 // (cuda/instantiate.cuh says how); this translation unit only queues them.
 #if defined(BATON_CUDA_ATTENTION_EXTERN_KERNELS)
-BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(extern, float)
-BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(extern, ::baton::bfloat16)
-BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES(extern, ::baton::float16)
+BATON_DETAIL_CUDA_ATTENTION_EXTERN(BATON_DETAIL_CUDA_ATTENTION_FORWARD_LAUNCHES)
 #endif

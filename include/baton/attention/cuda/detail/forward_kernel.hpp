@@ -1,6 +1,7 @@
-// baton/attention/cuda/detail/forward_kernel.hpp — the flash forward kernel of the CUDA
-// backend, written once (simt.hpp) and run on the GPU (forward.cuh) and on the CPU
-// (emulate_forward, below) from the same source.
+// baton/attention/cuda/detail/forward_kernel.hpp — the bodies of the CUDA backend's forward
+// kernels (the key-flag pass and the flash forward), written once over the SIMT layer
+// (simt.hpp) and run on the GPU (forward.cuh) and on the CPU (emulate.hpp) from the same
+// source. Their arguments are in forward_args.hpp.
 //
 // Algorithm (FlashAttention-2): a block of 4 warps owns tile_q query rows of one
 // (batch, query head); each warp owns m_tiles x 16 of them. Q is copied to shared memory
@@ -31,9 +32,7 @@
 #include <limits>
 #include <type_traits>
 
-#include <string>
-
-#include <baton/attention/error.hpp>
+#include <baton/attention/cuda/detail/forward_args.hpp>
 #include <baton/attention/cuda/detail/mma.hpp>
 #include <baton/attention/cuda/detail/simt.hpp>
 #include <baton/attention/cuda/plan.hpp>
@@ -41,30 +40,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
 
-namespace baton::detail::cuda {
-
-/// Everything the forward kernel reads: device pointers on the GPU, host pointers in the
-/// emulation. Operands [batch, seq, heads, dim] (dim contiguous) and the LSE [batch, heads,
-/// seq] are 16-byte aligned with strides that keep rows 16-byte aligned (the backend checks;
-/// cp.async copies 16 bytes).
-template <class S>
-struct forward_args {
-  tensor_view<const S, 4> q, k, v;
-  tensor_view<S, 4> out;
-  tensor_view<float, 3> lse;
-  std::int32_t batch = 0, heads_q = 0, heads_kv = 0, dim = 0;
-  float scale_log2 = 0;  // softmax scale * log2(e): scores in log2 units
-  tile_plan_view plan;
-  const std::uint8_t* key_bad = nullptr;  // [batch][heads_kv][seq_k] (key_flag_body)
-};
-
-/// The key-flag pass: key_bad[(b * heads_kv + hk) * seq_k + j] = k or v row j non-finite.
-template <class S>
-struct key_flag_args {
-  tensor_view<const S, 4> k, v;
-  std::int32_t batch = 0, heads_kv = 0, seq_k = 0, dim = 0;
-  std::uint8_t* key_bad = nullptr;
-};
+namespace baton::detail::attention::cuda {
 
 namespace kernel_detail {
 /// Whether a 32-bit word of storage holds only finite values.
@@ -180,6 +156,18 @@ struct forward_body {
     const B on = flagged;
     for (int w = 0; w < RB / 4; ++w)
       ctx.template shared_store<std::uint32_t>(simt::cast<std::uint32_t>(row * RB + w * 4) + base, U(0u), on);
+  }
+
+  /// acc[m][2 n] and acc[m][2 n + 1] += a[m] times the two n8 halves of b (an ldmatrix_x4
+  /// fragment), for each of the warp's row tiles m: one k16 step of a 16-bit product.
+  template <int N>
+  BATON_HD static void mma_pair(F (&acc)[MT][N][4], int n, const U (&a)[MT][4], const U (&b)[4]) {
+    const U b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    BATON_UNROLL
+    for (int m = 0; m < MT; ++m) {
+      mma_m16n8k16<S>(acc[m][2 * n], a[m], b0);
+      mma_m16n8k16<S>(acc[m][2 * n + 1], a[m], b1);
+    }
   }
 
   BATON_HD static void run(Ctx& ctx, const forward_args<S>& a) {
@@ -298,12 +286,7 @@ struct forward_body {
           for (int j = 0; j < TK / 16; ++j) {
             U kb[4];
             ctx.ldmatrix_x4(kb, chunk_offset(k_base, (lane & 7) + 8 * (lane >> 4) + 16 * j, ((lane >> 3) & 1) + 2 * kk), false);
-            const U b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-            BATON_UNROLL
-            for (int m = 0; m < MT; ++m) {
-              mma_m16n8k16<S>(s[m][2 * j], qa[m], b0);
-              mma_m16n8k16<S>(s[m][2 * j + 1], qa[m], b1);
-            }
+            mma_pair(s, j, qa, kb);
           }
         }
       } else {
@@ -412,12 +395,7 @@ struct forward_body {
           for (int dn = 0; dn < D / 16; ++dn) {
             U vb[4];
             ctx.ldmatrix_x4(vb, chunk_offset(v_base, (lane & 7) + 8 * ((lane >> 3) & 1) + 16 * kb, (lane >> 4) + 2 * dn), true);
-            const U b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-            BATON_UNROLL
-            for (int m = 0; m < MT; ++m) {
-              mma_m16n8k16<S>(o[m][2 * dn], pa[m], b0);
-              mma_m16n8k16<S>(o[m][2 * dn + 1], pa[m], b1);
-            }
+            mma_pair(o, dn, pa, vb);
           }
         }
       } else {
@@ -499,66 +477,4 @@ struct forward_body {
   }
 };
 
-/// Calls f(std::integral_constant<int, D>{}) for the supported head dim `dim`.
-template <class Fn>
-inline void dispatch_head_dim(int dim, Fn&& f) {
-  switch (dim) {
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
-    case 256: f(std::integral_constant<int, 256>{}); break;
-    default:
-      throw attention_error("baton::cuda_attention: head dim " + std::to_string(dim) +
-                            " is not supported; the kernels are built for head dims 64, 128 and 256 (pad the "
-                            "head dim with zeros to the next of these)");
-  }
-}
-
-/// The plan must have been made with the kernel's tiles (the bits and lists are per tile).
-inline void check_plan_tiles(const tile_plan_view& plan, const forward_config& cfg) {
-  if (plan.tile_q != cfg.tile_q || plan.tile_k != cfg.tile_k)
-    throw attention_error("baton cuda forward: the plan has " + std::to_string(plan.tile_q) + " x " +
-                          std::to_string(plan.tile_k) + " tiles but the kernel runs " + std::to_string(cfg.tile_q) +
-                          " x " + std::to_string(cfg.tile_k) + "; make it with forward_config_for's tile sizes");
-}
-
-/// The key-flag pass on the host: every block of key_flag_launch, one after another.
-template <class S>
-void emulate_key_flags(const key_flag_args<S>& a) {
-  const launch_shape shape = key_flag_launch(a.seq_k, a.heads_kv, a.batch);
-  simt::host_block<key_flag_threads> ctx(0);
-  for (std::uint32_t z = 0; z < shape.grid[2]; ++z)
-    for (std::uint32_t y = 0; y < shape.grid[1]; ++y)
-      for (std::uint32_t x = 0; x < shape.grid[0]; ++x) {
-        ctx.block_index = {static_cast<int>(x), static_cast<int>(y), static_cast<int>(z)};
-        key_flag_body(ctx, a);
-      }
-}
-
-/// The forward on the host with tiling (MT, TK): every block of forward_launch, one after
-/// another, each with a fresh shared memory (filled with 0xff) and the race detector on.
-template <class S, int D, int MT, int TK>
-void emulate_forward_tiled(const forward_args<S>& a) {
-  using body = forward_body<simt::host_block<128>, S, D, MT, TK>;
-  check_plan_tiles(a.plan, body::config);
-  if (a.plan.q_tiles == 0 || a.heads_q == 0 || a.batch == 0) return;
-  const launch_shape shape = forward_launch(body::config, a.plan.seq_q, a.heads_q, a.batch);
-  for (std::uint32_t z = 0; z < shape.grid[2]; ++z)
-    for (std::uint32_t y = 0; y < shape.grid[1]; ++y)
-      for (std::uint32_t x = 0; x < shape.grid[0]; ++x) {
-        simt::host_block<128> ctx(shape.shared_bytes);
-        ctx.block_index = {static_cast<int>(x), static_cast<int>(y), static_cast<int>(z)};
-        body::run(ctx, a);
-      }
-}
-
-/// The forward on the host with forward_config_for's tiling (the one the device runs).
-template <class S>
-void emulate_forward(const forward_args<S>& a) {
-  dispatch_head_dim(a.dim, [&](auto dim_constant) {
-    constexpr int D = decltype(dim_constant)::value;
-    constexpr forward_config cfg = forward_config_for(static_cast<int>(sizeof(S)), D);
-    emulate_forward_tiled<S, D, cfg.m_tiles, cfg.tile_k>(a);
-  });
-}
-
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda

@@ -10,7 +10,7 @@
 
 #include <baton/attention/cuda/detail/mma.hpp>
 
-namespace baton::detail::cuda::simt {
+namespace baton::detail::attention::cuda::simt {
 
 template <class S, int N>
   requires(N == 1)
@@ -69,4 +69,4 @@ __device__ inline void mma_m16n8k8_tf32(lanes<float, N> (&d)[4], const lanes<std
       : "r"(a[0].v[0]), "r"(a[1].v[0]), "r"(a[2].v[0]), "r"(a[3].v[0]), "r"(b[0].v[0]), "r"(b[1].v[0]));
 }
 
-}  // namespace baton::detail::cuda::simt
+}  // namespace baton::detail::attention::cuda::simt

@@ -21,7 +21,7 @@
 #include <baton/attention/cuda/detail/simt.hpp>
 #include <baton/attention/cuda/storage.hpp>
 
-namespace baton::detail::cuda {
+namespace baton::detail::attention::cuda {
 
 /// Where a fragment element sits in its matrix.
 struct element_at {
@@ -104,27 +104,32 @@ inline void split_tf32(const lanes<float, N>& x, lanes<std::uint32_t, N>& big, l
   }
 }
 
-/// The C/D half of a host-emulated mma: d (warp w's lanes, in the C fragment layout) += A B,
-/// the fp32 product of the 16 x K and K x 8 operands the caller gathered from its fragments.
-template <int N, int K>
-inline void accumulate_c(lanes<float, N> (&d)[4], int w, const float (&A)[16][K], const float (&B)[K][8]) noexcept {
-  float C[16][8];
-  for (int l = 0; l < warp_size; ++l)
-    for (int i = 0; i < 4; ++i) {
-      const element_at e = frag::c(l, i);
-      C[e.row][e.col] = d[i].v[w + l];
-    }
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 8; ++j) {
-      float acc = C[i][j];
-      for (int k = 0; k < K; ++k) acc += A[i][k] * B[k][j];
-      C[i][j] = acc;
-    }
-  for (int l = 0; l < warp_size; ++l)
-    for (int i = 0; i < 4; ++i) {
-      const element_at e = frag::c(l, i);
-      d[i].v[w + l] = C[e.row][e.col];
-    }
+/// One tensor-core product per warp, emulated: for each warp (lanes w .. w + 31),
+/// gather(w, A, B) rebuilds the 16 x K operand A and the K x 8 operand B from the warp's
+/// fragments, and d (the C fragment) += A B, summed in fp32 in k order.
+template <int K, int N, class Gather>
+inline void warp_products(lanes<float, N> (&d)[4], const Gather& gather) noexcept {
+  static_assert(N % warp_size == 0, "baton simt: the host emulation runs whole warps");
+  for (int w = 0; w < N; w += warp_size) {
+    float A[16][K], B[K][8], C[16][8];
+    gather(w, A, B);
+    for (int l = 0; l < warp_size; ++l)
+      for (int i = 0; i < 4; ++i) {
+        const element_at e = frag::c(l, i);
+        C[e.row][e.col] = d[i].v[w + l];
+      }
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 8; ++j) {
+        float acc = C[i][j];
+        for (int k = 0; k < K; ++k) acc += A[i][k] * B[k][j];
+        C[i][j] = acc;
+      }
+    for (int l = 0; l < warp_size; ++l)
+      for (int i = 0; i < 4; ++i) {
+        const element_at e = frag::c(l, i);
+        d[i].v[w + l] = C[e.row][e.col];
+      }
+  }
 }
 
 /// d += a b for one m16n8k16 per warp (host emulation): a, b hold S = bfloat16 or float16.
@@ -132,9 +137,7 @@ template <class S, int N>
   requires(N > 1)
 inline void mma_m16n8k16(lanes<float, N> (&d)[4], const lanes<std::uint32_t, N> (&a)[4],
                          const lanes<std::uint32_t, N> (&b)[2]) noexcept {
-  static_assert(N % warp_size == 0, "baton simt: the host emulation runs whole warps");
-  for (int w = 0; w < N; w += warp_size) {
-    float A[16][16], B[16][8];
+  warp_products<16>(d, [&](int w, float (&A)[16][16], float (&B)[16][8]) {
     for (int l = 0; l < warp_size; ++l) {
       for (int r = 0; r < 4; ++r)
         for (int h = 0; h < 2; ++h) {
@@ -147,8 +150,7 @@ inline void mma_m16n8k16(lanes<float, N> (&d)[4], const lanes<std::uint32_t, N> 
           B[e.row][e.col] = half_to_float<S>(static_cast<std::uint16_t>(b[r].v[w + l] >> (16 * h)));
         }
     }
-    accumulate_c(d, w, A, B);
-  }
+  });
 }
 
 /// d += a b for one m16n8k8 tf32 per warp (host emulation). As the hardware, reads only the
@@ -157,9 +159,7 @@ template <int N>
   requires(N > 1)
 inline void mma_m16n8k8_tf32(lanes<float, N> (&d)[4], const lanes<std::uint32_t, N> (&a)[4],
                              const lanes<std::uint32_t, N> (&b)[2]) noexcept {
-  static_assert(N % warp_size == 0, "baton simt: the host emulation runs whole warps");
-  for (int w = 0; w < N; w += warp_size) {
-    float A[16][8], B[8][8];
+  warp_products<8>(d, [&](int w, float (&A)[16][8], float (&B)[8][8]) {
     for (int l = 0; l < warp_size; ++l) {
       for (int r = 0; r < 4; ++r) {
         const element_at e = frag::a_tf32(l, r);
@@ -170,8 +170,7 @@ inline void mma_m16n8k8_tf32(lanes<float, N> (&d)[4], const lanes<std::uint32_t,
         B[e.row][e.col] = bits_float(b[r].v[w + l] & 0xffffe000u);
       }
     }
-    accumulate_c(d, w, A, B);
-  }
+  });
 }
 
 /// d += a b in ~fp32 accuracy from three tf32 products (a, b split by split_tf32): the
@@ -186,4 +185,4 @@ BATON_HD inline void mma_3xtf32(lanes<float, N> (&d)[4], const lanes<std::uint32
 }
 
 }  // namespace simt
-}  // namespace baton::detail::cuda
+}  // namespace baton::detail::attention::cuda

@@ -9,7 +9,7 @@
 
 #include <baton/attention/cuda/detail/simt.hpp>
 
-namespace baton::detail::cuda::simt {
+namespace baton::detail::attention::cuda::simt {
 
 template <int Threads>
 class device_block {
@@ -95,4 +95,4 @@ class device_block {
   }
 };
 
-}  // namespace baton::detail::cuda::simt
+}  // namespace baton::detail::attention::cuda::simt

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <math.h>  // ::exp2f, ::log2f: one name for the host's and the device's
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -61,7 +62,7 @@
 #define BATON_UNROLL
 #endif
 
-namespace baton::detail::cuda::simt {
+namespace baton::detail::attention::cuda::simt {
 
 inline constexpr int warp_size = 32;
 
@@ -175,21 +176,11 @@ template <class T, int N>
   return r;
 }
 
-/// 2^x, fast on the device (ex2.approx: ~2 ulp, flushes to 0 for x < -126, 2^-inf = 0).
-[[nodiscard]] BATON_HD inline float exp2_fast(float x) noexcept {
-#if BATON_CUDA_DEVICE_PASS()
-  return exp2f(x);
-#else
-  return std::exp2(x);
-#endif
-}
-[[nodiscard]] BATON_HD inline float log2_fast(float x) noexcept {
-#if BATON_CUDA_DEVICE_PASS()
-  return log2f(x);
-#else
-  return std::log2(x);
-#endif
-}
+/// 2^x and log2(x) in float: on the device CUDA's exp2f (ex2.approx: ~2 ulp, flushes to 0
+/// for x < -126, 2^-inf = 0) and log2f, on the host the C library's (std::exp2(float) and
+/// std::log2(float) are these very functions).
+[[nodiscard]] BATON_HD inline float exp2_fast(float x) noexcept { return ::exp2f(x); }
+[[nodiscard]] BATON_HD inline float log2_fast(float x) noexcept { return ::log2f(x); }
 template <int N>
 [[nodiscard]] BATON_HD inline lanes<float, N> exp2(const lanes<float, N>& a) noexcept {
   lanes<float, N> r;
@@ -386,4 +377,4 @@ class host_block {
   std::uint64_t epoch_ = 0;
 };
 
-}  // namespace baton::detail::cuda::simt
+}  // namespace baton::detail::attention::cuda::simt
