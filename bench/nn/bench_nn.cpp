@@ -37,8 +37,9 @@
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
 // CPU's roof. The program then re-executes itself with OPENBLAS_CORETYPE set to the kernel
-// the CPU can run (baton::nn::use_native_blas_kernel) and prints which kernel ran.
+// the CPU can run (examples/support/native_blas.hpp) and prints which kernel ran.
 #include "bench_common.hpp"
+#include "native_blas.hpp"
 
 #include <baton/attention/kokkos.hpp>
 #include <baton/nn.hpp>
@@ -251,8 +252,8 @@ bool all_finite(const tensor& t) {
 
 int main(int argc, char** argv) {
   // The roof must be this CPU's: if OpenBLAS fell back to its generic kernel, start again on
-  // the CPU's own (see baton/nn/blas.hpp).
-  nn::use_native_blas_kernel(argv);
+  // the CPU's own (see examples/support/native_blas.hpp).
+  example_support::use_native_blas_kernel(argv);
   Kokkos::ScopeGuard kokkos(argc, argv);
   bool quick = false;
   int reps = 0, inner = 0;
