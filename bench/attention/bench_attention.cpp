@@ -12,10 +12,10 @@
 // from repetition to repetition, and every ratio (kernel / sgemm, causal / full) is taken per
 // repetition: `name: median (min .., max .., n ..)`, with the load average before and after.
 #include "bench_common.hpp"
+#include "native_blas.hpp"
 
 #include <baton/attention.hpp>
 #include <baton/attention/kokkos.hpp>
-#include <baton/nn/blas.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <cblas.h>
@@ -196,8 +196,8 @@ double self_check_error() {
 
 int main(int argc, char** argv) {
   // The roof must be this CPU's: if OpenBLAS fell back to its generic "Prescott" kernel, start
-  // again on the CPU's own (see baton/nn/blas.hpp).
-  baton::nn::use_native_blas_kernel(argv);
+  // again on the CPU's own (see examples/support/native_blas.hpp).
+  example_support::use_native_blas_kernel(argv);
   Kokkos::ScopeGuard kokkos(argc, argv);
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const std::int64_t only_seq = argc > 2 && std::strcmp(argv[1], "--seq") == 0 ? std::atoll(argv[2]) : 0;

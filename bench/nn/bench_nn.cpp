@@ -22,7 +22,7 @@
 //              the size of the block's projections), best of two calls;
 //   block      forward + backward_input + backward_weight of the block;
 //   attention  the kokkos_attention forward + backward calls of the block, alone, same shapes;
-//   gemms      the block's 21 matrix products through baton::nn::detail::gemm, alone, same
+//   gemms      the block's 21 matrix products through baton::detail::nn::gemm, alone, same
 //              shapes, transposes and betas;
 // Ratios (block / roof, attention / block, gemms / block) are taken per repetition;
 // other_fraction = 1 - attention_fraction - gemm_fraction is what the block spends beyond
@@ -37,8 +37,9 @@
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
 // CPU's roof. The program then re-executes itself with OPENBLAS_CORETYPE set to the kernel
-// the CPU can run (baton::nn::use_native_blas_kernel) and prints which kernel ran.
+// the CPU can run (examples/support/native_blas.hpp) and prints which kernel ran.
 #include "bench_common.hpp"
+#include "native_blas.hpp"
 
 #include <baton/attention/kokkos.hpp>
 #include <baton/nn.hpp>
@@ -67,6 +68,7 @@ namespace {
 
 using T = float;
 namespace nn = baton::nn;
+namespace nn_detail = baton::detail::nn;  // the one gemm of the model layer
 using strategy_t = nn::no_cp<baton::kokkos_attention>;
 using block_t = nn::transformer_block<T, strategy_t>;
 using tensor = baton::host_tensor<T>;
@@ -119,7 +121,7 @@ enum class pass { forward, backward };
 struct gemm_call {
   const char* name;
   pass when;
-  nn::detail::op op_a, op_b;
+  nn_detail::op op_a, op_b;
   std::int64_t m, n, k;
   T beta;
   double flops() const { return 2.0 * double(m) * double(n) * double(k); }
@@ -128,7 +130,7 @@ struct gemm_call {
 // What transformer_block calls, in its order: linear::apply (x W, beta 0), add_input_grad
 // (dy Wᵀ, beta 0 or 1), add_weight_grad (dW += xᵀ dy, beta 1), for W [in, out].
 std::vector<gemm_call> block_gemms(const nn::transformer_config& c, std::int64_t rows) {
-  using nn::detail::op;
+  using nn_detail::op;
   const std::int64_t d = c.d_model, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim, f = c.ffn_hidden;
   struct proj {
     const char* name;
@@ -169,11 +171,11 @@ class gemm_set {
   }
   const std::vector<gemm_call>& calls() const { return calls_; }
   void run(std::size_t i) {
-    using nn::detail::op;
+    using nn_detail::op;
     const gemm_call& g = calls_[i];
     const std::int64_t lda = g.op_a == op::none ? g.k : g.m, ldb = g.op_b == op::none ? g.n : g.k;
-    nn::detail::gemm<T>(g.op_a, g.op_b, g.m, g.n, g.k, T(1), a_[i].data(), lda, b_[i].data(), ldb, g.beta,
-                        c_[i].data(), g.n);
+    nn_detail::gemm<T>(g.op_a, g.op_b, g.m, g.n, g.k, T(1), a_[i].data(), lda, b_[i].data(), ldb, g.beta,
+                       c_[i].data(), g.n);
   }
   void run_all() {
     for (std::size_t i = 0; i < calls_.size(); ++i) run(i);
@@ -250,8 +252,8 @@ bool all_finite(const tensor& t) {
 
 int main(int argc, char** argv) {
   // The roof must be this CPU's: if OpenBLAS fell back to its generic kernel, start again on
-  // the CPU's own (see baton/nn/blas.hpp).
-  nn::use_native_blas_kernel(argv);
+  // the CPU's own (see examples/support/native_blas.hpp).
+  example_support::use_native_blas_kernel(argv);
   Kokkos::ScopeGuard kokkos(argc, argv);
   bool quick = false;
   int reps = 0, inner = 0;
@@ -284,7 +286,7 @@ int main(int argc, char** argv) {
   if (core == "Prescott")
     std::printf("openblas_core_note: Prescott is OpenBLAS's generic SSE3 kernel; the roof and the block's GEMMs run "
                 "below this CPU's speed\n");
-  std::printf("gemm_implementation: %s\n", nn::detail::gemm_implementation());
+  std::printf("gemm_implementation: %s\n", nn_detail::gemm_implementation());
   std::printf("kokkos_execution_space: %s (concurrency %d)\n", Kokkos::DefaultHostExecutionSpace::name(),
               Kokkos::DefaultHostExecutionSpace().concurrency());
   std::printf("shape: batch %lld seq %lld d_model %lld heads %lld kv_heads %lld head_dim %lld ffn_hidden %lld causal\n",

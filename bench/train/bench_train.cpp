@@ -26,6 +26,7 @@
 // repetition, and each ratio is taken per step against the simulator fed with that step's own
 // action times; the load average prints before and after (bench_common.hpp).
 #include "bench_common.hpp"
+#include "native_blas.hpp"
 
 #include <baton/attention/kokkos.hpp>
 #include <baton/comm/local.hpp>
@@ -108,7 +109,7 @@ void run_case(const mesh_case& c, const train::lm_config& config, const train::b
 }  // namespace
 
 int main(int argc, char** argv) {
-  baton::nn::use_native_blas_kernel(argv);
+  example_support::use_native_blas_kernel(argv);
   Kokkos::ScopeGuard kokkos(argc, argv);
   baton::nn::set_blas_threads(1);
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;

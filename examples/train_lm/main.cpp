@@ -1,6 +1,7 @@
 // baton-train: a byte-level transformer language model trained under pipeline x data x
 // context parallelism, on ranks that are threads of this process (--comm local) or MPI
 // processes (--comm mpi). See README.md and docs/training.md.
+#include "native_blas.hpp"
 #include "options.hpp"
 
 #include <baton/config.hpp>
@@ -17,7 +18,7 @@
 #include <exception>
 
 int main(int argc, char** argv) {
-  baton::nn::use_native_blas_kernel(argv);  // OpenBLAS's generic kernel on a newer CPU: restart on the right one
+  example_support::use_native_blas_kernel(argv);  // OpenBLAS's generic kernel on a newer CPU: restart on the right one
   train_lm::options o;
   try {
     if (!train_lm::parse(argc, argv, o)) return 0;

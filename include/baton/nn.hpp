@@ -13,11 +13,12 @@
 //   lm_stage, lm_activation, lm_input, lm_loss (a decoder cut into stages) (nn/lm_stage.hpp)
 //   adamw, sgd                                                               (nn/optim.hpp)
 //   all_reduce_gradients                                                     (nn/grad_sync.hpp)
-//   blas_kernel, use_native_blas_kernel: include <baton/nn/blas.hpp> (POSIX) in a program's main
+//   blas_kernel, set_blas_threads (the OpenBLAS under the matrix products)   (nn/blas.hpp)
 //   nn_error                                                                 (nn/error.hpp)
 #pragma once
 
 #include <baton/nn/attention.hpp>
+#include <baton/nn/blas.hpp>
 #include <baton/nn/block.hpp>
 #include <baton/nn/config.hpp>
 #include <baton/nn/cp_attention.hpp>

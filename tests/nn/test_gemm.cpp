@@ -13,7 +13,7 @@
 
 namespace {
 
-using baton::nn::detail::op;
+using baton::detail::nn::op;
 
 // C = alpha op(A) op(B) + beta C, in double, straight from the definition.
 template <class T>
@@ -64,12 +64,12 @@ void check_all(Gemm gemm, double tolerance) {
 }  // namespace
 
 TEST_CASE("nn gemm: the blocked fallback equals the definition", "[nn][gemm]") {
-  check_all<double>(baton::nn::detail::gemm_blocked<double>, 1e-13);
-  check_all<float>(baton::nn::detail::gemm_blocked<float>, 1e-5);  // float rounding over k <= 300 terms
+  check_all<double>(baton::detail::nn::gemm_blocked<double>, 1e-13);
+  check_all<float>(baton::detail::nn::gemm_blocked<float>, 1e-5);  // float rounding over k <= 300 terms
 }
 
 TEST_CASE("nn gemm: the configured implementation equals the definition", "[nn][gemm]") {
-  INFO("implementation: " << baton::nn::detail::gemm_implementation());
-  check_all<double>(baton::nn::detail::gemm<double>, 1e-13);
-  check_all<float>(baton::nn::detail::gemm<float>, 1e-5);
+  INFO("implementation: " << baton::detail::nn::gemm_implementation());
+  check_all<double>(baton::detail::nn::gemm<double>, 1e-13);
+  check_all<float>(baton::detail::nn::gemm<float>, 1e-5);
 }

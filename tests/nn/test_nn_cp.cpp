@@ -13,8 +13,11 @@
 // Tolerances, as max |got - want| / max |want| (nn_test::max_rel_error): 1e-5 in float with the
 // Kokkos flash backend, 1e-10 in double with the reference backend. Rank threads only compute
 // and record errors; every Catch assertion runs on the main thread after run_local returns.
+// The float cases check the Kokkos backend and skip in a build without Kokkos; the double
+// cases run everywhere.
 #include "catch.hpp"
 #include "nn_test_util.hpp"
+#include "skip.hpp"
 
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
@@ -42,11 +45,17 @@ namespace {
 using baton::local_communicator;
 using baton::shard_layout;
 
+// The float cases' backend: Kokkos's flash kernels, what a CPU run uses. A build without
+// Kokkos compiles those cases on the reference backend, and the ones that compare the Kokkos
+// backend skip (skip_without_kokkos) instead of passing on the reference; the error cases
+// check what happens before the attention runs and run on either.
 #if BATON_HAS_KOKKOS()
 using fast_backend = baton::kokkos_attention;
 #else
 using fast_backend = baton::reference_attention;
 #endif
+constexpr bool have_kokkos = BATON_HAS_KOKKOS();
+constexpr const char* no_kokkos = "built without Kokkos (baton::kokkos): this case checks the Kokkos flash backend";
 
 // GQA: 4 query heads over 2 kv heads, so Ulysses over 4 ranks replicates each kv head to 2 ranks.
 // S = 24 divides as every case needs (zigzag over 4 ranks: 8; hybrid 2x2 zigzag: 4).
@@ -281,20 +290,20 @@ std::vector<std::exception_ptr> errors_per_rank(int ranks, const F& f) {
 
 }  // namespace
 
-TEST_CASE("nn CP: transformer_block with ring attention matches the unsharded block (every layout, 2 and 4 ranks)",
-          "[nn][cp]") {
+TEST_CASE("nn CP: transformer_block with ring attention on Kokkos matches the unsharded block (every layout, 2 and 4 ranks)", "[nn][cp][kokkos_ring][can-skip]") {
+  if (!have_kokkos) BATON_SKIP(no_kokkos);
   const auto ref = run_reference<float, fast_backend>(101);
   check_cases<float, fast_backend>(ring_cases(), ref);
 }
 
-TEST_CASE("nn CP: transformer_block with Ulysses attention matches the unsharded block (contiguous, zigzag; 2 and 4 ranks)",
-          "[nn][cp]") {
+TEST_CASE("nn CP: transformer_block with Ulysses attention on Kokkos matches the unsharded block (contiguous, zigzag; 2 and 4 ranks)", "[nn][cp][kokkos_ulysses][can-skip]") {
+  if (!have_kokkos) BATON_SKIP(no_kokkos);
   const auto ref = run_reference<float, fast_backend>(201);
   check_cases<float, fast_backend>(ulysses_cases(), ref);
 }
 
-TEST_CASE("nn CP: transformer_block with hybrid attention matches the unsharded block (2x2 on 4 ranks, 1x2 and 2x1 on 2)",
-          "[nn][cp]") {
+TEST_CASE("nn CP: transformer_block with hybrid attention on Kokkos matches the unsharded block (2x2 on 4 ranks, 1x2 and 2x1 on 2)", "[nn][cp][kokkos_hybrid][can-skip]") {
+  if (!have_kokkos) BATON_SKIP(no_kokkos);
   const auto ref = run_reference<float, fast_backend>(301);
   check_cases<float, fast_backend>(hybrid_cases(), ref);
 }
@@ -307,21 +316,21 @@ TEST_CASE("nn CP: in double with reference attention every mode matches the unsh
   check_cases<double, baton::reference_attention>(cases, ref);
 }
 
-TEST_CASE("nn CP: packed sequences (document ids over the global sequence) under ring zigzag match the unsharded block",
+TEST_CASE("nn CP: packed sequences (document ids over the global sequence) under ring zigzag on Kokkos match the unsharded block (float)", "[nn][cp][kokkos_packed][can-skip]") {
+  if (!have_kokkos) BATON_SKIP(no_kokkos);
+  const auto ref = run_reference<float, fast_backend>(501, document_ids());
+  // the documents really restrict the attention: without them the output differs
+  const auto plain = run_reference<float, fast_backend>(501);
+  CHECK(nn_test::max_rel_error(plain.y, ref.y) > 1e-2);
+  check_cases<float, fast_backend>({{mode::ring, shard_layout::zigzag, 2},
+                                    {mode::hybrid, shard_layout::zigzag, 2, 2, false}},
+                                   ref);
+}
+
+TEST_CASE("nn CP: packed sequences (document ids over the global sequence) under ring zigzag match the unsharded block (double, reference backend)",
           "[nn][cp]") {
-  SECTION("float, Kokkos backend") {
-    const auto ref = run_reference<float, fast_backend>(501, document_ids());
-    // the documents really restrict the attention: without them the output differs
-    const auto plain = run_reference<float, fast_backend>(501);
-    CHECK(nn_test::max_rel_error(plain.y, ref.y) > 1e-2);
-    check_cases<float, fast_backend>({{mode::ring, shard_layout::zigzag, 2},
-                                      {mode::hybrid, shard_layout::zigzag, 2, 2, false}},
-                                     ref);
-  }
-  SECTION("double, reference backend") {
-    const auto ref = run_reference<double, baton::reference_attention>(601, document_ids());
-    check_cases<double, baton::reference_attention>({{mode::ring, shard_layout::zigzag, 2}}, ref);
-  }
+  const auto ref = run_reference<double, baton::reference_attention>(601, document_ids());
+  check_cases<double, baton::reference_attention>({{mode::ring, shard_layout::zigzag, 2}}, ref);
 }
 
 TEST_CASE("nn CP: a side input that is not this rank's shard makes every rank of the group throw", "[nn][cp]") {

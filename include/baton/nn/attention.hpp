@@ -7,12 +7,13 @@
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/core/tensor_view.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/params.hpp>
 #include <baton/cp/sharding.hpp>
 #include <baton/nn/config.hpp>
-#include <baton/nn/detail/checks.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/linear.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/nn/rotary.hpp>
@@ -73,22 +74,6 @@ class no_cp {
   Backend backend_{};
 };
 
-namespace detail {
-template <class S>
-struct is_no_cp : std::false_type {};
-template <class B>
-struct is_no_cp<no_cp<B>> : std::true_type {};
-
-template <class S, class T>
-constexpr bool no_cp_backend_fits() {
-  if constexpr (is_no_cp<S>::value) {
-    return attention_backend<typename S::backend_type, T>;
-  } else {
-    return true;
-  }
-}
-}  // namespace detail
-
 /// A context-parallel attention object (ring_attention, ulysses_attention, hybrid_attention):
 /// it knows its sequence_sharding and which shard this rank holds.
 template <class S>
@@ -106,19 +91,28 @@ concept runtime_attention_strategy = requires(const S& s) {
   { s.shard_index() } -> std::convertible_to<int>;
 };
 
-/// What the attention layers accept as their Strategy: no_cp<Backend>, a context-parallel
-/// attention object, or a strategy chosen at run time (cp_attention).
-template <class S>
-concept attention_strategy = detail::is_no_cp<S>::value || sharded_attention<S> || runtime_attention_strategy<S>;
+}  // namespace baton::nn
 
-namespace detail {
+namespace baton::detail::nn {
+
+template <class S>
+using is_no_cp = is_instance_of<S, baton::nn::no_cp>;
+
+template <class S, class T>
+constexpr bool no_cp_backend_fits() {
+  if constexpr (is_no_cp<S>::value) {
+    return attention_backend<typename S::backend_type, T>;
+  } else {
+    return true;
+  }
+}
 
 // The sharding a strategy computes over; null when this rank holds whole sequences.
 template <class S>
 const sequence_sharding* sharding_of(const S& s) {
   if constexpr (is_no_cp<S>::value) {
     return nullptr;
-  } else if constexpr (sharded_attention<S>) {
+  } else if constexpr (baton::nn::sharded_attention<S>) {
     return &s.sharding();
   } else {
     return s.sharding();
@@ -134,7 +128,14 @@ int shard_index_of(const S& s) {
   }
 }
 
-}  // namespace detail
+}  // namespace baton::detail::nn
+
+namespace baton::nn {
+
+/// What the attention layers accept as their Strategy: no_cp<Backend>, a context-parallel
+/// attention object, or a strategy chosen at run time (cp_attention).
+template <class S>
+concept attention_strategy = detail::nn::is_no_cp<S>::value || sharded_attention<S> || runtime_attention_strategy<S>;
 
 /// Self-attention on x [batch, seq, d_model] (already normalised): q = x Wq, k = x Wk,
 /// v = x Wv (heads, kv_heads and head_dim of the config; kv_heads < heads is GQA), RoPE on q
@@ -152,15 +153,13 @@ int shard_index_of(const S& s) {
 /// As a piece: forward(x, info, saved), backward_input(saved, dy) -> dx (it runs the
 /// attention backward), backward_weight(saved) (the four projections' weight gradients).
 template <class T, class Strategy, class Mask = causal_mask>
-class self_attention {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "baton::nn::self_attention<T, ...>: T is float or double");
+class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask>, T, "baton::nn::self_attention"> {
   static_assert(attention_strategy<Strategy>,
                 "baton::nn::self_attention<T, Strategy>: Strategy must be baton::nn::no_cp<Backend> (one rank "
                 "holds whole sequences), a context-parallel attention object built for this rank "
                 "(baton::ring_attention, baton::ulysses_attention, baton::hybrid_attention) or a "
                 "baton::nn::cp_attention choosing one of them at run time");
-  static_assert(!detail::is_no_cp<Strategy>::value || detail::no_cp_backend_fits<Strategy, T>(),
+  static_assert(!detail::nn::is_no_cp<Strategy>::value || detail::nn::no_cp_backend_fits<Strategy, T>(),
                 "baton::nn::no_cp<Backend>: Backend must model baton::attention_backend<Backend, T> for the "
                 "block's element type (baton::reference_attention, baton::kokkos_attention, ...)");
   static_assert(attention_mask<Mask>,
@@ -168,14 +167,12 @@ class self_attention {
                 "(allowed(q_pos, k_pos) and classify(q_block, k_block); see baton/attention/masks.hpp)");
 
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
   using lse_tensor = host_tensor<lse_t<T>>;
   using strategy_type = Strategy;
   using mask_type = Mask;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     tensor x, q, k, v, out, dy, dq, dk, dv;
     lse_tensor lse;
     std::vector<std::int64_t> positions;
@@ -219,14 +216,14 @@ class self_attention {
   std::string input_problem(const tensor& x, const sequence_info& info, std::string_view who) const {
     const std::int64_t d_model = config_.d_model;
     if (x.rank() != 3 || x.shape()[2] != d_model)
-      return problem_text(who, "input has shape " + baton::detail::core::shape_text(x.shape()) + " but expected [batch, seq, " +
+      return problem_text(who, "input has shape " + detail::core::shape_text(x.shape()) + " but expected [batch, seq, " +
                                    std::to_string(d_model) + "] (d_model = " + std::to_string(d_model) + ")");
     const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
     std::string shard_hint;
-    const sequence_sharding* sharded = detail::sharding_of(strategy_);
+    const sequence_sharding* sharded = detail::nn::sharding_of(strategy_);
     if (sharded) {
       const sequence_sharding& sharding = *sharded;
-      const int shard = detail::shard_index_of(strategy_);
+      const int shard = detail::nn::shard_index_of(strategy_);
       const std::int64_t local_len = sharding.local_len(shard);
       if (seq != local_len)
         return problem_text(who, "the input holds " + std::to_string(seq) + " tokens of the sequence but the "
@@ -250,7 +247,7 @@ class self_attention {
     std::int64_t seq_len = 0;  // the global length the document ids must cover
     if (sharded) {
       const sequence_sharding& sharding = *sharded;
-      const int shard = detail::shard_index_of(strategy_);
+      const int shard = detail::nn::shard_index_of(strategy_);
       const std::vector<std::int64_t> mine = sharding.global_positions(shard);
       for (std::size_t i = 0; i < mine.size(); ++i)
         if (mine[i] != info.positions[i])
@@ -269,7 +266,7 @@ class self_attention {
     if (info.documents) {
       const auto& ids = *info.documents;
       if (ids.rank() != 2 || ids.shape()[0] != batch || ids.shape()[1] < seq_len)
-        return problem_text(who, "the side input's document ids have shape " + baton::detail::core::shape_text(ids.shape()) +
+        return problem_text(who, "the side input's document ids have shape " + detail::core::shape_text(ids.shape()) +
                                      " but expected [" + std::to_string(batch) + ", " + std::to_string(seq_len) +
                                      "] (one row per batch row, one id per global position of the sequence)");
     }
@@ -281,7 +278,7 @@ class self_attention {
   /// other ranks of the group are making (forward or backward) and every rank throws the same
   /// cp_error carrying the problem, so no peer is left waiting for this rank's data.
   [[noreturn]] void reject(const std::string& problem, bool backward) {
-    if (detail::sharding_of(strategy_) != nullptr) {
+    if (detail::nn::sharding_of(strategy_) != nullptr) {
       cp_params params;
       params.caller_problem = problem;
       const tensor_view<T, 4> none{};
@@ -301,15 +298,15 @@ class self_attention {
     if (st.q.size() != q_size || q_size < 0)
       return problem_text(who, "backward_input needs the saved state of a forward that has not been backpropagated yet");
     if (dy.shape() != st.x.shape())
-      return problem_text(who, "dy has shape " + baton::detail::core::shape_text(dy.shape()) + " but expected " +
-                                   baton::detail::core::shape_text(st.x.shape()) + " (the output gradient has the input's shape)");
+      return problem_text(who, "dy has shape " + detail::core::shape_text(dy.shape()) + " but expected " +
+                                   detail::core::shape_text(st.x.shape()) + " (the output gradient has the input's shape)");
     return {};
   }
 
   tensor forward(const tensor& x, const sequence_info& info, saved& st) { return forward(tensor(x), info, st); }
 
   tensor forward(tensor&& x, const sequence_info& info, saved& st) {
-    if (std::string problem = input_problem(x, info, piece); !problem.empty()) reject(problem, false);
+    if (std::string problem = input_problem(x, info, self_attention::name); !problem.empty()) reject(problem, false);
     const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
     const std::int64_t hq = config_.heads, hkv = config_.kv_heads, d = config_.head_dim;
 
@@ -335,7 +332,7 @@ class self_attention {
   }
 
   tensor backward_input(saved& st, const tensor& dy) {
-    if (std::string problem = grad_problem(st, dy, piece); !problem.empty()) reject(problem, true);
+    if (std::string problem = grad_problem(st, dy, self_attention::name); !problem.empty()) reject(problem, true);
     const std::int64_t hq = config_.heads, hkv = config_.kv_heads, d = config_.head_dim;
     const std::int64_t batch = st.x.shape()[0], seq = st.x.shape()[1];
     const tensor dout = wo_.input_grad(dy);
@@ -363,10 +360,12 @@ class self_attention {
     st.k = tensor();
     st.v = tensor();
     st.lse = lse_tensor();
+    this->mark_input_done(st);
     return dx;
   }
 
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     wq_.add_weight_grad(st.x, st.dq);
     wk_.add_weight_grad(st.x, st.dk);
     wv_.add_weight_grad(st.x, st.dv);
@@ -374,14 +373,7 @@ class self_attention {
     st = saved{};
   }
 
-  tensor backward(saved& st, const tensor& dy) {
-    tensor dx = backward_input(st, dy);
-    backward_weight(st);
-    return dx;
-  }
-
  private:
-  static constexpr const char* piece = "baton::nn::self_attention";
 
   static std::string problem_text(std::string_view who, const std::string& what) {
     std::string text(who);
@@ -410,7 +402,7 @@ class self_attention {
   void strategy_forward(tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
                         const Mask2& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
                         std::span<const std::int64_t> positions, const cp_params& params = {}) {
-    if constexpr (detail::is_no_cp<Strategy>::value) {
+    if constexpr (detail::nn::is_no_cp<Strategy>::value) {
       strategy_.forward(q, k, v, mask, out, lse, positions, params.softmax_scale);
     } else if constexpr (sharded_attention<Strategy>) {
       strategy_.forward(q, k, v, mask, out, lse, params);
@@ -424,7 +416,7 @@ class self_attention {
                          tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse, tensor_view<const T, 4> dout,
                          const Mask2& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv,
                          std::span<const std::int64_t> positions, const cp_params& params = {}) {
-    if constexpr (detail::is_no_cp<Strategy>::value) {
+    if constexpr (detail::nn::is_no_cp<Strategy>::value) {
       strategy_.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, positions, params.softmax_scale);
     } else if constexpr (sharded_attention<Strategy>) {
       strategy_.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params);

@@ -4,6 +4,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/nn/attention.hpp>
 #include <baton/nn/config.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/nn/rms_norm.hpp>
 #include <baton/nn/sequence.hpp>
@@ -16,16 +17,16 @@
 #include <string>
 #include <utility>
 
-namespace baton::nn {
-
-namespace detail {
+namespace baton::detail::nn {
 template <class T>
 void add_into(host_tensor<T>& target, const host_tensor<T>& addend) {
   T* t = target.data();
   const T* a = addend.data();
   for (std::int64_t i = 0; i < target.size(); ++i) t[i] += a[i];
 }
-}  // namespace detail
+}  // namespace baton::detail::nn
+
+namespace baton::nn {
 
 /// A Llama-style decoder block on x [batch, seq, d_model]:
 ///   h = x + self_attention(rms_norm(x)),   y = h + swiglu_mlp(rms_norm(h)).
@@ -35,17 +36,16 @@ void add_into(host_tensor<T>& target, const host_tensor<T>& addend) {
 /// host_tensor<T> [batch, seq, d_model], side input sequence_info, split backward. The attention
 /// runs through `Strategy` (no_cp<Backend>, ring / Ulysses / hybrid attention) under `Mask`.
 template <class T, class Strategy, class Mask = causal_mask>
-class transformer_block {
+class transformer_block
+    : public detail::nn::piece<transformer_block<T, Strategy, Mask>, T, "baton::nn::transformer_block"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
   using input = tensor;
   using output = tensor;
   using side = sequence_info;
   using attention_type = self_attention<T, Strategy, Mask>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     typename rms_norm<T>::saved attention_norm;
     typename attention_type::saved attention;
     typename rms_norm<T>::saved mlp_norm;
@@ -78,41 +78,36 @@ class transformer_block {
   // reject(): under context parallelism every rank of the group throws together instead of
   // one rank throwing while its peers wait inside the attention's collective.
   output forward(const input& x, const side& info, saved& st) {
-    if (std::string problem = attention_.input_problem(x, info, piece); !problem.empty())
+    if (std::string problem = attention_.input_problem(x, info, transformer_block::name); !problem.empty())
       attention_.reject(problem, false);
     tensor h = attention_.forward(attention_norm_.forward(x, st.attention_norm), info, st.attention);
-    detail::add_into(h, x);
+    detail::nn::add_into(h, x);
     tensor y = mlp_.forward(mlp_norm_.forward(h, st.mlp_norm), st.mlp);
-    detail::add_into(y, h);
+    detail::nn::add_into(y, h);
     return y;
   }
 
   grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
-    if (std::string problem = attention_.grad_problem(st.attention, dy, piece); !problem.empty())
+    if (std::string problem = attention_.grad_problem(st.attention, dy, transformer_block::name); !problem.empty())
       attention_.reject(problem, true);
     tensor dh = mlp_norm_.backward_input(st.mlp_norm, mlp_.backward_input(st.mlp, dy));
-    detail::add_into(dh, dy);
+    detail::nn::add_into(dh, dy);
     tensor dx = attention_norm_.backward_input(st.attention_norm, attention_.backward_input(st.attention, dh));
-    detail::add_into(dx, dh);
+    detail::nn::add_into(dx, dh);
+    this->mark_input_done(st);
     return dx;
   }
 
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     mlp_.backward_weight(st.mlp);
     mlp_norm_.backward_weight(st.mlp_norm);
     attention_.backward_weight(st.attention);
     attention_norm_.backward_weight(st.attention_norm);
-  }
-
-  grad_t<input> backward(saved& st, const grad_t<output>& dy) {
-    tensor dx = backward_input(st, dy);
-    backward_weight(st);
-    return dx;
+    st = saved{};
   }
 
  private:
-  static constexpr const char* piece = "baton::nn::transformer_block";
-
   transformer_config config_;
   rms_norm<T> attention_norm_;
   attention_type attention_;

@@ -128,7 +128,7 @@ class cp_attention {
                const cp_params& params) {
     std::visit(
         [&](auto& s) {
-          if constexpr (detail::is_no_cp<std::remove_cvref_t<decltype(s)>>::value) {
+          if constexpr (detail::nn::is_no_cp<std::remove_cvref_t<decltype(s)>>::value) {
             s.forward(q, k, v, mask, out, lse, positions, params.softmax_scale);
           } else {
             s.forward(q, k, v, mask, out, lse, params);
@@ -144,7 +144,7 @@ class cp_attention {
                 std::span<const std::int64_t> positions, const cp_params& params) {
     std::visit(
         [&](auto& s) {
-          if constexpr (detail::is_no_cp<std::remove_cvref_t<decltype(s)>>::value) {
+          if constexpr (detail::nn::is_no_cp<std::remove_cvref_t<decltype(s)>>::value) {
             s.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, positions, params.softmax_scale);
           } else {
             s.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params);

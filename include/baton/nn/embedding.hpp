@@ -1,7 +1,9 @@
 // baton/nn/embedding.hpp — token embedding: a table lookup with a scatter-add gradient.
 #pragma once
 
+#include <baton/core/sizes.hpp>
 #include <baton/nn/detail/checks.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -9,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace baton::nn {
@@ -21,16 +22,12 @@ namespace baton::nn {
 /// backward_input(saved, dy) only keeps dy, and backward_weight(saved) scatter-adds it into
 /// the rows of the table that were used (each occurrence of a token adds its row of dy).
 template <class T>
-class embedding {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "baton::nn::embedding<T>: T is float or double");
-
+class embedding : public detail::nn::piece<embedding<T>, T, "baton::nn::embedding"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
   using tokens = host_tensor<std::int64_t>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     tokens ids;
     tensor dy;
     std::size_t bytes() const {
@@ -63,7 +60,7 @@ class embedding {
       const std::int64_t t = ids[i];
       if (t < 0 || t >= vocab_)
         throw nn_error("baton::nn::embedding: token " + std::to_string(t) + " at flat index " + std::to_string(i) +
-                       " of tokens " + baton::detail::core::shape_text(ids.shape()) + " is outside the vocabulary [0, " +
+                       " of tokens " + detail::core::shape_text(ids.shape()) + " is outside the vocabulary [0, " +
                        std::to_string(vocab_) + ")");
       std::copy_n(table_.value.data() + t * d_, d_, y.data() + i * d_);
     }
@@ -72,37 +69,25 @@ class embedding {
   }
 
   void backward_input(saved& st, const tensor& dy) const {
-    check_dy(st, dy);
+    std::vector<std::int64_t> expected = st.ids.shape();
+    expected.push_back(d_);
+    detail::nn::expect_shape(dy, expected, embedding::name, "dy", "the output gradient is [tokens..., d_model]");
     st.dy = dy;
+    this->mark_input_done(st);
   }
 
   void backward_weight(saved& st) {
-    scatter(st.ids, st.dy);
-    st = saved{};
-  }
-
-  void backward(saved& st, const tensor& dy) {
-    check_dy(st, dy);
-    scatter(st.ids, dy);
+    this->expect_input_done(st);
+    T* g = table_.grad.data();
+    for (std::int64_t i = 0; i < st.ids.size(); ++i) {
+      T* row = g + st.ids[i] * d_;
+      const T* src = st.dy.data() + i * d_;
+      for (std::int64_t j = 0; j < d_; ++j) row[j] += src[j];
+    }
     st = saved{};
   }
 
  private:
-  void check_dy(const saved& st, const tensor& dy) const {
-    std::vector<std::int64_t> expected = st.ids.shape();
-    expected.push_back(d_);
-    detail::expect_shape(dy, expected, "baton::nn::embedding", "dy", "the output gradient is [tokens..., d_model]");
-  }
-
-  void scatter(const tokens& ids, const tensor& dy) {
-    T* g = table_.grad.data();
-    for (std::int64_t i = 0; i < ids.size(); ++i) {
-      T* row = g + ids[i] * d_;
-      const T* src = dy.data() + i * d_;
-      for (std::int64_t j = 0; j < d_; ++j) row[j] += src[j];
-    }
-  }
-
   std::int64_t vocab_, d_;
   parameter<T> table_;
 };

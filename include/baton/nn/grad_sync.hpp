@@ -47,7 +47,7 @@ void all_reduce_gradients(const std::vector<named_parameter<Tensor>>& list, Comm
     members.clear();
   };
   for (const auto& p : list) {
-    const std::span<V> g = detail::elements(p.parameter->grad);
+    const std::span<V> g = detail::nn::elements(p.parameter->grad);
     if (!bucket.empty() && bucket.size() + g.size() > bucket_elements) flush();
     bucket.insert(bucket.end(), g.begin(), g.end());
     members.push_back(g);

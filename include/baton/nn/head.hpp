@@ -2,6 +2,7 @@
 #pragma once
 
 #include <baton/nn/config.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/linear.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/nn/rms_norm.hpp>
@@ -9,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 namespace baton::nn {
 
@@ -18,15 +18,11 @@ namespace baton::nn {
 ///
 /// As a piece: forward(x, saved), backward_input(saved, dlogits) -> dx, backward_weight(saved).
 template <class T>
-class lm_head {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "baton::nn::lm_head<T>: T is float or double");
-
+class lm_head : public detail::nn::piece<lm_head<T>, T, "baton::nn::lm_head"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     typename rms_norm<T>::saved norm;
     typename linear<T>::saved output;
     std::size_t bytes() const { return norm.bytes() + output.bytes(); }
@@ -45,16 +41,15 @@ class lm_head {
 
   tensor forward(const tensor& x, saved& st) const { return output_.forward(norm_.forward(x, st.norm), st.output); }
   tensor backward_input(saved& st, const tensor& dlogits) const {
-    return norm_.backward_input(st.norm, output_.backward_input(st.output, dlogits));
+    tensor dx = norm_.backward_input(st.norm, output_.backward_input(st.output, dlogits));
+    this->mark_input_done(st);
+    return dx;
   }
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     output_.backward_weight(st.output);
     norm_.backward_weight(st.norm);
-  }
-  tensor backward(saved& st, const tensor& dlogits) {
-    tensor dx = backward_input(st, dlogits);
-    backward_weight(st);
-    return dx;
+    st = saved{};
   }
 
  private:

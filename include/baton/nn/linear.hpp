@@ -3,6 +3,7 @@
 
 #include <baton/nn/detail/checks.hpp>
 #include <baton/nn/detail/gemm.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -11,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 namespace baton::nn {
@@ -27,15 +27,11 @@ namespace baton::nn {
 /// Pieces that share one input between several projections (attention's q, k, v) call the
 /// building blocks apply / add_input_grad / add_weight_grad directly and keep x once.
 template <class T>
-class linear {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "baton::nn::linear<T>: T is float or double");
-
+class linear : public detail::nn::piece<linear<T>, T, "baton::nn::linear"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     tensor x, dy;
     std::size_t bytes() const { return static_cast<std::size_t>(x.size() + dy.size()) * sizeof(T); }
   };
@@ -72,28 +68,30 @@ class linear {
   /// y = x W + b.
   tensor apply(const tensor& x) const {
     const std::int64_t rows = check_input(x, "input");
-    tensor y = tensor::for_overwrite(detail::with_last(x.shape(), out_));
+    tensor y = tensor::for_overwrite(detail::nn::with_last(x.shape(), out_));
     if (has_bias_) {
       for (std::int64_t r = 0; r < rows; ++r) std::copy_n(bias_.value.data(), out_, y.data() + r * out_);
     }
-    detail::gemm<T>(detail::op::none, detail::op::none, rows, out_, in_, T(1), x.data(), in_, weight_.value.data(),
-                    out_, has_bias_ ? T(1) : T(0), y.data(), out_);
+    detail::nn::gemm<T>(op::none, op::none, rows, out_, in_, T(1), x.data(), in_, weight_.value.data(), out_,
+                        has_bias_ ? T(1) : T(0), y.data(), out_);
     return y;
   }
 
   /// dx = dy Wᵀ (accumulate: dx += dy Wᵀ). dx must have the input's shape.
   void add_input_grad(const tensor& dy, tensor& dx, bool accumulate) const {
-    const std::int64_t rows = detail::rows_of(dy, out_, "baton::nn::linear", "dy", "the output gradient is [..., out_features]");
+    const std::int64_t rows =
+        detail::nn::rows_of(dy, out_, linear::name, "dy", "the output gradient is [..., out_features]");
     if (dx.size() != rows * in_)
-      detail::shape_mismatch("baton::nn::linear", "dx", dx.shape(), "[..., " + std::to_string(in_) + "] with " +
-                                 std::to_string(rows) + " rows", "the input gradient has the input's shape");
-    detail::gemm<T>(detail::op::none, detail::op::transpose, rows, in_, out_, T(1), dy.data(), out_,
-                    weight_.value.data(), out_, accumulate ? T(1) : T(0), dx.data(), in_);
+      detail::nn::shape_mismatch(linear::name, "dx", dx.shape(),
+                                 "[..., " + std::to_string(in_) + "] with " + std::to_string(rows) + " rows",
+                                 "the input gradient has the input's shape");
+    detail::nn::gemm<T>(op::none, op::transpose, rows, in_, out_, T(1), dy.data(), out_, weight_.value.data(), out_,
+                        accumulate ? T(1) : T(0), dx.data(), in_);
   }
 
   /// dx = dy Wᵀ as a new tensor of shape [..., in].
   tensor input_grad(const tensor& dy) const {
-    tensor dx = tensor::for_overwrite(detail::with_last(dy.shape(), in_));
+    tensor dx = tensor::for_overwrite(detail::nn::with_last(dy.shape(), in_));
     add_input_grad(dy, dx, false);
     return dx;
   }
@@ -102,11 +100,11 @@ class linear {
   void add_weight_grad(const tensor& x, const tensor& dy) {
     const std::int64_t rows = check_input(x, "input");
     if (dy.size() != rows * out_)
-      detail::shape_mismatch("baton::nn::linear", "dy", dy.shape(),
-                             "[..., " + std::to_string(out_) + "] with " + std::to_string(rows) + " rows",
-                             "the output gradient matches the input's rows");
-    detail::gemm<T>(detail::op::transpose, detail::op::none, in_, out_, rows, T(1), x.data(), in_, dy.data(), out_,
-                    T(1), weight_.grad.data(), out_);
+      detail::nn::shape_mismatch(linear::name, "dy", dy.shape(),
+                                 "[..., " + std::to_string(out_) + "] with " + std::to_string(rows) + " rows",
+                                 "the output gradient matches the input's rows");
+    detail::nn::gemm<T>(op::transpose, op::none, in_, out_, rows, T(1), x.data(), in_, dy.data(), out_, T(1),
+                        weight_.grad.data(), out_);
     if (has_bias_) {
       T* db = bias_.grad.data();
       for (std::int64_t r = 0; r < rows; ++r)
@@ -129,22 +127,20 @@ class linear {
   tensor backward_input(saved& st, const tensor& dy) const {
     tensor dx = input_grad(dy);
     st.dy = dy;
+    this->mark_input_done(st);
     return dx;
   }
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     add_weight_grad(st.x, st.dy);
     st = saved{};
   }
-  tensor backward(saved& st, const tensor& dy) {
-    tensor dx = input_grad(dy);
-    add_weight_grad(st.x, dy);
-    st = saved{};
-    return dx;
-  }
 
  private:
-  std::int64_t check_input(const tensor& x, const char* name) const {
-    return detail::rows_of(x, in_, "baton::nn::linear", name, "in_features = " + std::to_string(in_));
+  using op = detail::nn::op;
+
+  std::int64_t check_input(const tensor& x, const char* tensor_name) const {
+    return detail::nn::rows_of(x, in_, linear::name, tensor_name, "in_features = " + std::to_string(in_));
   }
 
   std::int64_t in_, out_;

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <baton/attention/masks.hpp>
+#include <baton/core/sizes.hpp>
 #include <baton/nn/block.hpp>
 #include <baton/nn/config.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/embedding.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/nn/head.hpp>
@@ -75,16 +77,14 @@ struct lm_stage_layout {
 /// sequence_info; every block's attention runs through its own `Strategy` object (built by
 /// the factory given to the constructor).
 template <class T, class Strategy, class Mask = causal_mask>
-class lm_stage {
+class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton::nn::lm_stage"> {
  public:
-  using value_type = T;
   using input = lm_activation<T>;
   using output = lm_activation<T>;
   using side = sequence_info;
   using block_type = transformer_block<T, Strategy, Mask>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     typename embedding<T>::saved embed;
     std::vector<typename block_type::saved> blocks;
     typename lm_head<T>::saved head;
@@ -147,28 +147,24 @@ class lm_stage {
     for (std::size_t i = blocks_.size(); i-- > 0;) dh = blocks_[i].backward_input(st.blocks[i], dh);
     if (embed_) {
       embed_->backward_input(st.embed, dh);
-      return grad_t<input>(host_tensor<T>(st.input_hidden_shape));  // tokens have no gradient
+      dh = host_tensor<T>(st.input_hidden_shape);  // tokens have no gradient
     }
+    this->mark_input_done(st);
     return grad_t<input>(std::move(dh));
   }
 
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     if (head_) head_->backward_weight(st.head);
     for (std::size_t i = blocks_.size(); i-- > 0;) blocks_[i].backward_weight(st.blocks[i]);
     if (embed_) embed_->backward_weight(st.embed);
     st = saved{};
   }
 
-  grad_t<input> backward(saved& st, const grad_t<output>& dy) {
-    grad_t<input> dx = backward_input(st, dy);
-    backward_weight(st);
-    return dx;
-  }
-
  private:
   std::string token_problem(const host_tensor<std::int64_t>& tokens) const {
     if (tokens.rank() != 2)
-      return "baton::nn::lm_stage: the first stage's tokens have shape " + baton::detail::core::shape_text(tokens.shape()) +
+      return "baton::nn::lm_stage: the first stage's tokens have shape " + detail::core::shape_text(tokens.shape()) +
              " but expected [batch, seq]";
     for (std::int64_t i = 0; i < tokens.size(); ++i)
       if (tokens[i] < 0 || tokens[i] >= config_.vocab)

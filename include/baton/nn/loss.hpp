@@ -5,7 +5,6 @@
 #include <baton/comm/concepts.hpp>
 #include <baton/core/sizes.hpp>
 #include <baton/nn/error.hpp>
-#include <baton/nn/detail/checks.hpp>
 #include <baton/payload/host_tensor.hpp>
 #include <baton/pipeline/stage.hpp>
 
@@ -62,7 +61,7 @@ class cross_entropy {
   std::string input_problem(const tensor& logits, const targets_type& targets) const {
     if (logits.rank() != targets.rank() + 1 ||
         !std::equal(targets.shape().begin(), targets.shape().end(), logits.shape().begin()))
-      return "baton::nn::cross_entropy: logits has shape " + baton::detail::core::shape_text(logits.shape()) +
+      return "baton::nn::cross_entropy: logits has shape " + detail::core::shape_text(logits.shape()) +
              " but expected [" + shape_prefix(targets) + "vocab] (the targets' shape plus the vocabulary axis)";
     const std::int64_t vocab = logits.shape().back();
     if (vocab < 1) return "baton::nn::cross_entropy: the logits have an empty vocabulary axis";

@@ -42,7 +42,7 @@ class basic_adamw {
                      std::to_string(options.beta2) + ", eps " + std::to_string(options.eps) + ", weight_decay " +
                      std::to_string(options.weight_decay) + ")");
     for (const auto& p : params_) {
-      const auto n = detail::elements(p.parameter->value).size();
+      const auto n = detail::nn::elements(p.parameter->value).size();
       m_.emplace_back(n, value_type(0));
       v_.emplace_back(n, value_type(0));
     }
@@ -56,8 +56,8 @@ class basic_adamw {
     const double correction2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(t_)));
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = *params_[i].parameter;
-      const auto value = detail::elements(p.value);
-      const auto grad = detail::elements(p.grad);
+      const auto value = detail::nn::elements(p.value);
+      const auto grad = detail::nn::elements(p.grad);
       if (grad.size() != value.size())
         throw nn_error("baton::nn::adamw: parameter '" + params_[i].name + "' has " + std::to_string(value.size()) +
                        " values but " + std::to_string(grad.size()) + " gradients");
@@ -128,8 +128,8 @@ class basic_sgd {
     const double mu = options_.momentum;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = *params_[i].parameter;
-      const auto value = detail::elements(p.value);
-      const auto grad = detail::elements(p.grad);
+      const auto value = detail::nn::elements(p.value);
+      const auto grad = detail::nn::elements(p.grad);
       const double wd = p.decay ? options_.weight_decay : 0.0;
       auto& buffer = momentum_[i];
       const bool first = buffer.empty();

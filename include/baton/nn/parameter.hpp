@@ -64,12 +64,15 @@ struct basic_parameter {
 template <class T>
 using parameter = basic_parameter<host_tensor<T>>;
 
-namespace detail {
+}  // namespace baton::nn
 
-template <class P>
-struct is_parameter : std::false_type {};
-template <class Tensor>
-struct is_parameter<basic_parameter<Tensor>> : std::true_type {};
+namespace baton::detail::nn {
+
+// Whether X is Template<...>: a basic_parameter, a no_cp strategy.
+template <class X, template <class...> class Template>
+struct is_instance_of : std::false_type {};
+template <template <class...> class Template, class... Args>
+struct is_instance_of<Template<Args...>, Template> : std::true_type {};
 
 // Accepts anything visit_parameters may pass, to test that a type has it.
 struct visit_probe {
@@ -93,20 +96,6 @@ inline std::string join_name(std::string_view prefix, std::string_view name) {
   return s;
 }
 
-}  // namespace detail
-
-/// A type whose parameters can be visited: `m.visit_parameters(visit)` calls
-/// `visit(name, parameter)` for each of its parameters and `visit(name, sub_module)` for each
-/// sub-module.
-template <class M>
-concept module_with_parameters = requires(M& m) { m.visit_parameters(detail::visit_probe{}); };
-
-/// True for basic_parameter<Tensor>.
-template <class P>
-inline constexpr bool is_parameter_v = detail::is_parameter<std::remove_cvref_t<P>>::value;
-
-namespace detail {
-
 template <class F>
 struct named_visitor {
   F* f;
@@ -114,10 +103,10 @@ struct named_visitor {
 
   template <class X>
   void operator()(std::string_view name, X& x) const {
-    if constexpr (is_parameter_v<X>) {
+    if constexpr (is_instance_of<std::remove_cvref_t<X>, baton::nn::basic_parameter>::value) {
       (*f)(join_name(prefix, name), x);
     } else {
-      static_assert(module_with_parameters<X>,
+      static_assert(requires { x.visit_parameters(visit_probe{}); },
                     "baton::nn: visit_parameters passed something that is neither a parameter "
                     "(baton::nn::basic_parameter) nor a module with its own visit_parameters");
       x.visit_parameters(named_visitor<F>{f, join_name(prefix, name)});
@@ -125,14 +114,26 @@ struct named_visitor {
   }
 };
 
-}  // namespace detail
+}  // namespace baton::detail::nn
+
+namespace baton::nn {
+
+/// A type whose parameters can be visited: `m.visit_parameters(visit)` calls
+/// `visit(name, parameter)` for each of its parameters and `visit(name, sub_module)` for each
+/// sub-module.
+template <class M>
+concept module_with_parameters = requires(M& m) { m.visit_parameters(detail::nn::visit_probe{}); };
+
+/// True for basic_parameter<Tensor>.
+template <class P>
+inline constexpr bool is_parameter_v = detail::nn::is_instance_of<std::remove_cvref_t<P>, basic_parameter>::value;
 
 /// Calls `f(const std::string& name, basic_parameter<Tensor>& p)` for every parameter of
 /// `module`, in its declaration order, with names joined by dots ("attn.wq.weight").
 /// `prefix` is put before every name ("layers.3").
 template <module_with_parameters Module, class F>
 void for_each_parameter(Module& module, F&& f, std::string_view prefix = {}) {
-  module.visit_parameters(detail::named_visitor<std::remove_reference_t<F>>{&f, std::string(prefix)});
+  module.visit_parameters(detail::nn::named_visitor<std::remove_reference_t<F>>{&f, std::string(prefix)});
 }
 
 /// A parameter and its name, as optimizers and reductions take them.
@@ -169,7 +170,7 @@ std::vector<named_parameter<host_tensor<T>>> parameters_of(Module& module, std::
 template <class Tensor>
 void zero_grad(std::span<const named_parameter<Tensor>> list) {
   for (const auto& p : list)
-    for (auto& g : detail::elements(p.parameter->grad)) g = 0;
+    for (auto& g : detail::nn::elements(p.parameter->grad)) g = 0;
 }
 template <class Tensor>
 void zero_grad(const std::vector<named_parameter<Tensor>>& list) {
@@ -181,7 +182,7 @@ template <class Tensor>
 auto gradient_spans(const std::vector<named_parameter<Tensor>>& list) {
   std::vector<std::span<typename payload_traits<Tensor>::value_type>> spans;
   spans.reserve(list.size());
-  for (const auto& p : list) spans.push_back(detail::elements(p.parameter->grad));
+  for (const auto& p : list) spans.push_back(detail::nn::elements(p.parameter->grad));
   return spans;
 }
 
@@ -189,7 +190,7 @@ auto gradient_spans(const std::vector<named_parameter<Tensor>>& list) {
 template <class Tensor>
 std::int64_t parameter_count(const std::vector<named_parameter<Tensor>>& list) {
   std::int64_t n = 0;
-  for (const auto& p : list) n += static_cast<std::int64_t>(detail::elements(p.parameter->value).size());
+  for (const auto& p : list) n += static_cast<std::int64_t>(detail::nn::elements(p.parameter->value).size());
   return n;
 }
 
@@ -213,7 +214,7 @@ class initializer {
 
   /// The initializer of a sub-module.
   friend initializer operator/(const initializer& parent, std::string_view child) {
-    return initializer(parent.seed_, detail::join_name(parent.path_, child));
+    return initializer(parent.seed_, detail::nn::join_name(parent.path_, child));
   }
   friend initializer operator/(const initializer& parent, std::int64_t index) {
     return parent / std::string_view(std::to_string(index));
@@ -224,7 +225,7 @@ class initializer {
   template <class T>
   host_tensor<T> normal(std::string_view name, std::vector<std::int64_t> shape, double stddev) const {
     host_tensor<T> t = host_tensor<T>::for_overwrite(std::move(shape));
-    const std::uint64_t key = mix(seed_ ^ hash(detail::join_name(path_, name)));
+    const std::uint64_t key = mix(seed_ ^ hash(detail::nn::join_name(path_, name)));
     for (std::int64_t i = 0; i < t.size(); ++i) {
       // Box-Muller on two uniforms in (0, 1] from a counter-based generator.
       const double u1 = uniform(mix(key + 2 * static_cast<std::uint64_t>(i)));
@@ -235,8 +236,8 @@ class initializer {
   }
 
  private:
-  static std::uint64_t mix(std::uint64_t z) noexcept { return baton::detail::core::splitmix64(z); }
-  static std::uint64_t hash(std::string_view s) noexcept { return baton::detail::core::fnv1a(s); }
+  static std::uint64_t mix(std::uint64_t z) noexcept { return detail::core::splitmix64(z); }
+  static std::uint64_t hash(std::string_view s) noexcept { return detail::core::fnv1a(s); }
   static double uniform(std::uint64_t bits) noexcept {
     return (static_cast<double>(bits >> 11) + 1.0) * (1.0 / 9007199254740992.0);  // (0, 1]
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <baton/nn/detail/checks.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -9,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,15 +22,11 @@ namespace baton::nn {
 /// backward_input(saved, dy) returns dx = (g∘dy - x̂ mean(g∘dy∘x̂)) / rms(x) and keeps dy;
 /// backward_weight(saved) adds dg = Σ_rows dy∘x̂.
 template <class T>
-class rms_norm {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "baton::nn::rms_norm<T>: T is float or double");
-
+class rms_norm : public detail::nn::piece<rms_norm<T>, T, "baton::nn::rms_norm"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     tensor x_hat, inv_rms, dy;
     std::size_t bytes() const { return static_cast<std::size_t>(x_hat.size() + inv_rms.size() + dy.size()) * sizeof(T); }
   };
@@ -52,8 +48,8 @@ class rms_norm {
   }
 
   tensor forward(const tensor& x, saved& st) const {
-    const std::int64_t rows = detail::rows_of(x, features_, "baton::nn::rms_norm", "input",
-                                              "features = " + std::to_string(features_));
+    const std::int64_t rows =
+        detail::nn::rows_of(x, features_, rms_norm::name, "input", "features = " + std::to_string(features_));
     tensor y = tensor::for_overwrite(x.shape());
     st.x_hat = tensor::for_overwrite(x.shape());
     st.inv_rms = tensor::for_overwrite({rows});
@@ -73,32 +69,24 @@ class rms_norm {
     return y;
   }
 
-  tensor backward_input(saved& st, const tensor& dy) const {
-    tensor dx = input_grad(st, dy);
-    st.dy = dy;
-    return dx;
-  }
+  tensor backward_input(saved& st, const tensor& dy) const { return backward_input(st, tensor(dy)); }
   /// The same, keeping a temporary dy without copying it.
   tensor backward_input(saved& st, tensor&& dy) const {
     tensor dx = input_grad(st, dy);
     st.dy = std::move(dy);
+    this->mark_input_done(st);
     return dx;
   }
 
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     add_gain_grad(st.x_hat, st.dy);
     st = saved{};
   }
 
-  tensor backward(saved& st, const tensor& dy) {
-    tensor dx = backward_input(st, dy);
-    backward_weight(st);
-    return dx;
-  }
-
  private:
   tensor input_grad(const saved& st, const tensor& dy) const {
-    detail::expect_shape(dy, st.x_hat.shape(), "baton::nn::rms_norm", "dy", "the output gradient has the input's shape");
+    detail::nn::expect_shape(dy, st.x_hat.shape(), rms_norm::name, "dy", "the output gradient has the input's shape");
     tensor dx = tensor::for_overwrite(dy.shape());
     const std::int64_t rows = st.inv_rms.size();
     const T* g = gain_.value.data();

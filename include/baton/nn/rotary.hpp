@@ -6,6 +6,7 @@
 #pragma once
 
 #include <baton/nn/detail/checks.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -15,7 +16,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace baton::nn {
@@ -27,18 +27,14 @@ namespace baton::nn {
 /// The backward is the inverse rotation (by -θ). No parameters. Angles and their sines are
 /// computed in double.
 ///
-/// As a piece: forward(x, positions, saved) keeps the positions; backward_input(saved, dy) =
-/// backward(saved, dy) returns dx; backward_weight(saved) does nothing.
+/// As a piece: forward(x, positions, saved) keeps the positions; backward_input(saved, dy)
+/// returns dx; backward_weight(saved) has no weight to update and only frees the state.
 template <class T>
-class rotary_embedding {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "baton::nn::rotary_embedding<T>: T is float or double");
-
+class rotary_embedding : public detail::nn::piece<rotary_embedding<T>, T, "baton::nn::rotary_embedding"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     std::vector<std::int64_t> positions;
     std::size_t bytes() const { return positions.size() * sizeof(std::int64_t); }
   };
@@ -136,21 +132,20 @@ class rotary_embedding {
     check(dy, "dy");
     tensor dx = dy;
     rotate(dx.data(), dy.shape()[0], dy.shape()[1], dy.shape()[2], st.positions, true);
+    this->mark_input_done(st);
     return dx;
   }
-  void backward_weight(saved& st) const { st = saved{}; }
-  tensor backward(saved& st, const tensor& dy) const {
-    tensor dx = backward_input(st, dy);
-    backward_weight(st);
-    return dx;
+  void backward_weight(saved& st) const {
+    this->expect_input_done(st);
+    st = saved{};
   }
 
  private:
-  void check(const tensor& x, const char* name) const {
+  void check(const tensor& x, const char* tensor_name) const {
     if (x.rank() != 4 || x.shape()[3] != head_dim_)
-      detail::shape_mismatch("baton::nn::rotary_embedding", name, x.shape(),
-                             "[batch, seq, heads, " + std::to_string(head_dim_) + "]",
-                             "head_dim = " + std::to_string(head_dim_));
+      detail::nn::shape_mismatch(rotary_embedding::name, tensor_name, x.shape(),
+                                 "[batch, seq, heads, " + std::to_string(head_dim_) + "]",
+                                 "head_dim = " + std::to_string(head_dim_));
   }
 
   std::int64_t head_dim_;

@@ -2,6 +2,7 @@
 // rows hold, and (for packed sequences) which document each position belongs to.
 #pragma once
 
+#include <baton/core/sizes.hpp>
 #include <baton/cp/sharding.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/payload/host_tensor.hpp>
@@ -53,7 +54,7 @@ struct sequence_info {
   sequence_info with_documents(host_tensor<std::int64_t> ids) const {
     if (ids.rank() != 2)
       throw nn_error("baton::nn::sequence_info::with_documents: document ids have shape " +
-                     baton::detail::core::shape_text(ids.shape()) + " but expected [batch, seq_len]");
+                     detail::core::shape_text(ids.shape()) + " but expected [batch, seq_len]");
     sequence_info info = *this;
     info.documents = std::make_shared<const host_tensor<std::int64_t>>(std::move(ids));
     return info;

@@ -3,6 +3,7 @@
 
 #include <baton/core/simd.hpp>
 #include <baton/nn/detail/checks.hpp>
+#include <baton/nn/detail/piece.hpp>
 #include <baton/nn/linear.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
@@ -12,7 +13,6 @@
 #include <cstdint>
 #include <numbers>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 namespace baton::nn {
@@ -24,15 +24,11 @@ namespace baton::nn {
 /// backward_input(saved, dy) returns dx and keeps the gradients the weights need;
 /// backward_weight(saved) adds the three weight gradients.
 template <class T>
-class swiglu_mlp {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "baton::nn::swiglu_mlp<T>: T is float or double");
-
+class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu_mlp"> {
  public:
-  using value_type = T;
   using tensor = host_tensor<T>;
-  using parameter_type = parameter<T>;
 
-  struct saved {
+  struct saved : detail::nn::saved_state {
     tensor x, gate, up, product, dy, d_gate, d_up;
     std::size_t bytes() const {
       return static_cast<std::size_t>(x.size() + gate.size() + up.size() + product.size() + dy.size() + d_gate.size() +
@@ -61,7 +57,7 @@ class swiglu_mlp {
 
   tensor forward(const tensor& x, saved& st) const { return forward(tensor(x), st); }
   tensor forward(tensor&& x, saved& st) const {
-    detail::rows_of(x, d_model(), "baton::nn::swiglu_mlp", "input", "d_model = " + std::to_string(d_model()));
+    detail::nn::rows_of(x, d_model(), swiglu_mlp::name, "input", "d_model = " + std::to_string(d_model()));
     st.gate = gate_.apply(x);
     st.up = up_.apply(x);
     st.product = tensor::for_overwrite(st.gate.shape());
@@ -81,20 +77,16 @@ class swiglu_mlp {
     tensor dx = gate_.input_grad(st.d_gate);
     up_.add_input_grad(st.d_up, dx, true);
     st.dy = dy;
+    this->mark_input_done(st);
     return dx;
   }
 
   void backward_weight(saved& st) {
+    this->expect_input_done(st);
     down_.add_weight_grad(st.product, st.dy);
     gate_.add_weight_grad(st.x, st.d_gate);
     up_.add_weight_grad(st.x, st.d_up);
     st = saved{};
-  }
-
-  tensor backward(saved& st, const tensor& dy) {
-    tensor dx = backward_input(st, dy);
-    backward_weight(st);
-    return dx;
   }
 
  private:
@@ -105,21 +97,16 @@ class swiglu_mlp {
   }
   static T silu(T z) { return z * sigmoid(z); }
 
-  // The elementwise parts a vector at a time: sigmoid(z) = 1 / (1 + 2^(-z log2 e)) through the
-  // attention kernels' exp2 (branch-free, relative error ~1e-7 in float); the scalar formulas
-  // above for the tail. The outputs may be the inputs (d_gate = gate, d_up = up): every
-  // element is read before it is written.
+  // The elementwise parts a vector at a time, with the scalar formulas above for the tail. The
+  // outputs may be the inputs (d_gate = gate, d_up = up): every element is read before it is
+  // written.
   static void silu_product(const T* gate, const T* up, T* product, std::int64_t n) {
     std::int64_t i = 0;
 #if defined(__GNUC__)
-    namespace va = baton::detail::core::simd;
-    using V = va::vec_t<T>;
-    constexpr std::int64_t W = va::width_v<T>;
-    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(-std::numbers::log2e_v<T>);
-    for (; i + W <= n; i += W) {
+    namespace va = detail::core::simd;
+    for (; i + width <= n; i += width) {
       const V z = va::load(gate + i);
-      const V s = one / (one + va::exp2(z * minus_log2e));
-      va::store(product + i, z * s * va::load(up + i));
+      va::store(product + i, z * vector_sigmoid(z) * va::load(up + i));
     }
 #endif
     for (; i < n; ++i) product[i] = silu(gate[i]) * up[i];
@@ -127,13 +114,11 @@ class swiglu_mlp {
   static void silu_product_grad(const T* gate, const T* up, const T* d_product, T* d_gate, T* d_up, std::int64_t n) {
     std::int64_t i = 0;
 #if defined(__GNUC__)
-    namespace va = baton::detail::core::simd;
-    using V = va::vec_t<T>;
-    constexpr std::int64_t W = va::width_v<T>;
-    const V one = va::broadcast(T(1)), minus_log2e = va::broadcast(-std::numbers::log2e_v<T>);
-    for (; i + W <= n; i += W) {
+    namespace va = detail::core::simd;
+    const V one = va::broadcast(T(1));
+    for (; i + width <= n; i += width) {
       const V z = va::load(gate + i), u = va::load(up + i), dy = va::load(d_product + i);
-      const V s = one / (one + va::exp2(z * minus_log2e));
+      const V s = vector_sigmoid(z);
       va::store(d_up + i, dy * z * s);
       va::store(d_gate + i, dy * u * (s + z * s * (one - s)));
     }
@@ -145,6 +130,19 @@ class swiglu_mlp {
       d_gate[i] = d_product[i] * u * (s + z * s * (T(1) - s));
     }
   }
+
+#if defined(__GNUC__)
+  using V = detail::core::simd::vec_t<T>;
+  static constexpr std::int64_t width = detail::core::simd::width_v<T>;
+
+  // sigmoid(z) = 1 / (1 + 2^(-z log2 e)) through the attention kernels' exp2: branch-free,
+  // relative error ~1e-7 in float.
+  BATON_ALWAYS_INLINE static V vector_sigmoid(V z) noexcept {
+    namespace va = detail::core::simd;
+    const V one = va::broadcast(T(1));
+    return one / (one + va::exp2(z * va::broadcast(-std::numbers::log2e_v<T>)));
+  }
+#endif
 
   linear<T> gate_, up_, down_;
 };

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-namespace baton::nn::detail {
+namespace baton::detail::nn {
 
 [[noreturn]] inline void shape_mismatch(std::string_view piece, std::string_view tensor,
                                         std::span<const std::int64_t> got, std::string_view expected,
@@ -20,14 +20,14 @@ namespace baton::nn::detail {
   std::string msg(piece);
   msg += ": ";
   msg += tensor;
-  msg += " has shape " + baton::detail::core::shape_text(got) + " but expected ";
+  msg += " has shape " + core::shape_text(got) + " but expected ";
   msg += expected;
   if (!why.empty()) {
     msg += " (";
     msg += why;
     msg += ")";
   }
-  throw nn_error(msg);
+  throw baton::nn::nn_error(msg);
 }
 
 /// Rows of a tensor [..., features] (the product of its leading extents); throws when its last
@@ -44,15 +44,7 @@ std::int64_t rows_of(const host_tensor<T>& x, std::int64_t features, std::string
 template <class T>
 void expect_shape(const host_tensor<T>& x, const std::vector<std::int64_t>& expected, std::string_view piece,
                   std::string_view tensor, std::string_view why) {
-  if (x.shape() != expected) shape_mismatch(piece, tensor, x.shape(), baton::detail::core::shape_text(expected), why);
-}
-
-/// Throws unless `x` is [batch, seq, features] for some batch and seq.
-template <class T>
-void expect_bsd(const host_tensor<T>& x, std::int64_t features, std::string_view piece, std::string_view tensor,
-                std::string_view why) {
-  if (x.rank() != 3 || x.shape()[2] != features)
-    shape_mismatch(piece, tensor, x.shape(), "[batch, seq, " + std::to_string(features) + "]", why);
+  if (x.shape() != expected) shape_mismatch(piece, tensor, x.shape(), core::shape_text(expected), why);
 }
 
 /// `shape` with its last extent replaced.
@@ -61,4 +53,4 @@ inline std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std:
   return shape;
 }
 
-}  // namespace baton::nn::detail
+}  // namespace baton::detail::nn

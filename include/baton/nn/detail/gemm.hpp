@@ -24,7 +24,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace baton::nn::detail {
+namespace baton::detail::nn {
 
 /// Whether an operand is used as stored or transposed.
 enum class op { none, transpose };
@@ -111,7 +111,7 @@ void gemm(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k, T al
 #if BATON_HAS_BLAS()
   for (std::int64_t extent : {m, n, k, lda, ldb, ldc}) {
     if (extent > INT_MAX)
-      throw nn_error("baton::nn gemm: extent " + std::to_string(extent) +
+      throw baton::nn::nn_error("baton::nn gemm: extent " + std::to_string(extent) +
                      " exceeds the 32-bit BLAS interface; split the batch into smaller microbatches");
   }
   const auto ta = op_a == op::none ? CblasNoTrans : CblasTrans;
@@ -136,4 +136,4 @@ constexpr const char* gemm_implementation() noexcept {
 #endif
 }
 
-}  // namespace baton::nn::detail
+}  // namespace baton::detail::nn
