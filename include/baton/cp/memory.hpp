@@ -46,9 +46,9 @@ enum class cp_copy_mode : unsigned char { exact, through_accumulator };
 namespace detail::cp {
 
 // The buffers host_memory hands out on this thread, kept for the next call: a ring call
-// asks for ~13 buffers of up to tens of MB, and fresh ones cost a page fault per 4 KiB on
-// first touch (measured: the document-mask ring on two ranks went from 0.86 to 0.62 of the
-// one-rank time when glibc returned them to the kernel between calls). One pool per thread,
+// asks for about a dozen buffers of up to tens of MB, and fresh ones cost a page fault per
+// 4 KiB on first touch (docs/context-parallel.md measures what that did to the document-mask
+// ring when glibc returned them to the kernel between calls). One pool per thread,
 // not per attention object: the layers of a model run one call at a time on a rank's thread,
 // so the pool holds one call's worth, however many layers there are. A buffer keeps its pool
 // alive, so it may outlive the thread or be freed on another one.

@@ -90,9 +90,8 @@ struct head_round {
 };
 
 /// kv heads per round: enough work items (4 per thread) in a round's smallest pass, and no
-/// more, so that what a round packs is still in cache when its passes read it back. At
-/// S = 1024, one head per round instead of all 8 made a single-threaded backward ~7% faster
-/// (a causal one: its packing is a larger share of it).
+/// more, so that what a round packs is still in cache when its passes read it back (a causal
+/// backward gains most: its packing is the larger share of it; bench_attention measures it).
 [[nodiscard]] inline std::int64_t round_units_for(std::int64_t units, std::int64_t k_blocks,
                                                   std::int64_t threads) noexcept {
   const std::int64_t wanted_items = 4 * std::max<std::int64_t>(threads, 1);
@@ -284,8 +283,8 @@ struct tile_extent {
 };
 
 /// A work item's scratch, allocated once per run of items (a launch chunk) instead of per
-/// item: heap allocation and zeroing per item cost ~2% of a short causal pass, where items
-/// hold half the tiles. Each item re-initialises what it reads before writing it.
+/// item: heap allocation and zeroing per item show in the profile of a short causal pass,
+/// where items hold half the tiles. Each item re-initialises what it reads before writing it.
 template <class T>
 struct item_scratch {
   scratch<T> rows_a, rows_b;  // [block_q][dim_padded]: forward Q and O; key pass dK and dV; query pass dQ
@@ -300,8 +299,7 @@ struct item_scratch {
 
 /// Asks for the cache lines holding n elements from row on. The packing loops read rows that
 /// lie heads * dim elements apart, a stride the hardware prefetcher does not run ahead on, so
-/// each row waited on memory: prefetching a few rows ahead made packing ~2x faster
-/// (S = 1024, 8 heads, D = 128).
+/// each row waited on memory until the packing asked for a few rows ahead.
 template <class TT>
 BATON_ALWAYS_INLINE void prefetch_row(const TT* row, std::int64_t n) noexcept {
 #if defined(__GNUC__)

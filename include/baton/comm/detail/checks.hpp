@@ -130,7 +130,7 @@ std::string counts_problem(const RankText& rank_text, const char* which, std::sp
 /// oversubscribed) until a second has passed. A wait that lasts longer is waiting for a late
 /// or lost peer: it then naps 200 us between polls to leave the cores to others until the
 /// deadline. The clock is read every 64 polls only: on a virtual machine reading it can cost
-/// more than a poll (a quarter of a busy wait's time, measured).
+/// more than a poll, and a busy wait spends its time reading it.
 template <class Done>
 bool poll_until(Done&& done, std::chrono::steady_clock::time_point deadline) {
   using namespace std::chrono;

@@ -91,8 +91,8 @@ void sequence_from_heads(Comm& comm, M& mem, std::span<const sequence_part<T>> p
 
 // The exchanges' scratch: grow-only buffers of the memory space reused across calls. A
 // Ulysses call needs up to a dozen tensors of b x s x h/P x d; allocating them afresh every
-// call costs page faults and zero fills of the order of several percent of the attention
-// itself (measured: bench_cp).
+// call costs page faults and zero fills on every call, a share of the attention that
+// bench_cp's Ulysses figures show.
 
 // One tensor, sequence -> heads, received in place: per batch entry the all-to-all's receive
 // buffer [P][s_local][hc][x] is exactly that entry's rows of the head-sharded
