@@ -132,6 +132,23 @@ TEST_CASE("cuda forward (emulated): the non-finite rule (masked NaNs never reach
   }
 }
 
+TEST_CASE("cuda forward (emulated): a non-finite value in a tile's first query row", "[cuda][forward][nonfinite]") {
+  // Thread 0 zeroes row 0 of the query tile when it is bad, while the threads beyond the
+  // tile's rows read row 0 as their stand-in: the emulation's race check catches a write
+  // without a barrier between (float storage, and 16-bit storage at head dim 256, run more
+  // threads than the tile has rows).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  problem<float> p = make_problem<float>({1, 4, 4, 1, 1, 64}, 16);
+  poke(p.q, p.qd, 0, 64, 0, nan);
+  check_forward(p, baton::no_mask{}, {}, "NaN in query row 0, float");
+  problem<baton::bfloat16> pb = make_problem<baton::bfloat16>({1, 4, 4, 1, 1, 256}, 17);
+  poke(pb.q, pb.qd, 0, 256, 7, nan);
+  check_forward(pb, baton::causal_mask{}, {}, "NaN in query row 0, bf16, head dim 256");
+  problem<baton::float16> ph = make_problem<baton::float16>({1, 4, 4, 1, 1, 256}, 18);
+  poke(ph.q, ph.qd, 0, 256, 200, nan);
+  check_forward(ph, baton::no_mask{}, {}, "NaN in query row 0, fp16, head dim 256");
+}
+
 TEST_CASE("cuda forward (emulated): strided views, and bad input rejected with the fix named", "[cuda][forward]") {
   // q, out with padded rows: [batch, seq, heads, dim] inside a buffer of 2 * heads * dim per
   // position (a strided slice, as a fused qkv projection gives).

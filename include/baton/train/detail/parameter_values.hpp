@@ -11,9 +11,9 @@
 namespace baton::detail::train {
 
 template <class T>
-std::map<std::string, host_tensor<T>> values_of(nn::module_with_parameters auto& model) {
+std::map<std::string, host_tensor<T>> values_of(baton::nn::module_with_parameters auto& model) {
   std::map<std::string, host_tensor<T>> out;
-  nn::for_each_parameter(model, [&](const std::string& name, nn::parameter<T>& p) { out[name] = p.value; });
+  baton::nn::for_each_parameter(model, [&](const std::string& name, baton::nn::parameter<T>& p) { out[name] = p.value; });
   return out;
 }
 

@@ -212,6 +212,9 @@ struct forward_body {
         finite = finite && simt::map([](std::uint32_t x) { return kernel_detail::word_finite<S>(x); }, word);
       }
       const B bad = !finite && in_tile && r < q_valid;
+      // The threads beyond the tile's rows read row 0 above (their stand-in): every read is
+      // done before a bad row is zeroed, or thread 0 would race them.
+      ctx.sync_block();
       zero_rows(ctx, q_base, bad, r);
       ctx.template shared_store<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base, simt::cast<std::int32_t>(bad),
                                               in_tile);
