@@ -2,6 +2,7 @@
 #pragma once
 
 #include <baton/attention/masks.hpp>
+#include <baton/core/simd.hpp>
 #include <baton/nn/attention.hpp>
 #include <baton/nn/config.hpp>
 #include <baton/nn/detail/piece.hpp>
@@ -14,8 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace baton::detail::nn {
 template <class T>
@@ -35,6 +38,12 @@ namespace baton::nn {
 /// It is a pipeline stage as it stands (baton::split_backward_stage): input and output
 /// host_tensor<T> [batch, seq, d_model], side input sequence_info, split backward. The attention
 /// runs through `Strategy` (no_cp<Backend>, ring / Ulysses / hybrid attention) under `Mask`.
+///
+/// What forward keeps for the backward is the config's `recompute` (set_recompute changes it
+/// for later forwards): none, selective or full (recompute_policy; docs/nn.md,
+/// "Recomputation"). backward_input recomputes what the policy dropped and leaves the state
+/// that `none` leaves, so backward_weight never recomputes; the gradients are bit for bit
+/// those of `none`.
 template <class T, class Strategy, class Mask = causal_mask>
 class transformer_block
     : public detail::nn::piece<transformer_block<T, Strategy, Mask>, T, "baton::nn::transformer_block"> {
@@ -45,12 +54,31 @@ class transformer_block
   using side = sequence_info;
   using attention_type = self_attention<T, Strategy, Mask>;
 
+  /// One microbatch's state. After forward, by policy (N = batch x seq tokens; bytes() counts
+  /// each tensor held, in T, except the LSE in lse_t<T> and positions in int64):
+  ///  - none: the four pieces' states (norms: x̂, 1/rms; attention: its input, q, k, v, O,
+  ///    LSE, positions; MLP: its input, gate, up, product);
+  ///  - selective: the same less the attention's and the MLP's inputs (the norms' outputs)
+  ///    and the product: 2 d_model + ffn_hidden values per token fewer;
+  ///  - full: `input` and `positions` only (documents are shared with the caller's side
+  ///    input, not counted).
+  /// After backward_input, whatever the policy: the pieces' states as `none` leaves them
+  /// (what backward_weight reads).
   struct saved : detail::nn::saved_state {
+    /// The policy the forward kept this state under (the block's may change in between).
+    recompute_policy policy = recompute_policy::none;
     typename rms_norm<T>::saved attention_norm;
     typename attention_type::saved attention;
     typename rms_norm<T>::saved mlp_norm;
     typename swiglu_mlp<T>::saved mlp;
-    std::size_t bytes() const { return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes(); }
+    /// full: the block's input and side input, from which backward_input runs the forward again.
+    tensor input;
+    std::vector<std::int64_t> positions;
+    std::shared_ptr<const host_tensor<std::int64_t>> documents;
+    std::size_t bytes() const {
+      return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes() +
+             static_cast<std::size_t>(input.size()) * sizeof(T) + positions.size() * sizeof(std::int64_t);
+    }
   };
 
   transformer_block(const transformer_config& config, const initializer& init, Strategy strategy, Mask mask = {})
@@ -66,6 +94,18 @@ class transformer_block
   rms_norm<T>& mlp_norm() noexcept { return mlp_norm_; }
   swiglu_mlp<T>& mlp() noexcept { return mlp_; }
 
+  /// The recompute policy of the next forwards.
+  recompute_policy recompute() const noexcept { return config_.recompute; }
+  /// Sets it for the forwards from now on; states already kept are backpropagated under the
+  /// policy they were kept with. nn_error for a value that is no policy. Under context
+  /// parallelism every rank of the group must use the same policy (a full recomputation makes
+  /// collective calls the others would not).
+  void set_recompute(recompute_policy policy) {
+    if (std::string problem = detail::nn::recompute_problem(policy); !problem.empty())
+      throw nn_error(std::string(transformer_block::name) + ": " + problem);
+    config_.recompute = policy;
+  }
+
   template <class Visit>
   void visit_parameters(Visit&& visit) {
     visit("attention_norm", attention_norm_);
@@ -80,18 +120,36 @@ class transformer_block
   output forward(const input& x, const side& info, saved& st) {
     if (std::string problem = attention_.input_problem(x, info, transformer_block::name); !problem.empty())
       attention_.reject(problem, false);
-    tensor h = attention_.forward(attention_norm_.forward(x, st.attention_norm), info, st.attention);
-    detail::nn::add_into(h, x);
-    tensor y = mlp_.forward(mlp_norm_.forward(h, st.mlp_norm), st.mlp);
-    detail::nn::add_into(y, h);
-    return y;
+    st.policy = config_.recompute;
+    if (st.policy == recompute_policy::full) {
+      st.input = x;
+      st.positions = info.positions;
+      st.documents = info.documents;
+    }
+    return run_forward(x, info, st, st.policy, true);
   }
 
   grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
-    if (std::string problem = attention_.grad_problem(st.attention, dy, transformer_block::name); !problem.empty())
-      attention_.reject(problem, true);
+    // Under full the group's first collective here is the recomputed forward: a rank that
+    // rejects takes part in that one.
+    if (std::string problem = grad_problem(st, dy); !problem.empty())
+      attention_.reject(problem, st.policy != recompute_policy::full);
+    if (st.policy == recompute_policy::full) {
+      sequence_info info;
+      info.positions = std::move(st.positions);
+      info.documents = std::move(st.documents);
+      const tensor x = std::move(st.input);
+      st.positions = {};
+      st.input = tensor();
+      run_forward(x, info, st, recompute_policy::none, false);
+    }
+    if (st.policy == recompute_policy::selective) {
+      st.mlp.x = mlp_norm_.output(st.mlp_norm);
+      mlp_.restore_product(st.mlp);
+    }
     tensor dh = mlp_norm_.backward_input(st.mlp_norm, mlp_.backward_input(st.mlp, dy));
     detail::nn::add_into(dh, dy);
+    if (st.policy == recompute_policy::selective) st.attention.x = attention_norm_.output(st.attention_norm);
     tensor dx = attention_norm_.backward_input(st.attention_norm, attention_.backward_input(st.attention, dh));
     detail::nn::add_into(dx, dh);
     this->mark_input_done(st);
@@ -108,6 +166,53 @@ class transformer_block
   }
 
  private:
+  // The forward, keeping in `st` what `keep` says; without `with_output` (a recomputation)
+  // it stops once the state is complete, before the MLP's output projection. The first
+  // forward and the recomputation run this one function (never inlined: one machine code,
+  // whatever the compiler fuses), so they compute the same bits.
+  BATON_NEVER_INLINE tensor run_forward(const tensor& x, const side& info, saved& st, recompute_policy keep,
+                                        bool with_output) {
+    tensor h = attention_.forward(attention_norm_.forward(x, st.attention_norm), info, st.attention);
+    // The attention's input is the norm's output: selective recomputes it from x̂ and 1/rms.
+    if (keep != recompute_policy::none) st.attention.x = tensor();
+    if (keep == recompute_policy::full) {
+      st.attention_norm = {};
+      st.attention = {};
+    }
+    detail::nn::add_into(h, x);
+    tensor normed = mlp_norm_.forward(h, st.mlp_norm);
+    if (!with_output) {
+      mlp_.forward_state(std::move(normed), st.mlp);
+      return tensor();
+    }
+    tensor y = mlp_.forward(std::move(normed), st.mlp);
+    if (keep != recompute_policy::none) {  // the MLP's input (the norm's output) and the product
+      st.mlp.x = tensor();
+      st.mlp.product = tensor();
+    }
+    if (keep == recompute_policy::full) {
+      st.mlp_norm = {};
+      st.mlp = {};
+    }
+    detail::nn::add_into(y, h);
+    return y;
+  }
+
+  // Empty when dy is a valid output gradient for `st`; else the message.
+  std::string grad_problem(const saved& st, const tensor& dy) const {
+    const std::string who(transformer_block::name);
+    const bool full = st.policy == recompute_policy::full;
+    // What has the input's shape in each policy's state, and whether it is a forward's state
+    // that backward_input has not processed yet (backward_input frees q; full frees the input).
+    const tensor& shaped = full ? st.input : st.attention_norm.x_hat;
+    const bool live = full ? st.input.rank() == 3 : st.attention.q.size() > 0 && shaped.rank() == 3;
+    if (!live) return who + ": backward_input needs the saved state of a forward that has not been backpropagated yet";
+    if (dy.shape() != shaped.shape())
+      return who + ": dy has shape " + detail::core::shape_text(dy.shape()) + " but expected " +
+             detail::core::shape_text(shaped.shape()) + " (the output gradient has the input's shape)";
+    return {};
+  }
+
   transformer_config config_;
   rms_norm<T> attention_norm_;
   attention_type attention_;

@@ -5,6 +5,51 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+namespace baton::nn {
+
+/// What a transformer block keeps between its forward and its backward (docs/nn.md,
+/// "Recomputation"); the rest, backward_input computes again:
+///  - none: everything its backward uses;
+///  - selective: the outputs of the matrix products (q, k, v, the MLP's gate and up) and of
+///    attention (O and its LSE), and the RMSNorms' x̂ and 1/rms; the norms' outputs and
+///    SwiGLU's product are recomputed (element-wise work, no matrix product, no attention);
+///  - full: the block's input only; backward_input runs the forward again (attention
+///    included: under context parallelism with the forward's communication).
+/// Whatever the policy, backward_input leaves what backward_weight uses, so nothing is
+/// computed twice however far apart a schedule puts I and W.
+enum class recompute_policy { none, selective, full };
+
+constexpr std::string_view to_string(recompute_policy p) noexcept {
+  switch (p) {
+    case recompute_policy::none: return "none";
+    case recompute_policy::selective: return "selective";
+    case recompute_policy::full: return "full";
+  }
+  return "unknown";
+}
+
+/// The policy named `name` ("none", "selective", "full"); nn_error naming the choices otherwise.
+inline recompute_policy parse_recompute_policy(std::string_view name) {
+  for (recompute_policy p : {recompute_policy::none, recompute_policy::selective, recompute_policy::full})
+    if (name == to_string(p)) return p;
+  throw nn_error("baton::nn::recompute_policy: '" + std::string(name) +
+                 "' is not a recompute policy; choose none, selective or full");
+}
+
+}  // namespace baton::nn
+
+namespace baton::detail::nn {
+// The text of a recompute policy that is none of the enumerators (a cast from a bad
+// integer), or empty when it is one.
+inline std::string recompute_problem(baton::nn::recompute_policy p) {
+  using baton::nn::recompute_policy;
+  if (p == recompute_policy::none || p == recompute_policy::selective || p == recompute_policy::full) return {};
+  return "recompute = " + std::to_string(static_cast<int>(p)) +
+         " is not a recompute policy; choose recompute_policy::none, selective or full";
+}
+}  // namespace baton::detail::nn
 
 namespace baton::nn {
 
@@ -20,6 +65,9 @@ struct transformer_config {
   double rope_base = 10000.0;
   double norm_eps = 1e-5;
   bool qkv_bias = false;
+  /// What each block keeps for its backward (recompute_policy); one model-wide value here,
+  /// per stage with lm_stage::set_recompute.
+  recompute_policy recompute = recompute_policy::none;
 
   /// This config with head_dim and ffn_hidden derived; throws nn_error naming the field to
   /// change when the sizes do not fit together.
@@ -45,6 +93,7 @@ struct transformer_config {
     if (c.ffn_hidden < 1) fail("ffn_hidden = " + std::to_string(c.ffn_hidden) + " must be at least 1");
     if (!(norm_eps > 0)) fail("norm_eps must be positive");
     if (!(rope_base > 1)) fail("rope_base must be > 1");
+    if (std::string problem = detail::nn::recompute_problem(recompute); !problem.empty()) fail(problem);
     return c;
   }
 };

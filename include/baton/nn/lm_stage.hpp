@@ -75,7 +75,8 @@ struct lm_stage_layout {
 ///
 /// It is a baton::split_backward_stage with input and output lm_activation<T> and side input
 /// sequence_info; every block's attention runs through its own `Strategy` object (built by
-/// the factory given to the constructor).
+/// the factory given to the constructor). Its blocks keep for the backward what the config's
+/// `recompute` says (recompute_policy); set_recompute changes it for this stage alone.
 template <class T, class Strategy, class Mask = causal_mask>
 class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton::nn::lm_stage"> {
  public:
@@ -110,6 +111,18 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
   const lm_stage_layout& layout() const noexcept { return layout_; }
   const transformer_config& config() const noexcept { return config_; }
   std::vector<block_type>& blocks() noexcept { return blocks_; }
+
+  /// The recompute policy of this stage's blocks.
+  recompute_policy recompute() const noexcept { return config_.recompute; }
+  /// Sets it for every block of this stage, for the forwards from now on (a pipeline may
+  /// give each stage its own: executor.for_each_local_stage). nn_error for a value that is no
+  /// policy. The embedding and the head keep what they always keep.
+  void set_recompute(recompute_policy policy) {
+    if (std::string problem = detail::nn::recompute_problem(policy); !problem.empty())
+      throw nn_error(std::string(lm_stage::name) + ": " + problem);
+    config_.recompute = policy;
+    for (block_type& b : blocks_) b.set_recompute(policy);
+  }
 
   template <class Visit>
   void visit_parameters(Visit&& visit) {

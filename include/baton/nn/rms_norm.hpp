@@ -20,7 +20,8 @@ namespace baton::nn {
 ///
 /// As a piece: forward(x, saved) keeps x̂ = x / rms(x) and 1 / rms(x) (not x);
 /// backward_input(saved, dy) returns dx = (g∘dy - x̂ mean(g∘dy∘x̂)) / rms(x) and keeps dy;
-/// backward_weight(saved) adds dg = Σ_rows dy∘x̂.
+/// backward_weight(saved) adds dg = Σ_rows dy∘x̂. output(saved) is the forward's output
+/// again, from x̂ (what a block that does not keep it recomputes: recompute_policy).
 template <class T>
 class rms_norm : public detail::nn::piece<rms_norm<T>, T, "baton::nn::rms_norm"> {
  public:
@@ -60,12 +61,20 @@ class rms_norm : public detail::nn::piece<rms_norm<T>, T, "baton::nn::rms_norm">
       const double inv = 1.0 / std::sqrt(sum_sq / static_cast<double>(features_) + eps_);
       st.inv_rms[r] = static_cast<T>(inv);
       T* hr = st.x_hat.data() + r * features_;
-      T* yr = y.data() + r * features_;
-      for (std::int64_t j = 0; j < features_; ++j) {
-        hr[j] = static_cast<T>(static_cast<double>(xr[j]) * inv);
-        yr[j] = hr[j] * g[j];
-      }
+      for (std::int64_t j = 0; j < features_; ++j) hr[j] = static_cast<T>(static_cast<double>(xr[j]) * inv);
+      scale_row(hr, g, y.data() + r * features_);
     }
+    return y;
+  }
+
+  /// The output forward returned, x̂∘g, from the state it kept: bit for bit the same (the
+  /// same product of the same rounded x̂), under the gain the forward saw.
+  tensor output(const saved& st) const {
+    const std::int64_t rows = detail::nn::rows_of(st.x_hat, features_, rms_norm::name, "the saved x̂",
+                                                  "a saved state that forward filled and backward_weight has not freed");
+    tensor y = tensor::for_overwrite(st.x_hat.shape());
+    const T* g = gain_.value.data();
+    for (std::int64_t r = 0; r < rows; ++r) scale_row(st.x_hat.data() + r * features_, g, y.data() + r * features_);
     return y;
   }
 
@@ -85,6 +94,12 @@ class rms_norm : public detail::nn::piece<rms_norm<T>, T, "baton::nn::rms_norm">
   }
 
  private:
+  // y = x̂∘g for one row: forward and output() share it, so a recomputed output has the bits
+  // of the first.
+  void scale_row(const T* x_hat, const T* g, T* y) const {
+    for (std::int64_t j = 0; j < features_; ++j) y[j] = x_hat[j] * g[j];
+  }
+
   tensor input_grad(const saved& st, const tensor& dy) const {
     detail::nn::expect_shape(dy, st.x_hat.shape(), rms_norm::name, "dy", "the output gradient has the input's shape");
     tensor dx = tensor::for_overwrite(dy.shape());

@@ -22,7 +22,9 @@ namespace baton::nn {
 ///
 /// As a piece: forward(x, saved) keeps x, the gate and up pre-activations and the product;
 /// backward_input(saved, dy) returns dx and keeps the gradients the weights need;
-/// backward_weight(saved) adds the three weight gradients.
+/// backward_weight(saved) adds the three weight gradients. For recomputation
+/// (recompute_policy): forward_state(x, saved) is the forward without its output projection,
+/// and restore_product(saved) recomputes a product that was freed from gate and up.
 template <class T>
 class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu_mlp"> {
  public:
@@ -57,13 +59,30 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
 
   tensor forward(const tensor& x, saved& st) const { return forward(tensor(x), st); }
   tensor forward(tensor&& x, saved& st) const {
+    forward_state(std::move(x), st);
+    return down_.apply(st.product);
+  }
+
+  /// What forward keeps, without computing the output (a recomputed forward needs the state
+  /// only: the down projection is a third of the MLP's work).
+  void forward_state(tensor&& x, saved& st) const {
     detail::nn::rows_of(x, d_model(), swiglu_mlp::name, "input", "d_model = " + std::to_string(d_model()));
     st.gate = gate_.apply(x);
     st.up = up_.apply(x);
+    restore_product(st);
+    st.x = std::move(x);
+  }
+
+  /// product = silu(gate)∘up again from the saved pre-activations: bit for bit what forward
+  /// computed (forward computes it here too, and never inlined, so both run one machine code
+  /// whatever the compiler fuses).
+  BATON_NEVER_INLINE void restore_product(saved& st) const {
+    if (st.gate.size() != st.up.size() || st.gate.rank() < 1 || st.gate.shape().back() != hidden())
+      throw nn_error(std::string(swiglu_mlp::name) +
+                     ": restore_product needs the gate and up pre-activations of a forward that backward_input "
+                     "has not processed yet");
     st.product = tensor::for_overwrite(st.gate.shape());
     silu_product(st.gate.data(), st.up.data(), st.product.data(), st.gate.size());
-    st.x = std::move(x);
-    return down_.apply(st.product);
   }
 
   tensor backward_input(saved& st, const tensor& dy) const {
