@@ -34,6 +34,13 @@
 // activations count), so a descheduled process does not count other programs' time; the
 // machine is shared, and a figure can still move.
 //
+// Recomputation (docs/nn.md, "Recomputation"): the same block's step (forward,
+// backward_input, backward_weight) under recompute_policy none, selective and full, in an order
+// that rotates from round to round, each policy's best of --inner rounds per repetition;
+// recompute_full_step_ratio and recompute_selective_step_ratio are full / none and
+// selective / none per repetition (goals <= 1.35 and <= 1.10), and recompute_saved_bytes_*
+// what each policy keeps after forward (saved.bytes(): a count, not a measurement).
+//
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
 // CPU's roof. The program then re-executes itself with OPENBLAS_CORETYPE set to the kernel
@@ -416,6 +423,38 @@ int main(int argc, char** argv) {
   print("attention_gflops", attn_gflops, "%.1f");
   print("gemms_gflops", gemms_gflops, "%.1f");
   print("block_page_faults", block_faults, "%.0f");
+
+  // ---- recomputation: the block's step under each policy, interleaved ----
+  const std::array<nn::recompute_policy, 3> policies{nn::recompute_policy::none, nn::recompute_policy::selective,
+                                                     nn::recompute_policy::full};
+  for (const nn::recompute_policy p : policies) {
+    block.set_recompute(p);
+    block_t::saved st;
+    (void)block.forward(x, info, st);
+    std::printf("recompute_saved_bytes_%s: %zu\n", std::string(nn::to_string(p)).c_str(), st.bytes());
+    (void)block.backward(st, dy);
+  }
+  series full_ratio, selective_ratio, policy_ms[3];
+  for (int r = 0; r < reps; ++r) {
+    std::array<double, 3> best{1e300, 1e300, 1e300};
+    for (int c = 0; c < inner; ++c)
+      for (std::size_t s = 0; s < policies.size(); ++s) {
+        const std::size_t i = (s + static_cast<std::size_t>(r + c)) % policies.size();
+        block.set_recompute(policies[i]);
+        const double t0 = thread_cpu_seconds();
+        (void)run_block();
+        best[i] = std::min(best[i], thread_cpu_seconds() - t0);
+      }
+    full_ratio.add(best[2] / best[0]);
+    selective_ratio.add(best[1] / best[0]);
+    for (std::size_t i = 0; i < policies.size(); ++i) policy_ms[i].add(1e3 * best[i]);
+  }
+  block.set_recompute(nn::recompute_policy::none);
+  print("recompute_full_step_ratio", full_ratio, "%.3f");
+  print("recompute_selective_step_ratio", selective_ratio, "%.3f");
+  print("block_ms_recompute_none", policy_ms[0], "%.1f");
+  print("block_ms_recompute_selective", policy_ms[1], "%.1f");
+  print("block_ms_recompute_full", policy_ms[2], "%.1f");
   bench::print_load("after");
   return 0;
 }

@@ -248,4 +248,20 @@ TEST_CASE("train recompute: each stage may keep its own policy (executor.for_eac
   for (std::size_t rank = 0; rank < none.size(); ++rank) CHECK(runs[rank].peak_saved_bytes[0] < none[rank].peak_saved_bytes[0]);
 }
 
+TEST_CASE("train recompute: a recompute value that is no policy is the model's configuration error", "[train][memory]") {
+  train::lm_config config = model_config<double>(static_cast<recompute_policy>(3));
+  const auto caught = baton::run_local(1, [&](baton::local_communicator& world) {
+    try {
+      train::lm_trainer<double, baton::local_communicator, baton::reference_attention> trainer(
+          world, config, {.mesh = {.pp = 1}}, generated<baton::one_f_one_b>(1));
+    } catch (const train::config_error& e) {
+      return std::pair<std::string, std::string>{e.setting(), e.what()};
+    }
+    return std::pair<std::string, std::string>{};
+  });
+  CHECK(caught[0].first == "model");
+  CHECK(caught[0].second.find("recompute = 3 is not a recompute policy; choose recompute_policy::none, selective or full") !=
+        std::string::npos);
+}
+
 }  // namespace train_recompute_test

@@ -54,8 +54,8 @@ class transformer_block
   using side = sequence_info;
   using attention_type = self_attention<T, Strategy, Mask>;
 
-  /// One microbatch's state. After forward, by policy (N = batch x seq tokens; bytes() counts
-  /// each tensor held, in T, except the LSE in lse_t<T> and positions in int64):
+  /// One microbatch's state. After forward, by policy (bytes() counts every tensor held: in T,
+  /// the LSE in lse_t<T>, positions in int64):
   ///  - none: the four pieces' states (norms: x̂, 1/rms; attention: its input, q, k, v, O,
   ///    LSE, positions; MLP: its input, gate, up, product);
   ///  - selective: the same less the attention's and the MLP's inputs (the norms' outputs)
