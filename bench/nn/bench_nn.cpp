@@ -27,7 +27,8 @@
 // Ratios (block / roof, attention / block, gemms / block) are taken per repetition;
 // other_fraction = 1 - attention_fraction - gemm_fraction is what the block spends beyond
 // those calls (norms, RoPE, SwiGLU, residuals, copies, and the page faults of its fresh
-// activations: block_page_faults counts them). Every figure prints as
+// activations: block_page_faults counts them, per steady step, beside the first step's
+// block_page_faults_first_step). Every figure prints as
 //   name: median (min .., max .., n ..)
 // over the repetitions, with the load average before and after (bench_common.hpp). Times are
 // the calling thread's CPU time (user + system: the page faults of the block's fresh
@@ -341,8 +342,10 @@ int main(int argc, char** argv) {
     faults = minor_faults() - f0;
     return std::pair<tensor, tensor>(std::move(y), std::move(dx));
   };
+  long first_step_faults = 0;
   {
     const auto [y, dx] = run_block();  // warm-up, and a sanity check
+    first_step_faults = faults;
     if (!all_finite(y) || !all_finite(dx)) {
       std::printf("FAILED: the block's output or input gradient is not finite\n");
       return 1;
@@ -423,6 +426,11 @@ int main(int argc, char** argv) {
   print("attention_gflops", attn_gflops, "%.1f");
   print("gemms_gflops", gemms_gflops, "%.1f");
   print("block_page_faults", block_faults, "%.0f");
+  // The first step faults its activations in; later ones reuse them (host_tensor's block
+  // cache). Goal: a steady step <= 1 % of the first step's faults.
+  std::printf("block_page_faults_first_step: %ld\n", first_step_faults);
+  std::printf("block_page_faults_steady_vs_first: %.4f\n",
+              first_step_faults > 0 ? block_faults.median() / static_cast<double>(first_step_faults) : 0.0);
 
   // ---- recomputation: the block's step under each policy, interleaved ----
   const std::array<nn::recompute_policy, 3> policies{nn::recompute_policy::none, nn::recompute_policy::selective,

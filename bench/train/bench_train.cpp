@@ -20,7 +20,10 @@
 //                             the gradient all-reduce, clipping, AdamW, slicing the batch.
 //                             Goal <= 0.05.
 //   step_ms, tokens_per_s, measured_bubble (1 - mean busy share of the pipeline call),
-//   simulated_bubble (the simulator's bubble ratio for the measured costs).
+//   simulated_bubble (the simulator's bubble ratio for the measured costs);
+//   page_faults_first_step, page_faults_per_step   minor page faults of the whole process (all
+//                             ranks) in the first step of a fresh world and in each measured
+//                             step (goal: a measured step <= 1 % of the first).
 // Every figure prints as `name: median (min .., max .., n ..)` over the steps of all
 // repetitions (--pairs, 5 by default, at least 5); the two meshes alternate repetition by
 // repetition, and each ratio is taken per step against the simulator fed with that step's own
@@ -35,6 +38,7 @@
 #include <baton/train.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -56,6 +60,12 @@ struct figures {
   }
 };
 
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 struct mesh_case {
   std::string name;
   train::lm_parallelism parallelism;
@@ -73,9 +83,19 @@ void run_case(const mesh_case& c, const train::lm_config& config, const train::b
     train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(world, config, c.parallelism,
                                                                                         c.schedule);
     const baton::program& lowered = trainer.executor().lowered_program();
+    long faults_before = 0;
     for (int s = 0; s < warmup + steps; ++s) {
+      world.barrier();
+      if (world.rank() == 0) faults_before = minor_faults();
       const auto r = trainer.step(corpus.train_batch(first_step + s, config.batch, config.seq, false));
       world.barrier();
+      if (world.rank() == 0) {
+        // Every rank's faults (one process); the first step of a fresh world faults its
+        // activations in, later ones reuse them.
+        const double faults = static_cast<double>(minor_faults() - faults_before);
+        if (s == 0) out.add("page_faults_first_step", faults);
+        if (s >= warmup) out.add("page_faults_per_step", faults);
+      }
       if (s < warmup) continue;
       {
         std::lock_guard<std::mutex> lock(m);

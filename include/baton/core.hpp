@@ -7,10 +7,12 @@
 //   core/meta.hpp                           fixed_string, dependent_false_v
 //   core/cuda_annotations.hpp               BATON_HD, BATON_CUDA_COMPILATION(), BATON_CUDA_DEVICE_PASS()
 //   core/cuda_check.hpp                     (CUDA runtime) the one report of a failed CUDA call; not included here
-// Internals (baton::detail::core): core/simd.hpp, core/hash.hpp, core/sizes.hpp, core/workspace.hpp.
+// Internals (baton::detail::core): core/simd.hpp, core/hash.hpp, core/sizes.hpp, core/workspace.hpp,
+// core/block_cache.hpp (the per-thread cache of host_tensor memory).
 #pragma once
 
 #include <baton/core/agreement.hpp>
+#include <baton/core/block_cache.hpp>
 #include <baton/core/cuda_annotations.hpp>
 #include <baton/core/float16.hpp>
 #include <baton/core/hash.hpp>

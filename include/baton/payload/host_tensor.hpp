@@ -5,6 +5,7 @@
 // payload_traits, see docs/payloads.md).
 #pragma once
 
+#include <baton/core/block_cache.hpp>
 #include <baton/payload/detail/row_major.hpp>
 #include <baton/payload/row_major.hpp>
 #include <baton/payload/traits.hpp>
@@ -28,6 +29,11 @@ namespace baton {
 /// The shape is fixed at construction; a shape of {} is a scalar (one element), and the
 /// default-constructed tensor has shape {0} (no elements). There is deliberately no
 /// operator==: compare values() explicitly, with the tolerance your test justifies.
+///
+/// The elements are 64-byte aligned. A tensor of 64 KiB or more keeps its memory, once
+/// destroyed, in a cache of the destroying thread for the next tensor of its size class, so
+/// a training step after the first does not fault in fresh pages (baton/core/block_cache.hpp;
+/// host_tensor_cache_release() and host_tensor_cache_limit() control it).
 template <class T>
 class host_tensor {
   static_assert(detail::payload::own_tensor_element_v<T>,
@@ -136,7 +142,8 @@ class host_tensor {
   host_tensor(std::vector<std::int64_t> shape, for_overwrite_tag)
       : shape_(std::move(shape)),
         size_(detail::payload::checked_element_count(shape_, "baton::host_tensor", sizeof(T))),
-        values_(std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(size_))) {}
+        values_(static_cast<T*>(detail::core::block_cache::allocate(static_cast<std::size_t>(size_) * sizeof(T))),
+                detail::core::block_cache_delete<T>{static_cast<std::size_t>(size_)}) {}
 
   template <class... I>
   std::int64_t offset_unchecked(I... index) const noexcept {
@@ -165,8 +172,13 @@ class host_tensor {
 
   std::vector<std::int64_t> shape_;
   std::int64_t size_ = 0;
-  std::unique_ptr<T[]> values_;
+  std::unique_ptr<T[], detail::core::block_cache_delete<T>> values_;
 };
+
+/// Frees the tensor memory the calling thread keeps for reuse (baton/core/block_cache.hpp).
+inline void host_tensor_cache_release() noexcept { detail::core::block_cache::release(); }
+/// The most bytes of freed tensor memory each thread keeps for reuse (default 1 GiB; 0: none).
+inline void host_tensor_cache_limit(std::size_t bytes) noexcept { detail::core::block_cache::set_limit(bytes); }
 
 /// host_tensor is an activation tensor; row_major_payload_traits supplies bytes, slice and
 /// concat from the four members below.

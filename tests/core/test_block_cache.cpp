@@ -1,0 +1,108 @@
+// The core's block cache (the host memory of host_tensor): size classes against their
+// definition, reuse of a freed block by the next allocation of its class on the same thread,
+// the limit, release, and blocks freed on another thread or after their thread ended.
+#include "catch.hpp"
+
+#include <baton/core/block_cache.hpp>
+#include <baton/payload/host_tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+using cache = baton::detail::core::block_cache;
+
+// Restores the default limit and empties this thread's cache, whatever a test did.
+struct fresh_cache {
+  fresh_cache() { cache::release(); }
+  ~fresh_cache() {
+    cache::set_limit(std::size_t{1} << 30);
+    cache::release();
+  }
+};
+}  // namespace
+
+TEST_CASE("core block_cache: a size class holds its request with at most 1/8 to spare", "[core][block_cache]") {
+  for (std::size_t bytes = cache::min_cached_bytes; bytes < (std::size_t{1} << 34); bytes = bytes * 9 / 8 + 4093) {
+    const std::size_t cls = cache::size_class(bytes);
+    const std::size_t held = cache::class_bytes(cls);
+    REQUIRE(held >= bytes);
+    REQUIRE(static_cast<double>(held) <= 1.125 * static_cast<double>(bytes) + 1);
+    // The class is the smallest that holds the request.
+    if (cls > cache::size_class(cache::min_cached_bytes)) REQUIRE(cache::class_bytes(cls - 1) < bytes);
+  }
+  // Exact class sizes map to themselves.
+  CHECK(cache::class_bytes(cache::size_class(std::size_t{1} << 20)) == std::size_t{1} << 20);
+  CHECK(cache::size_class((std::size_t{1} << 20) + 1) == cache::size_class(std::size_t{1} << 20) + 1);
+}
+
+TEST_CASE("core block_cache: a freed block serves the next request of its class on the thread", "[core][block_cache]") {
+  const fresh_cache guard;
+  const std::size_t bytes = std::size_t{3} << 20;
+  void* a = cache::allocate(bytes);
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % cache::alignment == 0);
+  cache::deallocate(a, bytes);
+  CHECK(cache::cached_bytes() == cache::class_bytes(cache::size_class(bytes)));
+  void* b = cache::allocate(bytes - 1000);  // the same class
+  CHECK(b == a);
+  CHECK(cache::cached_bytes() == 0);
+  void* c = cache::allocate(bytes * 2);  // another class: a new block
+  CHECK(c != a);
+  cache::deallocate(b, bytes - 1000);
+  cache::deallocate(c, bytes * 2);
+  cache::release();
+  CHECK(cache::cached_bytes() == 0);
+  // Small blocks are not kept.
+  void* small = cache::allocate(1000);
+  cache::deallocate(small, 1000);
+  CHECK(cache::cached_bytes() == 0);
+}
+
+TEST_CASE("core block_cache: a thread keeps no more than the limit", "[core][block_cache]") {
+  const fresh_cache guard;
+  const std::size_t bytes = std::size_t{1} << 20;
+  cache::set_limit(2 * bytes);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(cache::allocate(bytes));
+  for (void* p : blocks) cache::deallocate(p, bytes);
+  CHECK(cache::cached_bytes() == 2 * bytes);
+  cache::set_limit(0);
+  cache::release();
+  void* p = cache::allocate(bytes);
+  cache::deallocate(p, bytes);
+  CHECK(cache::cached_bytes() == 0);
+}
+
+TEST_CASE("core block_cache: blocks freed on another thread, or after their thread ended", "[core][block_cache]") {
+  const fresh_cache guard;
+  const std::size_t bytes = std::size_t{1} << 20;
+  void* from_worker = nullptr;
+  std::size_t worker_kept = 0;
+  std::thread worker([&] {
+    from_worker = cache::allocate(bytes);
+    void* own = cache::allocate(bytes);
+    cache::deallocate(own, bytes);  // kept by the worker, freed when the worker ends
+    worker_kept = cache::cached_bytes();
+  });
+  worker.join();
+  CHECK(worker_kept == cache::class_bytes(cache::size_class(bytes)));
+  // The worker has ended; its block joins this thread's cache.
+  cache::deallocate(from_worker, bytes);
+  CHECK(cache::cached_bytes() == cache::class_bytes(cache::size_class(bytes)));
+}
+
+TEST_CASE("core block_cache: host_tensor reuses a freed tensor's memory and still zero-fills", "[core][block_cache]") {
+  const fresh_cache guard;
+  const float* first = nullptr;
+  {
+    auto t = baton::host_tensor<float>::filled({256, 256}, 7.0f);  // 256 KiB
+    first = t.data();
+  }
+  baton::host_tensor<float> zeroed({256, 256});
+  CHECK(zeroed.data() == first);  // the same block, dirty with 7s before the constructor
+  bool all_zero = true;
+  for (float v : zeroed.values()) all_zero = all_zero && v == 0.0f;
+  CHECK(all_zero);
+}
