@@ -8,6 +8,7 @@
 #include <baton/attention/masks.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,42 @@ TEST_CASE("tile plan: empty sequences and bad tile sizes", "[cuda][plan]") {
   CHECK(plan.nonempty_tiles() == 0);
   CHECK_THROWS_AS(cu::make_tile_plan(baton::no_mask{}, baton::positions(0, 3), baton::positions(0, 3), 3, 3, 0, 64),
                   baton::attention_error);
+}
+
+TEST_CASE("tile plan: a grid past 2^31 - 1 tiles is refused with the limit and the fix", "[cuda][plan]") {
+  // 2^22 queries x 2^22 keys in 64 x 64 tiles: 2^32 tiles (positions are ranges: nothing is
+  // allocated before the refusal).
+  const std::int64_t s = std::int64_t{1} << 22;
+  try {
+    (void)cu::make_tile_plan(baton::causal_mask{}, baton::positions(0, s), baton::positions(0, s), s, s, 64, 64);
+    FAIL("a plan of 2^32 tiles was built");
+  } catch (const baton::attention_error& e) {
+    CHECK(std::string(e.what()).find("65536 x 65536 tiles exceed the plan's limit of 2^31 - 1 tiles") != std::string::npos);
+    CHECK(std::string(e.what()).find("split the call along the sequence") != std::string::npos);
+  }
+}
+
+TEST_CASE("tile plan: its bytes depend on the call only, not on the memory it reuses", "[cuda][plan]") {
+  // A causal plan of ~400 KB comes from the thread's block cache; a block of its size class
+  // filled with garbage in between must not change a byte (padding included).
+  const baton::positions all(0, 8192);
+  const auto bytes_of = [](const cu::tile_plan& p) {
+    return std::vector<std::uint64_t>(p.blob(), p.blob() + p.size_bytes() / 8);
+  };
+  std::vector<std::uint64_t> first;
+  std::size_t size = 0;
+  {
+    const cu::tile_plan a = cu::make_tile_plan(baton::causal_mask{}, all, all, 8192, 8192, 128, 32);
+    first = bytes_of(a);
+    size = a.size_bytes();
+  }
+  using cache = baton::detail::core::block_cache;
+  void* dirty = cache::allocate(size);
+  std::memset(dirty, 0xAB, size);
+  cache::deallocate(dirty, size);
+  const cu::tile_plan b = cu::make_tile_plan(baton::causal_mask{}, all, all, 8192, 8192, 128, 32);
+  CHECK(static_cast<const void*>(b.blob()) == dirty);  // the garbage block was reused
+  CHECK(bytes_of(b) == first);
 }
 
 TEST_CASE("forward launch configuration: tiles, shared memory within sm_80 and sm_90 limits, grid", "[cuda][plan]") {

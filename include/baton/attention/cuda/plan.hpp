@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -31,6 +32,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
 #include <baton/attention/cuda/storage.hpp>  // BATON_HD
+#include <baton/core/block_cache.hpp>
 
 namespace baton::detail::attention::cuda {
 
@@ -93,10 +95,10 @@ class tile_plan {
     v.k_list = reinterpret_cast<const std::int32_t*>(b + k_list_at_);
     return v;
   }
-  [[nodiscard]] tile_plan_view view() const noexcept { return view(blob_.data()); }
+  [[nodiscard]] tile_plan_view view() const noexcept { return view(blob_.get()); }
   /// The plan's bytes (size_bytes() of them).
-  [[nodiscard]] const std::uint64_t* blob() const noexcept { return blob_.data(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return blob_.size() * sizeof(std::uint64_t); }
+  [[nodiscard]] const std::uint64_t* blob() const noexcept { return blob_.get(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return blob_.get_deleter().count * sizeof(std::uint64_t); }
   /// Number of non-empty tiles (the work of a pass) and of partial ones.
   [[nodiscard]] std::int64_t nonempty_tiles() const noexcept { return nonempty_; }
   [[nodiscard]] std::int64_t partial_tiles() const noexcept { return header_.partial_tiles; }
@@ -110,12 +112,26 @@ class tile_plan {
   std::size_t kind_at_ = 0, slot_at_ = 0, bits_at_ = 0, q_begin_at_ = 0, q_list_at_ = 0, k_begin_at_ = 0,
               k_list_at_ = 0;
   std::int64_t nonempty_ = 0;
-  std::vector<std::uint64_t> blob_;
+  // From the thread's block cache: a plan per call (forward and backward, every ring step)
+  // would otherwise fault in fresh pages each time.
+  std::unique_ptr<std::uint64_t[], core::block_cache_delete<std::uint64_t>> blob_;
 };
 
 namespace plan_detail {
+// Sets bits [begin, end) of the row, a word at a time (a bit at a time was 84 % of planning a
+// causal S = 8192 call).
 inline void set_bit_range(std::uint64_t* row, std::int64_t begin, std::int64_t end) noexcept {
-  for (std::int64_t c = begin; c < end; ++c) row[c / 64] |= std::uint64_t{1} << (c % 64);
+  if (begin >= end) return;
+  const auto ones_from = [](std::int64_t bit) { return ~std::uint64_t{0} << bit; };  // bits [bit, 64)
+  const std::int64_t first = begin / 64, last = (end - 1) / 64;
+  const std::uint64_t head = ones_from(begin % 64), tail = ~std::uint64_t{0} >> (63 - (end - 1) % 64);
+  if (first == last) {
+    row[first] |= head & tail;
+    return;
+  }
+  row[first] |= head;
+  for (std::int64_t w = first + 1; w < last; ++w) row[w] = ~std::uint64_t{0};
+  row[last] |= tail;
 }
 }  // namespace plan_detail
 
@@ -146,30 +162,103 @@ template <attention_mask Mask>
   h.k_tiles = static_cast<std::int32_t>((seq_k + tile_k - 1) / tile_k);
   h.words_per_row = (tile_k + 63) / 64;
   const std::int64_t cells = static_cast<std::int64_t>(h.q_tiles) * h.k_tiles;
+  // The kernels index the grid with 32-bit integers.
+  if (cells > int32_max)
+    throw attention_error("baton cuda plan: " + std::to_string(h.q_tiles) + " x " + std::to_string(h.k_tiles) +
+                          " tiles exceed the plan's limit of 2^31 - 1 tiles (about 3M tokens per side at the default "
+                          "tiles); split the call along the sequence (context parallelism, or several calls)");
+  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
 
+  // Pass 1: classify every tile (the kinds go straight into the blob below), count the
+  // partial and non-empty ones per query and key tile.
   std::vector<position_block> k_blocks;
-  k_blocks.reserve(static_cast<std::size_t>(h.k_tiles));
+  k_blocks.reserve(at(h.k_tiles));
   for (std::int32_t j = 0; j < h.k_tiles; ++j)
     k_blocks.emplace_back(k_pos, std::int64_t{j} * tile_k, std::min<std::int64_t>(tile_k, seq_k - std::int64_t{j} * tile_k));
-  std::vector<std::uint8_t> kinds(static_cast<std::size_t>(cells));
-  std::vector<std::int32_t> slots(static_cast<std::size_t>(cells), -1);
-  std::vector<std::uint64_t> bits;
+  std::vector<std::uint8_t> kinds(at(cells));
+  std::vector<std::int32_t> q_count(at(h.q_tiles) + 1, 0), k_count(at(h.k_tiles) + 1, 0);
+  std::int64_t partial = 0;
+  for (std::int32_t i = 0; i < h.q_tiles; ++i) {
+    const std::int64_t q0 = std::int64_t{i} * tile_q;
+    const position_block qb(q_pos, q0, std::min<std::int64_t>(tile_q, seq_q - q0));
+    for (std::int32_t j = 0; j < h.k_tiles; ++j) {
+      const block_kind kind = mask.classify(qb, k_blocks[at(j)]);
+      kinds[at(std::int64_t{i} * h.k_tiles + j)] = static_cast<std::uint8_t>(kind);
+      if (kind == block_kind::empty) continue;
+      ++q_count[at(i) + 1];
+      ++k_count[at(j) + 1];
+      partial += kind == block_kind::partial;
+    }
+  }
+  if (partial > int32_max)
+    throw attention_error("baton cuda plan: " + std::to_string(partial) +
+                          " partial tiles exceed the plan's 2^31 - 1 limit; split the call along the sequence");
+  h.partial_tiles = static_cast<std::int32_t>(partial);
+  for (std::size_t i = 1; i < q_count.size(); ++i) q_count[i] += q_count[i - 1];  // now CSR begins
+  for (std::size_t j = 1; j < k_count.size(); ++j) k_count[j] += k_count[j - 1];
+  plan.nonempty_ = q_count.back();
+
+  // One blob, each array 8-byte aligned, allocated once; only the bits need zeroing.
   const std::int64_t words_per_tile = std::int64_t{tile_q} * h.words_per_row;
+  std::size_t bytes = 0;
+  const auto place = [&bytes](std::size_t n) {
+    const std::size_t where = bytes;
+    bytes += (n + 7) / 8 * 8;
+    return where;
+  };
+  const std::size_t bit_words = at(partial * words_per_tile);
+  plan.bits_at_ = place(bit_words * sizeof(std::uint64_t));
+  plan.kind_at_ = place(kinds.size());
+  plan.slot_at_ = place(at(cells) * sizeof(std::int32_t));
+  plan.q_begin_at_ = place(q_count.size() * sizeof(std::int32_t));
+  plan.q_list_at_ = place(at(plan.nonempty_) * sizeof(std::int32_t));
+  plan.k_begin_at_ = place(k_count.size() * sizeof(std::int32_t));
+  plan.k_list_at_ = place(at(plan.nonempty_) * sizeof(std::int32_t));
+  const std::size_t blob_words = std::max<std::size_t>(bytes / 8, 1);
+  plan.blob_ = decltype(plan.blob_)(static_cast<std::uint64_t*>(core::block_cache::allocate(blob_words * 8)),
+                                    core::block_cache_delete<std::uint64_t>{blob_words});
+  auto* base = reinterpret_cast<std::byte*>(plan.blob_.get());
+  // The padding after each array is zeroed too: a plan's bytes depend on nothing but the call.
+  const auto zero_padding = [base](std::size_t where, std::size_t n) {
+    std::memset(base + where + n, 0, (n + 7) / 8 * 8 - n);
+  };
+  zero_padding(plan.kind_at_, kinds.size());
+  zero_padding(plan.slot_at_, at(cells) * sizeof(std::int32_t));
+  zero_padding(plan.q_begin_at_, q_count.size() * sizeof(std::int32_t));
+  zero_padding(plan.q_list_at_, at(plan.nonempty_) * sizeof(std::int32_t));
+  zero_padding(plan.k_begin_at_, k_count.size() * sizeof(std::int32_t));
+  zero_padding(plan.k_list_at_, at(plan.nonempty_) * sizeof(std::int32_t));
+  if (bytes == 0) base[0] = base[1] = base[2] = base[3] = base[4] = base[5] = base[6] = base[7] = std::byte{0};
+  std::memset(base + plan.bits_at_, 0, bit_words * sizeof(std::uint64_t));
+  std::memcpy(base + plan.kind_at_, kinds.data(), kinds.size());
+  std::memcpy(base + plan.q_begin_at_, q_count.data(), q_count.size() * sizeof(std::int32_t));
+  std::memcpy(base + plan.k_begin_at_, k_count.data(), k_count.size() * sizeof(std::int32_t));
+  auto* bits = reinterpret_cast<std::uint64_t*>(base + plan.bits_at_);
+  auto* slots = reinterpret_cast<std::int32_t*>(base + plan.slot_at_);
+  auto* q_list = reinterpret_cast<std::int32_t*>(base + plan.q_list_at_);
+  auto* k_list = reinterpret_cast<std::int32_t*>(base + plan.k_list_at_);
+
+  // Pass 2, row-major (so both CSR lists come out ascending): slots, lists, and the bits of
+  // the partial tiles.
+  std::vector<std::int32_t> k_fill(k_count.begin(), k_count.end() - 1);
+  std::int32_t slot = 0;
+  std::int64_t q_fill = 0;
   for (std::int32_t i = 0; i < h.q_tiles; ++i) {
     const std::int64_t q0 = std::int64_t{i} * tile_q, qc = std::min<std::int64_t>(tile_q, seq_q - q0);
-    const position_block qb(q_pos, q0, qc);
     for (std::int32_t j = 0; j < h.k_tiles; ++j) {
-      const position_block& kb = k_blocks[static_cast<std::size_t>(j)];
-      const block_kind kind = mask.classify(qb, kb);
-      const std::size_t cell = static_cast<std::size_t>(std::int64_t{i} * h.k_tiles + j);
-      kinds[cell] = static_cast<std::uint8_t>(kind);
+      const std::int64_t cell = std::int64_t{i} * h.k_tiles + j;
+      const auto kind = static_cast<block_kind>(kinds[at(cell)]);
+      slots[cell] = -1;
+      if (kind == block_kind::empty) continue;
+      q_list[q_fill++] = j;
+      k_list[k_fill[at(j)]++] = i;
       if (kind != block_kind::partial) continue;
-      slots[cell] = h.partial_tiles++;
-      const std::size_t first = bits.size();
-      bits.resize(first + static_cast<std::size_t>(words_per_tile), 0);
+      slots[cell] = slot;
+      std::uint64_t* tile_bits = bits + std::int64_t{slot++} * words_per_tile;
+      const position_block& kb = k_blocks[at(j)];
       const std::int64_t kc = kb.size();
       for (std::int64_t r = 0; r < qc; ++r) {
-        std::uint64_t* row = bits.data() + first + r * h.words_per_row;
+        std::uint64_t* row = tile_bits + r * h.words_per_row;
         const std::int64_t qp = q_pos[q0 + r];
         bool by_interval = false;
         if constexpr (mask_with_key_intervals<Mask>) {
@@ -185,54 +274,6 @@ template <attention_mask Mask>
       }
     }
   }
-
-  // CSR lists of non-empty tiles, by query tile and by key tile.
-  std::vector<std::int32_t> q_begin(static_cast<std::size_t>(h.q_tiles) + 1, 0), k_begin(static_cast<std::size_t>(h.k_tiles) + 1, 0);
-  for (std::int64_t cell = 0; cell < cells; ++cell)
-    if (kinds[static_cast<std::size_t>(cell)] != static_cast<std::uint8_t>(block_kind::empty)) {
-      ++q_begin[static_cast<std::size_t>(cell / h.k_tiles) + 1];
-      ++k_begin[static_cast<std::size_t>(cell % h.k_tiles) + 1];
-    }
-  for (std::size_t i = 1; i < q_begin.size(); ++i) q_begin[i] += q_begin[i - 1];
-  for (std::size_t j = 1; j < k_begin.size(); ++j) k_begin[j] += k_begin[j - 1];
-  plan.nonempty_ = q_begin.back();
-  std::vector<std::int32_t> q_list(static_cast<std::size_t>(plan.nonempty_)), k_list(static_cast<std::size_t>(plan.nonempty_));
-  {
-    std::vector<std::int32_t> q_fill(q_begin.begin(), q_begin.end() - 1), k_fill(k_begin.begin(), k_begin.end() - 1);
-    for (std::int32_t i = 0; i < h.q_tiles; ++i)  // row-major scan: both lists come out ascending
-      for (std::int32_t j = 0; j < h.k_tiles; ++j)
-        if (kinds[static_cast<std::size_t>(std::int64_t{i} * h.k_tiles + j)] != static_cast<std::uint8_t>(block_kind::empty)) {
-          q_list[static_cast<std::size_t>(q_fill[static_cast<std::size_t>(i)]++)] = j;
-          k_list[static_cast<std::size_t>(k_fill[static_cast<std::size_t>(j)]++)] = i;
-        }
-  }
-
-  // One blob, each array 8-byte aligned.
-  std::size_t bytes = 0;
-  const auto place = [&bytes](std::size_t n) {
-    const std::size_t at = bytes;
-    bytes += (n + 7) / 8 * 8;
-    return at;
-  };
-  plan.bits_at_ = place(bits.size() * sizeof(std::uint64_t));
-  plan.kind_at_ = place(kinds.size());
-  plan.slot_at_ = place(slots.size() * sizeof(std::int32_t));
-  plan.q_begin_at_ = place(q_begin.size() * sizeof(std::int32_t));
-  plan.q_list_at_ = place(q_list.size() * sizeof(std::int32_t));
-  plan.k_begin_at_ = place(k_begin.size() * sizeof(std::int32_t));
-  plan.k_list_at_ = place(k_list.size() * sizeof(std::int32_t));
-  plan.blob_.assign(std::max<std::size_t>(bytes / 8, 1), 0);
-  auto* base = reinterpret_cast<std::byte*>(plan.blob_.data());
-  const auto put = [base](std::size_t at, const auto& v) {
-    if (!v.empty()) std::memcpy(base + at, v.data(), v.size() * sizeof(v[0]));
-  };
-  put(plan.bits_at_, bits);
-  put(plan.kind_at_, kinds);
-  put(plan.slot_at_, slots);
-  put(plan.q_begin_at_, q_begin);
-  put(plan.q_list_at_, q_list);
-  put(plan.k_begin_at_, k_begin);
-  put(plan.k_list_at_, k_list);
   return plan;
 }
 
