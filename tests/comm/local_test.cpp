@@ -189,7 +189,7 @@ TEST_CASE("local world: mutually waiting ranks time out, naming rank, peer and t
 // rank gets its own timeout so that they give up one after the other while the stalled rank
 // still sleeps; the messages are recorded in the threads and checked here (Catch is not
 // thread-safe).
-TEST_CASE("local world: a wait that times out names the stalled rank at the end of the chain", "[comm][local]") {
+TEST_CASE("local world: a wait that times out names the stalled rank at the end of the chain", "[comm][local][checkpoint]") {
   const auto chain = [](bool collective) {
     std::vector<std::string> messages(3);
     run_local(3, [&](local_communicator& c) {
