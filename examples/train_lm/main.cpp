@@ -57,11 +57,14 @@ int main(int argc, char** argv) {
       prepared = train_lm::prepare(o, o.world_size(), o.world_size());
       if (!o.metrics.empty() && (metrics = std::fopen(o.metrics.c_str(), "w")) == nullptr)
         throw train_lm::input_error("cannot write --metrics " + o.metrics + ": " + std::strerror(errno), "--metrics");
-      if (!o.trace.empty()) {  // writable? (written at the traced step)
-        std::FILE* t = std::fopen(o.trace.c_str(), "w");
+      if (!o.trace.empty()) {  // writable? (written at the traced step; a file already there is kept until then)
+        std::FILE* existing = std::fopen(o.trace.c_str(), "rb");
+        const bool existed = existing != nullptr;
+        if (existed) std::fclose(existing);
+        std::FILE* t = std::fopen(o.trace.c_str(), "ab");
         if (t == nullptr) throw train_lm::input_error("cannot write --trace " + o.trace + ": " + std::strerror(errno), "--trace");
         std::fclose(t);
-        std::remove(o.trace.c_str());
+        if (!existed) std::remove(o.trace.c_str());
       }
     } catch (const train_lm::input_error& e) {
       return refuse(e);
