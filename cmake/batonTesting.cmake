@@ -24,8 +24,11 @@ endfunction()
 #   ASAN_SKIPS_IT: not built by the ASan+UBSan preset — for a test that instantiates again,
 #   for another policy, code whose memory accesses other tests already check under ASan (the
 #   ThreadSanitizer preset still builds it when it is THREADS).
+#   SPLIT_TAG tag...: the cases tagged [tag] get their own ctest entry, NAME.tag, with the label
+#   tag added (e.g. the issue-28 cases of test_train carry the label "checkpoint", the issue-29
+#   ones "memory"); the main entry runs the others.
 function(baton_add_test)
-  cmake_parse_arguments(arg "THREADS;ASAN_SKIPS_IT;ASAN_OPTIMIZED" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(arg "THREADS;ASAN_SKIPS_IT;ASAN_OPTIMIZED" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS;SPLIT_TAG" ${ARGN})
   if(BATON_ONLY_THREAD_TESTS AND NOT arg_THREADS)
     return()
   endif()
@@ -51,8 +54,16 @@ function(baton_add_test)
   endif()
   baton_warnings(${arg_NAME})
   baton_skippable_cases(skippable ${arg_SOURCES})
+  # One Catch test spec: exclusions written one after the other apply together.
+  set(spec "")
   if(skippable)
-    add_test(NAME ${arg_NAME} COMMAND ${arg_NAME} ${arg_ARGS} "~[can-skip]")
+    string(APPEND spec "~[can-skip]")
+  endif()
+  foreach(tag IN LISTS arg_SPLIT_TAG)
+    string(APPEND spec "~[${tag}]")
+  endforeach()
+  if(spec)
+    add_test(NAME ${arg_NAME} COMMAND ${arg_NAME} ${arg_ARGS} "${spec}")
   else()
     add_test(NAME ${arg_NAME} COMMAND ${arg_NAME} ${arg_ARGS})
   endif()
@@ -75,6 +86,11 @@ function(baton_add_test)
   # threaded BLAS under them only oversubscribes (see baton/nn/detail/gemm.hpp).
   set_tests_properties(${tests} PROPERTIES LABELS "${labels}" TIMEOUT ${arg_TIMEOUT}
                        SKIP_REGULAR_EXPRESSION "SKIPPED:" ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  foreach(tag IN LISTS arg_SPLIT_TAG)
+    add_test(NAME ${arg_NAME}.${tag} COMMAND ${arg_NAME} ${arg_ARGS} "[${tag}]")
+    set_tests_properties(${arg_NAME}.${tag} PROPERTIES LABELS "${labels};${tag}"
+                         TIMEOUT ${arg_TIMEOUT} SKIP_REGULAR_EXPRESSION "SKIPPED:" ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  endforeach()
 endfunction()
 
 # baton_skippable_cases(out sources...)

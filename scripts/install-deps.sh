@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build     # toolchain
   catch2                    # tests (Catch2 2.13)
+  libcli11-dev              # CLI11 2.1 (header-only): the command lines of baton-train and baton-schedule
   libtrilinos-kokkos-dev    # Kokkos 3.4 (Serial) for the attention kernels
   libopenmpi-dev openmpi-bin  # MPI communicator and its tests
   libopenblas-dev           # the sgemm roof of bench_attention

@@ -23,7 +23,14 @@
 //   simulated_bubble (the simulator's bubble ratio for the measured costs);
 //   page_faults_first_step, page_faults_per_step   minor page faults of the whole process (all
 //                             ranks) in the first step of a fresh world and in each measured
-//                             step (goal: a measured step <= 1 % of the first).
+//                             step (goal: a measured step <= 1 % of the first);
+//   metrics_cost_fraction     what baton-train's --metrics adds to a step (every rank gathers
+//                             the stage times, rank 0 writes and flushes the JSON line), timed
+//                             on rank 0 between barriers / the step's wall time. Goal <= 0.01.
+//   trace_cost_fraction       what --trace adds to the one step it draws (every rank gathers
+//                             the action events; rank 0 builds the measured and the simulated
+//                             timelines and writes the trace) / the step's wall time: paid once
+//                             per run, so a run of N steps pays it / N.
 // Every figure prints as `name: median (min .., max .., n ..)` over the steps of all
 // repetitions (--pairs, 5 by default, at least 5); the two meshes alternate repetition by
 // repetition, and each ratio is taken per step against the simulator fed with that step's own
@@ -41,10 +48,13 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +89,11 @@ void run_case(const mesh_case& c, const train::lm_config& config, const train::b
   std::mutex m;
   std::vector<std::vector<baton::action_time>> times(static_cast<std::size_t>(ranks));
   std::vector<train::lm_step_report> reports(static_cast<std::size_t>(ranks));
+  std::FILE* sink = std::tmpfile();  // where the metrics line and the trace go (a real file, removed when closed)
+  if (sink == nullptr) {
+    std::perror("bench_train: tmpfile");
+    std::exit(1);
+  }
   baton::run_local(ranks, [&](baton::local_communicator& world) {
     train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(world, config, c.parallelism,
                                                                                         c.schedule);
@@ -122,8 +137,37 @@ void run_case(const mesh_case& c, const train::lm_config& config, const train::b
         out.add("simulated_bubble", sim.bubble_ratio);
       }
       world.barrier();
+      // What --metrics and --trace add (examples/train_lm/run.hpp does the same per step).
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto stage_times = train::gather_action_times(world, r.action_times, lowered.shape.num_stages());
+      if (world.rank() == 0) {
+        const std::string line =
+            train::to_json_line({.step = s, .report = &r, .stage_times = stage_times, .num_stages = lowered.shape.num_stages(),
+                                 .elapsed = 0, .eval_loss = std::nullopt}) + "\n";
+        std::fputs(line.c_str(), sink);
+        std::fflush(sink);
+      }
+      world.barrier();
+      const auto t1 = std::chrono::steady_clock::now();
+      const auto events = train::gather_action_events(world, r.action_events);
+      if (world.rank() == 0) {
+        const std::string trace = train::measured_vs_simulated_trace(
+            train::measured_timeline(events, c.schedule.shape), train::simulated_timeline(c.schedule, stage_times), c.name);
+        std::fputs(trace.c_str(), sink);
+        std::fflush(sink);
+      }
+      world.barrier();
+      const auto t2 = std::chrono::steady_clock::now();
+      if (world.rank() == 0) {
+        double step_seconds = 0;
+        for (const auto& rep : reports) step_seconds = std::max(step_seconds, rep.seconds);
+        out.add("metrics_cost_fraction", std::chrono::duration<double>(t1 - t0).count() / step_seconds);
+        out.add("trace_cost_fraction", std::chrono::duration<double>(t2 - t1).count() / step_seconds);
+      }
+      world.barrier();
     }
   });
+  std::fclose(sink);
 }
 
 }  // namespace

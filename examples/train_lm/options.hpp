@@ -1,13 +1,33 @@
-// baton-train's command line: the options, their defaults, and how a configuration error of
-// the trainer maps back to the flag to change.
+// baton-train's command line: the options and their defaults, the parse (CLI11, every value
+// range-checked, every flag the chosen mode would ignore refused), and what is checked before
+// the first rank starts: the schedule, the configuration, the data, the memory (prepare).
 #pragma once
 
 #include <baton/train.hpp>
 
 #include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace train_lm {
+
+/// Exit codes (docs/training.md): 0 trained; 1 an error while running; 2 bad input (the
+/// command line, the configuration, the data, the memory); 3 stopped at a non-finite loss or
+/// gradient norm; 4 --check beyond its tolerance; 128 + N stopped by signal N (SIGINT 130,
+/// SIGTERM 143) after finishing the step.
+enum exit_code : int { ok = 0, failed = 1, bad_input = 2, non_finite = 3, check_failed = 4 };
+
+/// A bad input found before any rank starts: what is wrong, and the flags to change.
+class input_error : public std::invalid_argument {
+ public:
+  input_error(const std::string& what, std::string fix) : std::invalid_argument(what), fix_(std::move(fix)) {}
+  const std::string& fix() const noexcept { return fix_; }
+
+ private:
+  std::string fix_;
+};
 
 struct options {
   int ranks = 0;  // local world size; 0: pp x dp x cp
@@ -15,33 +35,58 @@ struct options {
   baton::nn::cp_mode cp_mode = baton::nn::cp_mode::ring;
   baton::shard_layout layout = baton::shard_layout::zigzag;
   std::string schedule = "zbv";
+  bool pp_given = false, microbatches_given = false;  // a CSV schedule brings its own otherwise
   std::int64_t layers = 4, d_model = 128, heads = 4, kv_heads = 2, seq = 128, batch = 8;
   int microbatches = 4, steps = 240;
   double lr = 3e-3, clip = 1.0;
+  // AdamW. eps 0: the element type's default (float 1e-5, double 1e-8; docs/training.md).
+  double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 0;
+  baton::train::lr_schedule lr_schedule{};  // total is set to steps
   std::string backend = "kokkos", comm = "local", dtype = "float";
   std::uint64_t seed = 1;
   std::string data = "/usr/share/common-licenses/GPL-3";
   bool packed = false, check = false;
+  double check_tolerance = 0;  // 0: the element type's (run.hpp, check_tolerance)
   int generate = 200, log_every = 10, loss_digits = 4;
+  int eval_every = 0;         // 0: the held-out loss at the end only
+  std::string metrics;        // --metrics FILE.jsonl
+  std::string trace;          // --trace FILE.json | FILE.svg
+  int trace_step = -1;        // -1: the last step
+  // Checkpoints (examples/train_lm/checkpoint.hpp says where they hook in).
+  std::string save, resume;
+  int save_every = 0, keep = 0;
 
   baton::mesh_shape mesh() const;
   int world_size() const { return ranks > 0 ? ranks : pp * dp * cp; }
+  double adamw_eps() const { return eps > 0 ? eps : (dtype == "float" ? 1e-5 : 1e-8); }
   baton::train::lm_config config() const;
   baton::train::lm_parallelism parallelism() const { return {mesh(), cp_mode, layout}; }
 };
 
-/// Parses argv; throws std::invalid_argument naming the flag on a bad value. Returns false
-/// (after printing the usage) for --help.
+/// Parses argv. Returns false after printing the help (--help) or the version (--version);
+/// throws input_error naming the flag for anything it cannot run exactly as given.
 bool parse(int argc, char** argv, options& o);
 
 /// The flag(s) to change for a config_error's setting.
 std::string flags_for(const std::string& setting);
 
-/// "1F1B" or a CSV file's program for o.pp ranks and o.microbatches.
-baton::program make_schedule(const options& o);
+/// What every rank shares, made once before any rank starts (and, over MPI, by every process
+/// alike): the schedule, the text, the memory estimate.
+struct prepared {
+  baton::program schedule;
+  std::shared_ptr<const baton::train::byte_corpus> corpus;
+  std::string memory_line;  // "memory: estimated ... of ... available"
+};
+
+/// Everything that can be checked before the first rank starts work: the schedule (a training
+/// one), the configuration on `world_size` ranks, the data (long enough for the training and
+/// the held-out part), the memory of the `ranks_here` ranks on this machine against what it
+/// has. Throws input_error.
+prepared prepare(const options& o, int world_size, int ranks_here);
 
 /// Runs the whole program on this rank of `world` (templated on the communicator in run.hpp).
-int run_local_world(const options& o);
+/// `metrics` is the open --metrics file on the rank that writes it (world rank 0), else null.
+int run_local_world(const options& o, const prepared& p, std::FILE* metrics);
 int run_mpi_world(const options& o);
 
 }  // namespace train_lm

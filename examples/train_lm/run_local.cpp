@@ -8,9 +8,10 @@
 
 namespace train_lm {
 
-int run_local_world(const options& o) {
-  const std::vector<int> codes =
-      baton::run_local(o.world_size(), [&](baton::local_communicator& world) { return run_any(world, o); });
+int run_local_world(const options& o, const prepared& p, std::FILE* metrics) {
+  const std::vector<int> codes = baton::run_local(o.world_size(), [&](baton::local_communicator& world) {
+    return run_any(world, o, p, world.rank() == 0 ? metrics : nullptr);
+  });
   return *std::max_element(codes.begin(), codes.end());
 }
 

@@ -3,6 +3,11 @@
 //
 //   lm_trainer (one rank's part of training on a mesh)                    (train/lm_trainer.hpp)
 //   lm_config, lm_parallelism, check_config, config_error                 (train/config.hpp)
+//   lr_schedule, lr_decay (the learning rate of each step)                (train/lr_schedule.hpp)
+//   non_finite_guard, non_finite_error (stop at a NaN/Inf loss or norm)   (train/guard.hpp)
+//   estimate_memory, available_memory (memory before allocating)          (train/memory.hpp)
+//   step_metrics, to_json_line (one JSON line per step)                    (train/metrics.hpp)
+//   gather_action_events, measured_timeline, ... (the measured timeline)  (train/timeline.hpp)
 //   lm_step_report (what a step or eval reports)                          (train/report.hpp)
 //   lm_reference (the same model on one rank)                             (train/reference.hpp)
 //   greedy_generate (a one-stage model's greedy continuation)             (train/generate.hpp)
@@ -11,7 +16,12 @@
 
 #include <baton/train/config.hpp>
 #include <baton/train/generate.hpp>
+#include <baton/train/guard.hpp>
 #include <baton/train/lm_trainer.hpp>
+#include <baton/train/lr_schedule.hpp>
+#include <baton/train/memory.hpp>
+#include <baton/train/metrics.hpp>
 #include <baton/train/reference.hpp>
 #include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>
+#include <baton/train/timeline.hpp>

@@ -184,6 +184,49 @@ TEST_CASE("local world: mutually waiting ranks time out, naming rank, peer and t
   }, local_options{.timeout = 100ms}), Catch::Contains("timed out"));
 }
 
+// Issue 28: a rank that never reaches its call (stuck computing) is named by the ranks whose
+// waits time out, through the chain of waits, instead of each blaming its own peer. Each
+// rank gets its own timeout so that they give up one after the other while the stalled rank
+// still sleeps; the messages are recorded in the threads and checked here (Catch is not
+// thread-safe).
+TEST_CASE("local world: a wait that times out names the stalled rank at the end of the chain", "[comm][local][checkpoint]") {
+  const auto chain = [](bool collective) {
+    std::vector<std::string> messages(3);
+    run_local(3, [&](local_communicator& c) {
+      std::int32_t v = 0;
+      try {
+        if (c.rank() == 0) {
+          c.set_timeout(200ms);
+          if (collective) c.barrier();                   // waits for ranks 1 and 2
+          else baton::irecv(c, std::span(&v, 1), 1, 5).wait();  // waits for rank 1
+        } else if (c.rank() == 1) {
+          c.set_timeout(600ms);
+          baton::irecv(c, std::span(&v, 1), 2, 6).wait();  // waits for rank 2
+        } else {
+          std::this_thread::sleep_for(1000ms);  // stalled: in no call of the world
+        }
+      } catch (const baton::comm_error& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    return messages;
+  };
+  const auto p2p = chain(false);
+  INFO(p2p[0] << "\n" << p2p[1]);
+  CHECK_THAT(p2p[0], Catch::Contains("rank 0: irecv from peer 1 (tag 5, 4 bytes) timed out after 0.2 s: world rank 2 has "
+                                     "not reached the matching call") &&
+                         Catch::Contains("waiting meanwhile: world rank 1 in irecv from world rank 2 (tag 6, 4 bytes)"));
+  CHECK_THAT(p2p[1], Catch::Contains("rank 1: irecv from peer 2 (tag 6, 4 bytes) timed out after 0.6 s: world rank 2 has "
+                                     "not reached the matching call"));
+  CHECK(p2p[2].empty());
+  const auto barrier = chain(true);
+  INFO(barrier[0]);
+  CHECK_THAT(barrier[0], Catch::Contains("barrier timed out after 0.2 s waiting for rank(s) 1, 2 to join: world rank 2 "
+                                         "has not reached the matching call") &&
+                             Catch::Contains("world rank 1 in irecv from world rank 2"));
+  CHECK_THAT(barrier[1], Catch::Contains("world rank 2 has not reached the matching call"));
+}
+
 TEST_CASE("local world: a send is never copied before the receive (one copy)", "[comm][local]") {
   // isend only posts a descriptor of the caller's buffer; the receiver copies from it. So a
   // change made after isend but before the receive is posted is what arrives. (Changing a

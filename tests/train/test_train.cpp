@@ -239,6 +239,11 @@ TEST_CASE("train: a bad configuration stops every rank before any work, naming w
   no_seq.seq = 0;
   cases.push_back({"seq", "sequence length 0", no_seq,
                    {{.pp = 2, .cp_ring = 2}, cp_mode::ring, shard_layout::zigzag}, schedule_of<baton::zbv>(2), 4});
+  // Issue 28: a sequence shorter than the cp degree is refused here, not in the first forward.
+  auto short_seq = config;
+  short_seq.seq = 3;
+  cases.push_back({"seq", "sequence length 3 leaves cp rank 3 of 4 (zigzag layout) without a token", short_seq,
+                   {{.pp = 1, .cp_ring = 4}, cp_mode::ring, shard_layout::zigzag}, schedule_of<baton::gpipe>(1), 4});
   cases.push_back({"cp", "cp mode ring shards over cp_ring only", config,
                    {{.pp = 1, .cp_ring = 2, .cp_ulysses = 2}, cp_mode::ring, shard_layout::zigzag},
                    schedule_of<baton::gpipe>(1), 4});

@@ -100,7 +100,11 @@ class local_request {
           release(lock);
           throw comm_error(why);
         }
+        // Blocked in this op while asleep: a peer's wait that times out reads it (see
+        // detail::comm::local::blocked_on).
+        group_->set_blocked(op->owner, op.get());
         w.wakeup(group_->world_rank_of(op->owner)).wait_until(lock, deadline);
+        group_->clear_blocked(op->owner);
       }
     }
     finish(lock);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,15 @@ struct adamw_options {
   double weight_decay = 0.01;
 };
 
+/// "lr 0.001, betas 0.9, 0.999, eps 1e-08, weight_decay 0.01": every setting in %g, so a
+/// small eps reads as itself (std::to_string would print 1e-8 as 0.000000).
+inline std::string adamw_options_text(const adamw_options& o) {
+  char text[160];
+  std::snprintf(text, sizeof text, "lr %g, betas %g, %g, eps %g, weight_decay %g", o.lr, o.beta1, o.beta2, o.eps,
+                o.weight_decay);
+  return text;
+}
+
 /// Adam with decoupled weight decay (Loshchilov & Hutter), step for step as torch.optim.AdamW:
 ///   p ← p (1 - lr λ)                        (only where p.decay)
 ///   m ← β1 m + (1 - β1) g,   v ← β2 v + (1 - β2) g²
@@ -35,12 +45,11 @@ class basic_adamw {
  public:
   basic_adamw(std::vector<named_parameter<Tensor>> parameters, adamw_options options = {})
       : params_(std::move(parameters)), options_(options) {
-    if (!(options.lr >= 0) || !(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1) ||
-        !(options.eps > 0) || !(options.weight_decay >= 0))
-      throw nn_error("baton::nn::adamw: need lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 (got lr " +
-                     std::to_string(options.lr) + ", betas " + std::to_string(options.beta1) + ", " +
-                     std::to_string(options.beta2) + ", eps " + std::to_string(options.eps) + ", weight_decay " +
-                     std::to_string(options.weight_decay) + ")");
+    if (!(options.lr >= 0 && std::isfinite(options.lr)) || !(options.beta1 >= 0 && options.beta1 < 1) ||
+        !(options.beta2 >= 0 && options.beta2 < 1) || !(options.eps > 0 && std::isfinite(options.eps)) ||
+        !(options.weight_decay >= 0 && std::isfinite(options.weight_decay)))
+      throw nn_error("baton::nn::adamw: need a finite lr >= 0, 0 <= beta1, beta2 < 1, a finite eps > 0 and a finite "
+                     "weight_decay >= 0 (got " + adamw_options_text(options) + ")");
     for (const auto& p : params_) {
       const auto n = detail::nn::elements(p.parameter->value).size();
       m_.emplace_back(n, value_type(0));

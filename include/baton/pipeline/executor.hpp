@@ -392,6 +392,7 @@ class pipeline_executor {
     report.peak_live_saved = runner_.peak_saved;
     report.peak_saved_bytes = runner_.peak_bytes;
     report.action_times = runner_.clock.entries(report.compute_seconds);
+    report.action_events = runner_.clock.events();
     if (holds_last_) report.loss = runner_.loss_sum;
     if (options_.loss_on_every_rank) report.loss = share_loss(runner_.loss_sum);
     runner_.end_call();

@@ -49,6 +49,9 @@ struct step_report {
   /// with the loss, backward, backward_input, backward_weight; waiting for messages excluded):
   /// the measured costs of the schedule's actions (see measured_cost_model).
   std::vector<action_time> action_times;
+  /// The same actions one by one, in the order they ran, with their start and finish (a
+  /// measured timeline of this rank: baton::train draws it like a simulated schedule).
+  std::vector<action_event> action_events;
   /// The sum of action_times, and the wall time of the whole call on this rank: on a rank of
   /// a pipeline, 1 - compute_seconds / wall_seconds is the share it spent idle or
   /// communicating (its bubble).

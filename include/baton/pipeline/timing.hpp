@@ -41,6 +41,19 @@ struct action_time {
   friend bool operator==(const action_time&, const action_time&) = default;
 };
 
+/// One compute action as it ran on this rank: stage, kind and microbatch, and when it started
+/// and finished, in seconds since this rank began the call's actions. Ranks begin them right
+/// after the call's agreement exchange, so the clocks of a pipeline's ranks start together
+/// within a message's latency (a timeline drawn from every rank's events lines up).
+struct action_event {
+  int stage = 0;
+  action_kind kind = action_kind::forward;
+  int microbatch = 0;
+  double start = 0;
+  double finish = 0;
+  friend bool operator==(const action_event&, const action_event&) = default;
+};
+
 /// A cost model whose per-stage T_F, T_B, T_I and T_W are the mean measured times of
 /// `times` (every stage's entries, typically gathered from every rank of the pipeline). A
 /// kind a stage never ran gets that stage's other costs' split: T_B = T_I + T_W, and I and W
@@ -74,12 +87,15 @@ inline cost_model measured_cost_model(std::span<const action_time> times, int nu
 
 namespace detail::pipeline {
 
-// Accumulates action_time entries for the stages of one rank during a call.
+// Accumulates action_time entries for the stages of one rank during a call, and the call's
+// action_event list (its capacity kept from call to call: no allocation after the first).
 class action_clock {
  public:
   using clock = std::chrono::steady_clock;
 
   void reset(int num_stages) {
+    origin_ = clock::now();
+    events_.clear();
     entries_.assign(static_cast<std::size_t>(4 * num_stages), {});
     for (int s = 0; s < num_stages; ++s)
       for (int k = 0; k < 4; ++k) {
@@ -88,14 +104,17 @@ class action_clock {
         e.kind = kinds[k];
       }
   }
-  void add(int stage, action_kind kind, clock::duration d) {
+  void add(int stage, action_kind kind, int microbatch, clock::time_point start, clock::time_point finish) {
     for (int k = 0; k < 4; ++k)
       if (kinds[k] == kind) {
         auto& e = entries_[static_cast<std::size_t>(4 * stage + k)];
         ++e.count;
-        e.seconds += std::chrono::duration<double>(d).count();
+        e.seconds += std::chrono::duration<double>(finish - start).count();
       }
+    events_.push_back({stage, kind, microbatch, std::chrono::duration<double>(start - origin_).count(),
+                       std::chrono::duration<double>(finish - origin_).count()});
   }
+  const std::vector<action_event>& events() const noexcept { return events_; }
   // The entries that ran at least once, and their total seconds.
   std::vector<action_time> entries(double& total) const {
     std::vector<action_time> out;
@@ -112,6 +131,8 @@ class action_clock {
   static constexpr action_kind kinds[4] = {action_kind::forward, action_kind::backward, action_kind::backward_input,
                                            action_kind::backward_weight};
   std::vector<action_time> entries_;
+  std::vector<action_event> events_;
+  clock::time_point origin_{};
 };
 
 }  // namespace detail::pipeline

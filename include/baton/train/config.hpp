@@ -11,7 +11,9 @@
 #include <baton/nn/error.hpp>
 #include <baton/nn/optim.hpp>
 #include <baton/schedule/program.hpp>
+#include <baton/train/lr_schedule.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -20,7 +22,8 @@
 namespace baton::train {
 
 /// A configuration that cannot run: `setting()` names what to change ("mesh", "cp",
-/// "schedule", "model", "layers", "seq", "batch", "microbatches"), the message says
+/// "schedule", "model", "layers", "seq", "batch", "microbatches", "optimizer",
+/// "learning_rate"), the message says
 /// how. Every rank checks the same configuration the same way, so every rank throws it
 /// before any work.
 class config_error : public std::invalid_argument {
@@ -45,6 +48,11 @@ struct lm_config {
   /// Gradient-norm clipping (2-norm over the whole model); <= 0 turns it off.
   double clip_norm = 1.0;
   std::uint64_t seed = 1;
+  /// The learning rate of each step, whose peak is optimizer.lr (constant by default).
+  lr_schedule learning_rate{};
+  /// Throw non_finite_error (train/guard.hpp) on every rank at the first step whose loss or
+  /// gradient norm is NaN or infinite, before its optimizer update.
+  bool stop_on_non_finite = true;
 };
 
 /// How the model is spread over the ranks.
@@ -97,12 +105,41 @@ inline void check_config(const lm_config& c, const lm_parallelism& p, int world_
   } catch (const cp_error& e) {
     throw config_error("seq", std::string("sequence length ") + std::to_string(c.seq) + ": " + e.what());
   }
+  if (p.cp != nn::cp_mode::none) {
+    // Every rank of a cp group needs at least one token of the sequence: an empty shard has
+    // no positions for its blocks (found here, not in the first forward).
+    const int inner = p.cp == nn::cp_mode::hybrid ? m.cp_ulysses : 1;
+    const int outer = p.cp == nn::cp_mode::ulysses ? m.cp_ulysses : m.cp_ring;
+    const auto empty_rank = [&](std::int64_t seq) {
+      const sequence_sharding s(p.layout, seq, outer, inner);
+      for (int r = 0; r < s.ranks(); ++r)
+        if (s.local_len(r) == 0) return r;
+      return -1;
+    };
+    if (const int r = empty_rank(c.seq); r >= 0) {
+      std::int64_t enough = c.seq + 1;
+      while (empty_rank(enough) >= 0) ++enough;
+      throw config_error("seq", "sequence length " + std::to_string(c.seq) + " leaves cp rank " + std::to_string(r) +
+                                    " of " + std::to_string(outer * inner) + " (" + std::string(to_string(p.layout)) +
+                                    " layout) without a token; every rank needs at least one: use a sequence of at "
+                                    "least " + std::to_string(enough) + " tokens or a smaller cp degree");
+    }
+  }
   // Any head count splits over the Ulysses degree (unevenly where it must; baton/cp/ulysses.hpp).
   if (c.batch < schedule.microbatches)
     throw config_error("batch", "a batch of " + std::to_string(c.batch) + " rows per replica cannot be cut into " +
                                     std::to_string(schedule.microbatches) +
                                     " microbatches; use at least as many rows as microbatches");
   if (schedule.microbatches < 1) throw config_error("microbatches", "the schedule has no microbatches");
+  const nn::adamw_options& o = c.optimizer;
+  if (!(o.lr >= 0 && std::isfinite(o.lr)) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) ||
+      !(o.eps > 0 && std::isfinite(o.eps)) || !(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
+    throw config_error("optimizer", "AdamW needs a finite lr >= 0, 0 <= beta1, beta2 < 1, a finite eps > 0 and weight "
+                                    "decay >= 0; got " + nn::adamw_options_text(o));
+  if (!std::isfinite(c.clip_norm))
+    throw config_error("optimizer", "clip_norm must be finite (<= 0 turns clipping off), got " + std::to_string(c.clip_norm));
+  if (std::string problem = c.learning_rate.problem(o.lr); !problem.empty())
+    throw config_error("learning_rate", "learning-rate schedule: " + problem);
 }
 
 }  // namespace baton::train

@@ -33,6 +33,7 @@
 #include <baton/train/config.hpp>
 #include <baton/train/detail/global_batch.hpp>
 #include <baton/train/detail/parameter_values.hpp>
+#include <baton/train/guard.hpp>
 #include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>
 
@@ -115,6 +116,7 @@ class lm_trainer {
     std::vector<nn::named_parameter<host_tensor<T>>> params;
     std::optional<nn::adamw<T>> optimizer;
     std::vector<std::int64_t> positions;  // the global positions this rank's shard holds
+    non_finite_guard guard;
 
     state(Comm& world, const lm_config& c, const lm_parallelism& p, program schedule, Backend b, Mask m)
         : config(c),
@@ -163,10 +165,14 @@ class lm_trainer {
       lm_step_report r;
       r.tokens = detail::train::counted_tokens(global.targets);
       step_report pipe;
+      using clock = std::chrono::steady_clock;
+      const auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+      clock::time_point ready, piped, updated;  // the step's parts end to end (lm_step_report's times)
       if (train) {
         nn::zero_grad(params);
+        ready = clock::now();
         pipe = exec->step(nn::lm_input<T>(tokens), info, targets);
-        const auto synced = std::chrono::steady_clock::now();
+        const auto synced = piped = clock::now();
         if (replicas.size() > 1) nn::all_reduce_gradients(params, replicas);
         const auto clipped = std::chrono::steady_clock::now();
         // After the replicas' sum every replica holds the same gradients: the norm counts each
@@ -174,14 +180,24 @@ class lm_trainer {
         r.grad_norm = clip_grad_norm(nn::gradient_spans(params),
                                      config.clip_norm > 0 ? config.clip_norm : std::numeric_limits<double>::infinity(),
                                      2.0, mesh.along(mesh_dim::pp));
+        // Learning-rate schedule and non-finite guard (train/lr_schedule.hpp, train/guard.hpp):
+        // the loss and the norm are the same on every rank, so every rank stops here alike.
+        const std::int64_t taken = optimizer->steps();
+        if (config.stop_on_non_finite) guard.check(taken, pipe.loss.value_or(0.0), r.grad_norm);
+        r.lr = config.learning_rate.at(taken, config.optimizer.lr);
+        optimizer->set_lr(r.lr);
         optimizer->step();
-        r.sync_seconds = std::chrono::duration<double>(clipped - synced).count();
-        r.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - clipped).count();
+        updated = clock::now();
+        r.sync_seconds = seconds(synced, clipped);
+        r.optimizer_seconds = seconds(clipped, updated);
       } else {
+        ready = clock::now();
         pipe = exec->eval(nn::lm_input<T>(tokens), info, targets);
+        piped = updated = clock::now();
       }
       r.loss = pipe.loss.value_or(0.0);
       r.action_times = pipe.action_times;
+      r.action_events = std::move(pipe.action_events);
       // Pipeline figures over the pp group: the longest call, the mean busy share, the peak memory.
       std::array<double, 2> sums{pipe.wall_seconds > 0 ? pipe.compute_seconds / pipe.wall_seconds : 1.0, 0.0};
       std::array<double, 2> maxima{pipe.wall_seconds, static_cast<double>(pipe.peak_saved_bytes)};
@@ -190,8 +206,12 @@ class lm_trainer {
       pp.all_reduce(std::span<double>(maxima), reduce_op::max);
       r.bubble_fraction = std::max(0.0, 1.0 - sums[0] / pp.size());
       r.pipeline_seconds = maxima[0];
+      r.own_pipeline_seconds = seconds(ready, piped);
       r.peak_saved_bytes = static_cast<std::size_t>(maxima[1]);
-      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const auto end = clock::now();
+      r.data_seconds = seconds(start, ready);
+      r.report_seconds = seconds(updated, end);
+      r.seconds = seconds(start, end);
       return r;
     }
 

@@ -15,6 +15,7 @@
 #include <baton/train/config.hpp>
 #include <baton/train/detail/global_batch.hpp>
 #include <baton/train/detail/parameter_values.hpp>
+#include <baton/train/guard.hpp>
 #include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>
 
@@ -65,6 +66,11 @@ class lm_reference {
       model_.backward(st, grad_t<nn::lm_activation<T>>(result.grad));
       r.grad_norm = clip_grad_norm(nn::gradient_spans(params_),
                                    config_.clip_norm > 0 ? config_.clip_norm : std::numeric_limits<double>::infinity(), 2.0);
+      // The same schedule and guard as lm_trainer's.
+      const std::int64_t taken = optimizer_.steps();
+      if (config_.stop_on_non_finite) guard_.check(taken, r.loss, r.grad_norm);
+      r.lr = config_.learning_rate.at(taken, config_.optimizer.lr);
+      optimizer_.set_lr(r.lr);
       optimizer_.step();
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -75,6 +81,7 @@ class lm_reference {
   model_type model_;
   std::vector<nn::named_parameter<host_tensor<T>>> params_;
   nn::adamw<T> optimizer_;
+  non_finite_guard guard_;
 };
 
 }  // namespace baton::train

@@ -34,10 +34,25 @@ namespace baton::detail::comm::local {
 
 using clock = std::chrono::steady_clock;
 
+struct p2p_op;
+class group;
+
+/// What a world rank is blocked in (guarded by the world's mutex): a request's wait() or a
+/// collective's wait for its members, set while it sleeps. A wait that times out follows these
+/// records from the ranks it waits for to the one that is in no wait at all, the stalled rank,
+/// and names it (as the MPI backend does by asking every rank).
+struct blocked_on {
+  const group* in = nullptr;  // null: not blocked in this world
+  int rank = -1;              // its rank in `in`
+  const p2p_op* op = nullptr;  // the message it waits for, or null in a collective
+  comm::collective_kind kind = comm::collective_kind::barrier;
+};
+
 /// Failure and exit records of one run_local world. Guarded by `mutex`.
 class world {
  public:
-  explicit world(int n) : exited(static_cast<std::size_t>(n), 0), wakeups(static_cast<std::size_t>(n)) {}
+  explicit world(int n)
+      : exited(static_cast<std::size_t>(n), 0), blocked(static_cast<std::size_t>(n)), wakeups(static_cast<std::size_t>(n)) {}
 
   std::mutex mutex;
 
@@ -45,6 +60,7 @@ class world {
   std::string failure;             // what() of the first error
   std::exception_ptr first_error;  // null until a rank failed
   std::vector<char> exited;        // by world rank: its function returned normally
+  std::vector<blocked_on> blocked;  // by world rank: what it is waiting in now
 
   /// Whether a rank has failed (lock held).
   bool failed() const noexcept { return first_error != nullptr; }
@@ -242,12 +258,91 @@ class group {
              "; make both ranks agree on peer, tag and count";
     }
     if (clock::now() >= deadline) {
-      return rank_text(op.owner) + ": " + describe(op) + " timed out after " + comm::seconds_text(timeout) +
-             ": peer " + std::to_string(op.peer) + " posted no matching " + (sending ? "irecv" : "isend") +
-             " with tag " + std::to_string(op.tag) +
-             "; check that both ranks agree on peer, tag and order, or raise local_options::timeout";
+      std::string cause = stalled_text(world_rank_of(op.owner), {world_rank_of(op.peer)});
+      if (cause.empty())
+        cause = "peer " + std::to_string(op.peer) + " posted no matching " + (sending ? "irecv" : "isend") + " with tag " +
+                std::to_string(op.tag);
+      return rank_text(op.owner) + ": " + describe(op) + " timed out after " + comm::seconds_text(timeout) + ": " +
+             cause + "; check that the ranks agree on peer, tag and order, or raise local_options::timeout";
     }
     return {};
+  }
+
+  /// Marks world rank `w`'s rank `rank` of this group blocked in `op` (or in a collective of
+  /// `kind` when op is null), or no longer blocked (lock held).
+  void set_blocked(int rank, const p2p_op* op, comm::collective_kind kind = comm::collective_kind::barrier) {
+    the_world->blocked[static_cast<std::size_t>(world_rank_of(rank))] = {this, rank, op, kind};
+  }
+  void clear_blocked(int rank) { the_world->blocked[static_cast<std::size_t>(world_rank_of(rank))] = {}; }
+
+  /// Why a wait of world rank `me` for `targets` (world ranks) can never end, from what every
+  /// rank is blocked in (lock held): the ranks on the chain of waits that are in no wait of
+  /// this world have not reached the matching call; if every rank on the chain waits, it is a
+  /// deadlock. "" when nothing can be said (a rank on the chain returned or failed: the other
+  /// messages say so).
+  std::string stalled_text(int me, std::vector<int> targets) const {
+    const world& w = *the_world;
+    const auto n = w.exited.size();
+    std::vector<char> seen(n, 0);
+    std::vector<int> stalled, waiting;
+    while (!targets.empty()) {
+      const int r = targets.back();
+      targets.pop_back();
+      if (r < 0 || static_cast<std::size_t>(r) >= n || seen[static_cast<std::size_t>(r)] != 0 || r == me) continue;
+      seen[static_cast<std::size_t>(r)] = 1;
+      if (w.exited[static_cast<std::size_t>(r)] != 0) return {};
+      const blocked_on& b = w.blocked[static_cast<std::size_t>(r)];
+      if (b.in == nullptr) {
+        stalled.push_back(r);
+        continue;
+      }
+      waiting.push_back(r);
+      for (int t : b.in->waited_for(b)) targets.push_back(t);
+    }
+    std::sort(stalled.begin(), stalled.end());
+    std::sort(waiting.begin(), waiting.end());
+    std::string others;
+    for (int r : waiting)
+      others += (others.empty() ? "" : ", ") + ("world rank " + std::to_string(r) + " in " +
+                                                  w.blocked[static_cast<std::size_t>(r)].in->blocked_text(
+                                                      w.blocked[static_cast<std::size_t>(r)]));
+    if (!stalled.empty()) {
+      std::string names;
+      for (int r : stalled) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      return std::string(stalled.size() == 1 ? "world rank " : "world ranks ") + names +
+             (stalled.size() == 1 ? " has" : " have") +
+             " not reached the matching call: not waiting in any message or collective of this world (still "
+             "computing, stuck, or it skipped the call)" +
+             (others.empty() ? "" : "; waiting meanwhile: " + others);
+    }
+    if (!others.empty())
+      return "every rank it waits for is waiting too, a deadlock: " + others +
+             "; make the ranks agree on peer, tag and order of their messages and collectives";
+    return {};
+  }
+
+  /// The world ranks a rank blocked as `b` in this group waits for (lock held): its message's
+  /// peer, or the members of its collective that have not arrived.
+  std::vector<int> waited_for(const blocked_on& b) const {
+    std::vector<int> out;
+    if (b.op != nullptr) {
+      out.push_back(world_rank_of(b.op->peer));
+    } else {
+      for (int r = 0; r < size(); ++r)
+        if (present[static_cast<std::size_t>(r)] == 0) out.push_back(world_rank_of(r));
+    }
+    return out;
+  }
+
+  /// "irecv from world rank 2 (tag 5, 64 bytes)", "barrier (missing: world ranks 3)".
+  std::string blocked_text(const blocked_on& b) const {
+    std::string ranks;
+    for (int r : waited_for(b)) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (b.op != nullptr)
+      return std::string(b.op->kind == op_kind::send ? "isend to" : "irecv from") + " world rank " + ranks + " (tag " +
+             std::to_string(b.op->tag) + ", " + std::to_string(b.op->bytes) + " bytes)";
+    return std::string(comm::collective_name(b.kind)) + " (missing: world rank" + (ranks.find(',') != std::string::npos ? "s " : " ") +
+           ranks + ")";
   }
 
   static std::string describe(const p2p_op& op) {
@@ -311,14 +406,19 @@ class group {
         broken = who() + " cannot complete: rank(s) " + gone + " returned from their function without calling " +
                  comm::collective_name(kind) + "; every rank of a communicator must call the same collectives in the same order";
       } else if (clock::now() >= deadline) {
+        const std::string cause = stalled_text(world_rank_of(rank), waited_for({this, rank, nullptr, kind}));
         broken = who() + " timed out after " + comm::seconds_text(timeout) + " waiting for rank(s) " + missing +
-                 " to join; every rank of a communicator must call the same collectives in the same order";
+                 " to join" + (cause.empty() ? "" : ": " + cause) +
+                 "; every rank of a communicator must call the same collectives in the same order";
       }
       if (!broken.empty()) {
+        clear_blocked(rank);
         wake_members();
         throw comm_error(broken);
       }
+      set_blocked(rank, nullptr, kind);
       w.wakeup(world_rank_of(rank)).wait_until(lock, deadline);
+      clear_blocked(rank);
     }
   }
 };

@@ -384,7 +384,7 @@ class action_runner {
         consumed = true;
       }
     }
-    clock.add(s, action_kind::forward, action_clock::clock::now() - compute_start);
+    clock.add(s, action_kind::forward, mb, compute_start, action_clock::clock::now());
     if (!consumed) st.y.emplace(std::move(y));
     if (!training) release_saved<T>(st);
   }
@@ -450,8 +450,8 @@ class action_runner {
                              " threw: " + e.what());
       }
     }();
-    clock.add(c.act.stage, split ? action_kind::backward_input : action_kind::backward,
-               action_clock::clock::now() - compute_start);
+    clock.add(c.act.stage, split ? action_kind::backward_input : action_kind::backward, c.act.microbatch,
+              compute_start, action_clock::clock::now());
     // Checked before anything sees it: the previous stage's backward trusts its output's shape.
     if (auto problem = gradient_mismatch(*st.x, dx, split ? "the stage's backward_input"
                                                                       : "the stage's backward",
@@ -496,7 +496,8 @@ class action_runner {
       } catch (const std::exception& e) {
         throw pipeline_error(std::string("the stage's backward_weight threw: ") + e.what());
       }
-      clock.add(c.act.stage, action_kind::backward_weight, action_clock::clock::now() - compute_start);
+      clock.add(c.act.stage, action_kind::backward_weight, c.act.microbatch, compute_start,
+                action_clock::clock::now());
       release_saved<T>(st);
     } else {
       throw pipeline_error("the stage has no backward_weight");  // rejected at construction
