@@ -14,9 +14,9 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  std::printf("baton %d.%d.%d kokkos=%d mpi=%d blas=%d torch=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
+  std::printf("baton %d.%d.%d kokkos=%d mpi=%d blas=%d json=%d torch=%d cuda=%d nccl=%d\n", BATON_VERSION_MAJOR,
               BATON_VERSION_MINOR, BATON_VERSION_PATCH, BATON_HAS_KOKKOS(), BATON_HAS_MPI(),
-              BATON_HAS_BLAS(), BATON_HAS_TORCH(), BATON_HAS_CUDA(), BATON_HAS_NCCL());
+              BATON_HAS_BLAS(), BATON_HAS_JSON(), BATON_HAS_TORCH(), BATON_HAS_CUDA(), BATON_HAS_NCCL());
 
   static_assert(baton::is_valid(baton::lower(baton::one_f_one_b::generate({2, 1, 4}))));
 
