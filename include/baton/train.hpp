@@ -7,11 +7,27 @@
 //   lm_reference (the same model on one rank)                             (train/reference.hpp)
 //   greedy_generate (a one-stage model's greedy continuation)             (train/generate.hpp)
 //   byte_corpus, lm_batch (byte-level text data, packed documents)        (train/text_data.hpp)
+//   checkpoint_record, checkpoint_tensor, any_rank (what a checkpoint     (train/checkpoint_state.hpp)
+//     holds), checkpoint_error                                            (train/checkpoint_error.hpp)
+// With baton::json (nlohmann-json) linked, checkpoints:
+//   save_checkpoint, load_checkpoint, checkpoint_directory (any trainer)  (train/json/checkpoint.hpp)
+//   save_checkpoint, load_checkpoint of lm_trainer and lm_reference       (train/json/lm_checkpoint.hpp)
+//   write_safetensors, safetensors_file                                   (train/json/safetensors.hpp)
 #pragma once
 
+#include <baton/config.hpp>
+
+#include <baton/train/checkpoint_error.hpp>
+#include <baton/train/checkpoint_state.hpp>
 #include <baton/train/config.hpp>
 #include <baton/train/generate.hpp>
 #include <baton/train/lm_trainer.hpp>
 #include <baton/train/reference.hpp>
 #include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>
+
+#if BATON_HAS_JSON()
+#include <baton/train/json/checkpoint.hpp>
+#include <baton/train/json/lm_checkpoint.hpp>
+#include <baton/train/json/safetensors.hpp>
+#endif
