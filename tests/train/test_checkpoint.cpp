@@ -54,6 +54,32 @@ TEST_CASE("checkpoint: XXH64 gives the published values, in one piece or many", 
   }
 }
 
+TEST_CASE("checkpoint: any_rank turns one rank's flag into every rank's decision; random states as text",
+          "[checkpoint][signal]") {
+  // A signal handler's flag seen on one rank only (or on none): every rank gets the same answer.
+  for (int flagged : {-1, 0, 2}) {
+    const auto answers = baton::run_local(3, [&](baton::local_communicator& world) {
+      return baton::train::any_rank(world, world.rank() == flagged);
+    });
+    INFO("flag on rank " << flagged);
+    CHECK(answers == std::vector<bool>(3, flagged >= 0));
+  }
+  std::mt19937_64 engine(7);
+  engine.discard(3);
+  const std::string state = baton::train::random_state_text(engine);
+  const std::uint64_t next = engine();
+  std::mt19937_64 other(99);
+  baton::train::restore_random_state(state, other);
+  CHECK(other() == next);
+  try {
+    baton::train::restore_random_state("not a state", other, "random state 'shuffle'");
+    FAIL("a text that is no engine state was accepted");
+  } catch (const baton::train::checkpoint_error& e) {
+    CHECK(e.problem() == baton::train::checkpoint_error::kind::damaged);
+    CHECK(std::string(e.what()) == "the checkpoint's random state 'shuffle' is not a state of this engine");
+  }
+}
+
 // Without nlohmann-json there are no checkpoints: this case says so (its own ctest entry), and
 // every other case below is compiled only with it.
 TEST_CASE("checkpoint: the manifest records the run, and each file's size and XXH64", "[checkpoint][manifest][can-skip]") {
@@ -177,6 +203,19 @@ TEST_CASE("checkpoint: a safetensors file is laid out as the format says and rea
   CHECK(h == w.xxh64);
   CHECK(into == b);
   CHECK(error_of([&] { (void)f.load<float>("layer.a"); }).second.find("is F64, not F32") != std::string::npos);
+
+  // A file of 8 MiB of data or more is hashed on a second thread while it is written: the
+  // same XXH64 as the file's bytes, and the same layout.
+  std::vector<double> large(std::size_t{9} << 17);  // 9 MiB
+  for (std::size_t i = 0; i < large.size(); ++i) large[i] = static_cast<double>(i % 1013) * 0.5 - 7;
+  const std::vector<train::tensor_bytes> large_tensors{{"small", train::tensor_dtype::F32, {2}, std::as_bytes(std::span<const float>(b))},
+                                                       {"large", train::tensor_dtype::F64, {9, 1 << 17}, bytes_of(large)}};
+  const fs::path large_path = dir.path() / "large.safetensors";
+  const train::written_file lw = train::write_safetensors(large_path, large_tensors);
+  const std::string large_bytes = read_file(large_path);
+  REQUIRE(large_bytes.size() == lw.bytes);
+  CHECK(lw.xxh64 == baton::detail::train::xxh64::of(std::as_bytes(std::span<const char>(large_bytes.data(), large_bytes.size()))));
+  CHECK(train::safetensors_file(large_path).load<double>("large")[(9 << 17) - 1] == large.back());
 
   // Writing refuses what the format cannot hold.
   const std::vector<train::tensor_bytes> twice{{"x", train::tensor_dtype::F32, {2}, std::as_bytes(std::span<const float>(b))},
@@ -416,6 +455,7 @@ TEST_CASE("checkpoint: a truncated file, a flipped byte, a missing file and anot
     CHECK(k == kind::missing);
     CHECK(message.find("is incomplete: its file optimizer-00000.safetensors") != std::string::npos);
     CHECK(message.find("is missing") != std::string::npos);
+    CHECK(error_of([&] { (void)train::check_lm_checkpoint<double>(s.dir.path(), config); }).second == message);
   }
   SECTION("another model: the first differing setting is named") {
     train::lm_config layers = config;
@@ -434,6 +474,13 @@ TEST_CASE("checkpoint: a truncated file, a flipped byte, a missing file and anot
     train::lm_reference<float, reference_attention> single(small_config<float>());
     message = error_of([&] { train::load_checkpoint(single, s.dir.path()); }).second;
     CHECK(message.find("dtype is F64 in the checkpoint but F32 here") != std::string::npos);
+    // The same answer before any trainer exists (a program's check of --resume).
+    std::tie(k, message) = error_of([&] { (void)train::check_lm_checkpoint<double>(s.dir.path(), layers); });
+    CHECK(k == kind::other_model);
+    CHECK(message.find("holds another model: layers is 4 in the checkpoint but 8 here") != std::string::npos);
+    CHECK(error_of([&] { (void)train::check_lm_checkpoint<float>(s.dir.path(), config); }).second.find("dtype is F64") !=
+          std::string::npos);
+    CHECK(train::check_lm_checkpoint<double>(s.dir.path(), config).record.step == 1);
   }
   SECTION("no checkpoint, and `latest` naming one that is gone") {
     scratch_dir empty("empty");

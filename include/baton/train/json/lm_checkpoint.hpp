@@ -167,6 +167,18 @@ std::filesystem::path save_checkpoint(lm_reference<T, Backend, Mask>& reference,
   return save_checkpoint(dir, detail::train::lm_record<T>(reference, progress, {{"ranks", "1 (lm_reference)"}}), tensors);
 }
 
+/// What a program checks before it builds a trainer or starts a thread: that the checkpoint
+/// `where` names (a checkpoint, or a directory whose `latest` names one) can resume a run of
+/// `config` in T — its manifest intact, every file there with its size, the model settings
+/// equal (the first difference named). Throws checkpoint_error; returns the record (the step
+/// to continue from). Loading checks all of it again, and every file's checksum.
+template <class T>
+loaded_checkpoint check_lm_checkpoint(const std::filesystem::path& where, const lm_config& config) {
+  loaded_checkpoint found = read_checkpoint(where);
+  detail::train::check_settings(found.path, found.record.model, lm_model_settings<T>(config));
+  return found;
+}
+
 /// Restores the trainer from the checkpoint `where` names (a checkpoint, or a directory whose
 /// `latest` names one), written on any mesh: this rank's parameters and their AdamW moments by
 /// name, and the step count (collective). Throws checkpoint_error on every rank when it cannot

@@ -34,6 +34,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -112,12 +113,22 @@ inline written_file write_safetensors(const std::filesystem::path& path, std::sp
   for (std::size_t i = 0; i < 8; ++i) length[i] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xffu);
 
   detail::train::file_handle f = detail::train::create_file(path);
+  // The checksum costs a good part of a write's time: for a large file a second thread
+  // computes it while this one writes (both only read the bytes; it is joined before they
+  // can change, also when a write throws).
   detail::train::xxh64 hash;
+  const auto hash_all = [&] {
+    hash.update(length);
+    hash.update(std::as_bytes(std::span<const char>(text.data(), text.size())));
+    for (const tensor_bytes& t : tensors) hash.update(t.bytes);
+  };
+  std::jthread hasher;
+  if (offset >= (std::uint64_t{8} << 20)) hasher = std::jthread(hash_all);
+  else hash_all();
   // Small tensors are gathered into one buffer, large ones written from where they lie.
   std::vector<std::byte> buffer;
   buffer.reserve(std::size_t{1} << 20);
   const auto put = [&](std::span<const std::byte> bytes) {
-    hash.update(bytes);
     if (buffer.size() + bytes.size() > buffer.capacity()) {
       f.write_all(buffer);
       buffer.clear();
@@ -134,6 +145,7 @@ inline written_file write_safetensors(const std::filesystem::path& path, std::sp
   f.write_all(buffer);
   f.sync();
   f.close();
+  if (hasher.joinable()) hasher.join();
   return {8 + text.size() + offset, hash.digest()};
 }
 
