@@ -10,8 +10,10 @@
 //   checkpoint_record, checkpoint_tensor, any_rank (what a checkpoint     (train/checkpoint_state.hpp)
 //     holds), checkpoint_error                                            (train/checkpoint_error.hpp)
 // With baton::json (nlohmann-json) linked, checkpoints:
-//   save_checkpoint, load_checkpoint, checkpoint_directory (any trainer)  (train/json/checkpoint.hpp)
-//   save_checkpoint, load_checkpoint of lm_trainer and lm_reference       (train/json/lm_checkpoint.hpp)
+//   save_checkpoint, load_checkpoint, checkpoint_directory,               (train/json/checkpoint.hpp)
+//     latest_checkpoint, read_checkpoint (any trainer)
+//   save_checkpoint, load_checkpoint of lm_trainer and lm_reference,      (train/json/lm_checkpoint.hpp)
+//     check_lm_checkpoint
 //   write_safetensors, safetensors_file                                   (train/json/safetensors.hpp)
 #pragma once
 

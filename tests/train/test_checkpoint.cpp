@@ -588,7 +588,7 @@ std::vector<float> pattern(std::int64_t step, std::size_t tensor, std::size_t n)
   return v;
 }
 
-constexpr std::size_t kill_tensors = 6, kill_elements = std::size_t{1} << 20;  // 24 MiB per save
+constexpr std::size_t kill_tensors = 6, kill_elements = std::size_t{1} << 18;  // 6 MiB per save
 
 [[noreturn]] void save_forever(const fs::path& root, std::int64_t first_step) {
   std::vector<std::vector<float>> values(kill_tensors);
