@@ -114,7 +114,7 @@ struct checkpoint_record {
 };
 
 /// One tensor of a rank: saved from `bytes`, loaded into them. Its name is global (the same on
-/// every mesh: "layers.3.attn.wq.weight"), so any rank that holds it finds it again whatever
+/// every mesh: "layers.3.attention.wq.weight"), so any rank that holds it finds it again whatever
 /// rank wrote it. `file` groups tensors into files ("model", "optimizer": the files
 /// model-<rank>.safetensors and optimizer-<rank>.safetensors).
 struct checkpoint_tensor {
