@@ -105,6 +105,18 @@ if(want)
   endif()
 endif()
 
+# --- nlohmann-json -------------------------------------------------------------------
+# Checkpoints (baton/train/json/): the JSON headers of safetensors files and the manifest.
+baton_backend_wanted(want JSON)
+if(want)
+  find_package(nlohmann_json 3.2 QUIET)
+  if(nlohmann_json_FOUND)
+    baton_add_backend(json "nlohmann-json ${nlohmann_json_VERSION}" baton nlohmann_json::nlohmann_json)
+  else()
+    baton_backend_missing(json)
+  endif()
+endif()
+
 # --- LibTorch ------------------------------------------------------------------------
 # The LibTorch adapter (baton/torch.hpp): torch::Tensor payloads and torch::nn modules as
 # stages. Debian's libtorch-dev 1.13 (CPU) provides TorchConfig.cmake.

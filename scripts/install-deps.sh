@@ -11,6 +11,7 @@ packages=(
   libtrilinos-kokkos-dev    # Kokkos 3.4 (Serial) for the attention kernels
   libopenmpi-dev openmpi-bin  # MPI communicator and its tests
   libopenblas-dev           # the sgemm roof of bench_attention
+  nlohmann-json3-dev        # checkpoints (baton::json): safetensors headers and manifests
   clang libclang-rt-14-dev  # libFuzzer: the CSV schedule fuzz target (tests/fuzz)
   libtorch-dev              # LibTorch 1.13 (CPU): the LibTorch adapter, baton::torch
 )

@@ -1,8 +1,9 @@
 // baton/config.hpp — the one place that says which optional backends are compiled in.
 //
-// Each backend's CMake target (baton::kokkos, baton::mpi, baton::blas, baton::torch, baton::cuda, baton::nccl) defines
-// BATON_ENABLE_<NAME>=1. Code tests the function-like macros below, never the raw defines,
-// so a misspelt backend name is a compile error rather than a silent 0.
+// Each backend's CMake target (baton::kokkos, baton::mpi, baton::blas, baton::json, baton::torch,
+// baton::cuda, baton::nccl) defines BATON_ENABLE_<NAME>=1. Code tests the function-like macros
+// below, never the raw defines, so a misspelt backend name is a compile error rather than a
+// silent 0.
 //
 // BATON_HAS_CUDA() says that baton::cuda (the CUDA runtime) is linked, as baton::nccl links
 // it. It says nothing about the compiler: whether a translation unit is compiled by nvcc, and
@@ -39,6 +40,13 @@
 #define BATON_HAS_BLAS() 1
 #else
 #define BATON_HAS_BLAS() 0
+#endif
+
+// nlohmann-json: checkpoints (baton/train/json/: safetensors files and their manifest).
+#if defined(BATON_ENABLE_JSON) && BATON_ENABLE_JSON
+#define BATON_HAS_JSON() 1
+#else
+#define BATON_HAS_JSON() 0
 #endif
 
 #if defined(BATON_ENABLE_TORCH) && BATON_ENABLE_TORCH

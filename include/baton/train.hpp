@@ -12,8 +12,20 @@
 //   lm_reference (the same model on one rank)                             (train/reference.hpp)
 //   greedy_generate (a one-stage model's greedy continuation)             (train/generate.hpp)
 //   byte_corpus, lm_batch (byte-level text data, packed documents)        (train/text_data.hpp)
+//   checkpoint_record, checkpoint_tensor, any_rank (what a checkpoint     (train/checkpoint_state.hpp)
+//     holds), checkpoint_error                                            (train/checkpoint_error.hpp)
+// With baton::json (nlohmann-json) linked, checkpoints:
+//   save_checkpoint, load_checkpoint, checkpoint_directory,               (train/json/checkpoint.hpp)
+//     latest_checkpoint, read_checkpoint (any trainer)
+//   save_checkpoint, load_checkpoint of lm_trainer and lm_reference,      (train/json/lm_checkpoint.hpp)
+//     check_lm_checkpoint
+//   write_safetensors, safetensors_file                                   (train/json/safetensors.hpp)
 #pragma once
 
+#include <baton/config.hpp>
+
+#include <baton/train/checkpoint_error.hpp>
+#include <baton/train/checkpoint_state.hpp>
 #include <baton/train/config.hpp>
 #include <baton/train/generate.hpp>
 #include <baton/train/guard.hpp>
@@ -25,3 +37,9 @@
 #include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>
 #include <baton/train/timeline.hpp>
+
+#if BATON_HAS_JSON()
+#include <baton/train/json/checkpoint.hpp>
+#include <baton/train/json/lm_checkpoint.hpp>
+#include <baton/train/json/safetensors.hpp>
+#endif

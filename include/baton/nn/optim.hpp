@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,8 @@ inline std::string adamw_options_text(const adamw_options& o) {
 template <class Tensor>
 class basic_adamw {
  public:
+  using value_type = typename payload_traits<Tensor>::value_type;
+
   basic_adamw(std::vector<named_parameter<Tensor>> parameters, adamw_options options = {})
       : params_(std::move(parameters)), options_(options) {
     if (!(options.lr >= 0 && std::isfinite(options.lr)) || !(options.beta1 >= 0 && options.beta1 < 1) ||
@@ -98,8 +101,17 @@ class basic_adamw {
   std::int64_t steps() const noexcept { return t_; }
   const std::vector<named_parameter<Tensor>>& parameters() const noexcept { return params_; }
 
+  /// The state a checkpoint saves and restores (torch's names: exp_avg, exp_avg_sq, step): the
+  /// first and second moments of parameters()[i], one element per value, and the step count
+  /// the bias corrections use. Restoring all three continues training exactly where it was.
+  std::span<value_type> first_moment(std::size_t i) { return std::span<value_type>(m_.at(i)); }
+  std::span<value_type> second_moment(std::size_t i) { return std::span<value_type>(v_.at(i)); }
+  void set_steps(std::int64_t steps) {
+    if (steps < 0) throw nn_error("baton::nn::adamw::set_steps: the step count " + std::to_string(steps) + " is negative");
+    t_ = steps;
+  }
+
  private:
-  using value_type = typename payload_traits<Tensor>::value_type;
   std::vector<named_parameter<Tensor>> params_;
   adamw_options options_;
   std::vector<std::vector<value_type>> m_, v_;

@@ -104,6 +104,18 @@ class lm_trainer {
   /// The parameters this rank holds (its pipeline stages'), in the optimizer's order.
   const std::vector<nn::named_parameter<host_tensor<T>>>& local_parameters() const noexcept { return state_->params; }
 
+  // What a checkpoint saves and restores (baton/train/json/lm_checkpoint.hpp): the parameters
+  // above, the optimizer's state, the step count; and which rank writes them.
+  const lm_config& config() const noexcept { return state_->config; }
+  const lm_parallelism& parallelism() const noexcept { return state_->parallelism; }
+  /// AdamW over local_parameters().
+  nn::adamw<T>& optimizer() noexcept { return *state_->optimizer; }
+  /// Optimizer steps taken: since construction, plus those of a checkpoint loaded.
+  std::int64_t steps() const noexcept { return state_->optimizer->steps(); }
+  /// Whether this rank writes its stages' tensors into a checkpoint: the first of the ranks that
+  /// hold the same stages (data- and context-parallel replicas), so each is written once.
+  bool writes_checkpoint() const noexcept { return state_->replicas.rank() == 0; }
+
  private:
   struct state {
     lm_config config;

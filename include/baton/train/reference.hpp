@@ -49,6 +49,12 @@ class lm_reference {
   model_type& model() noexcept { return model_; }
   std::map<std::string, host_tensor<T>> parameters() { return detail::train::values_of<T>(model_); }
 
+  // What a checkpoint saves and restores, as lm_trainer has them (baton/train/json/lm_checkpoint.hpp).
+  const lm_config& config() const noexcept { return config_; }
+  const std::vector<nn::named_parameter<host_tensor<T>>>& local_parameters() const noexcept { return params_; }
+  nn::adamw<T>& optimizer() noexcept { return optimizer_; }
+  std::int64_t steps() const noexcept { return optimizer_.steps(); }
+
  private:
   lm_step_report run(const lm_batch& batch, bool train) {
     const auto start = std::chrono::steady_clock::now();
