@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   if (o.comm == "local") {
     try {
       prepared = train_lm::prepare(o, o.world_size(), o.world_size());
-      if (!o.metrics.empty() && (metrics = std::fopen(o.metrics.c_str(), "w")) == nullptr)
+      if (!o.metrics.empty() && (metrics = std::fopen(o.metrics.c_str(), o.resume.empty() ? "w" : "a")) == nullptr)
         throw train_lm::input_error("cannot write --metrics " + o.metrics + ": " + std::strerror(errno), "--metrics");
       if (!o.trace.empty()) {  // writable? (written at the traced step; a file already there is kept until then)
         std::FILE* existing = std::fopen(o.trace.c_str(), "rb");

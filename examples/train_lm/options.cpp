@@ -156,7 +156,7 @@ bool parse(int argc, char** argv, options& o) {
   auto* eval_every = cli::add_integer(app, "--eval-every", o.eval_every, 1, std::numeric_limits<int>::max(),
                                       "held-out loss every N steps (always at the end)")->group("Reporting");
   eval_every->default_str("");
-  cli::add_text(app, "--metrics", o.metrics, "FILE.jsonl", "one JSON line per step (docs/training.md)")
+  cli::add_text(app, "--metrics", o.metrics, "FILE.jsonl", "one JSON line per step (docs/training.md); appended to with --resume")
       ->group("Reporting");
   auto* trace = cli::add_text(app, "--trace", o.trace, "FILE.json|FILE.svg",
                               "the measured timeline of one step on every rank beside the simulated one: a "

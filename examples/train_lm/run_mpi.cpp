@@ -31,7 +31,7 @@ int run_mpi_world(const options& o) {
   std::int32_t ok = 1;
   try {
     p = prepare(o, world.size(), here);
-    if (lead && !o.metrics.empty() && (metrics = std::fopen(o.metrics.c_str(), "w")) == nullptr)
+    if (lead && !o.metrics.empty() && (metrics = std::fopen(o.metrics.c_str(), o.resume.empty() ? "w" : "a")) == nullptr)
       throw input_error("cannot write --metrics " + o.metrics + ": " + std::strerror(errno), "--metrics");
   } catch (const input_error& e) {
     if (lead) std::fprintf(stderr, "baton-train: %s\nbaton-train: change %s\n", e.what(), e.fix().c_str());

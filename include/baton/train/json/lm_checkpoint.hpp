@@ -18,6 +18,7 @@
 
 #include <baton/train/checkpoint_state.hpp>
 #include <baton/train/config.hpp>
+#include <baton/train/lr_schedule.hpp>
 #include <baton/train/json/checkpoint.hpp>
 #include <baton/train/lm_trainer.hpp>
 #include <baton/train/reference.hpp>
@@ -82,14 +83,22 @@ checkpoint_settings lm_model_settings(const lm_config& c) {
 /// The settings an lm checkpoint records about its training (compared, never refused).
 inline checkpoint_settings lm_training_settings(const lm_config& c) {
   const auto number = detail::train::number_text;
-  return {{"seq", std::to_string(c.seq)},
+  checkpoint_settings settings{{"seq", std::to_string(c.seq)},
           {"batch", std::to_string(c.batch)},
           {"lr", number(c.optimizer.lr)},
           {"beta1", number(c.optimizer.beta1)},
           {"beta2", number(c.optimizer.beta2)},
           {"eps", number(c.optimizer.eps)},
           {"weight_decay", number(c.optimizer.weight_decay)},
-          {"clip_norm", number(c.clip_norm)}};
+          {"clip_norm", number(c.clip_norm)},
+          {"lr_decay", std::string(to_string(c.learning_rate.decay))},
+          {"lr_warmup", std::to_string(c.learning_rate.warmup)}};
+  // A decay's end and floor (a constant rate has neither, whatever total says).
+  if (c.learning_rate.decay != lr_decay::constant) {
+    settings.emplace_back("lr_total", std::to_string(c.learning_rate.total));
+    settings.emplace_back("lr_min", number(c.learning_rate.min_lr));
+  }
+  return settings;
 }
 
 }  // namespace baton::train
