@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -105,4 +106,35 @@ TEST_CASE("core block_cache: host_tensor reuses a freed tensor's memory and stil
   bool all_zero = true;
   for (float v : zeroed.values()) all_zero = all_zero && v == 0.0f;
   CHECK(all_zero);
+}
+
+TEST_CASE("core memory_meter: a thread's tensors are counted until freed, wherever they are freed", "[core][block_cache]") {
+  const auto before = baton::host_tensor_memory();
+  {
+    baton::host_tensor<float> t({1000});
+    CHECK(baton::host_tensor_memory().live == before.live + 4000);
+    CHECK(baton::host_tensor_memory().peak >= before.live + 4000);
+    baton::host_tensor<double> u({10, 10});
+    CHECK(baton::host_tensor_memory().live == before.live + 4800);
+  }
+  CHECK(baton::host_tensor_memory().live == before.live);
+  CHECK(baton::host_tensor_memory().peak >= before.live + 4800);
+  baton::host_tensor_memory_reset_peak();
+  CHECK(baton::host_tensor_memory().peak == before.live);
+
+  // Allocated on a worker, freed here: the worker's meter goes back down, this one never moved.
+  std::shared_ptr<baton::detail::core::memory_meter> worker_meter;
+  baton::host_tensor<float> moved;
+  std::thread worker([&] {
+    worker_meter = baton::detail::core::memory_meter::of_this_thread();
+    moved = baton::host_tensor<float>({256, 256});
+  });
+  worker.join();
+  REQUIRE(worker_meter != nullptr);
+  CHECK(worker_meter->live() == 256 * 256 * 4);
+  CHECK(baton::host_tensor_memory().live == before.live);
+  moved = baton::host_tensor<float>();
+  CHECK(worker_meter->live() == 0);
+  CHECK(worker_meter->peak() == 256 * 256 * 4);
+  CHECK(baton::host_tensor_memory().live == before.live);
 }

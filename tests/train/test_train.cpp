@@ -296,6 +296,37 @@ TEST_CASE("train: measured timings, memory and bubble are reported", "[train]") 
   }
 }
 
+// A rank's measured memory and page faults: the peak covers at least the rank's parameters,
+// gradients and AdamW moments (all held through the step), and a step after the first reuses
+// the first one's memory (host_tensor's block cache) instead of faulting in fresh pages.
+TEST_CASE("train: each rank's measured memory and page faults per step", "[train][memory]") {
+  const scenario s{"pp2 x cp2 ZBV", {{.pp = 2, .cp_ring = 2}, cp_mode::ring, shard_layout::zigzag},
+                   schedule_of<baton::zbv>(2)};
+  const auto config = small_config<float>(8);
+  struct rank_figures {
+    std::int64_t parameter_bytes = 0;
+    std::vector<train::lm_step_report> steps;
+  };
+  const auto ranks = baton::run_local(4, [&](baton::local_communicator& comm) {
+    train::lm_trainer<float, baton::local_communicator, baton::reference_attention> trainer(comm, config, s.parallelism,
+                                                                                           s.schedule);
+    rank_figures f;
+    for (const auto& p : trainer.local_parameters()) f.parameter_bytes += p.parameter->value.size() * 4;
+    for (int step = 0; step < 4; ++step)
+      f.steps.push_back(trainer.step(corpus().train_batch(step, config.batch, config.seq, false)));
+    return f;
+  });
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const rank_figures& f = ranks[r];
+    INFO("rank " << r << ": parameters " << f.parameter_bytes << " B, peak " << f.steps[3].peak_host_bytes
+                 << " B, faults in the first step " << f.steps[0].minor_faults << ", in the last " << f.steps[3].minor_faults);
+    CHECK(f.steps[3].peak_host_bytes >= 4 * f.parameter_bytes);  // values, gradients, two moments
+    CHECK(f.steps[3].peak_host_bytes < 40 * f.parameter_bytes);  // this small model's activations are far fewer
+    if (f.steps[0].minor_faults == 0) continue;                  // not counted per thread here
+    CHECK(f.steps[3].minor_faults <= f.steps[0].minor_faults / 10);
+  }
+}
+
 TEST_CASE("train docs: a pp 2 x cp 2 mesh trains like one rank", "[train][docs]") {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "tokens flow through stages around the ring. ";

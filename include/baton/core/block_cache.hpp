@@ -19,6 +19,9 @@
 // it (it then joins that thread's lists), or after its thread ended.
 //
 // Under AddressSanitizer a kept block is poisoned, so a use after free is still reported.
+//
+// cached_array<T> is the owning array over it, and memory_meter counts, per thread, the bytes
+// its arrays hold (a rank's measured memory where ranks are threads).
 #pragma once
 
 #include <algorithm>
@@ -27,7 +30,10 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -171,11 +177,87 @@ class block_cache {
   std::size_t cached_ = 0;
 };
 
-/// std::unique_ptr's deleter for a block_cache array of `count` T.
+/// The bytes a thread's arrays (cached_array: host_tensor's elements, plans, buckets) hold:
+/// what it allocated and has not freed yet, wherever they are freed, and the most since the
+/// last reset_peak. A rank's own measurement where ranks are threads.
+class memory_meter {
+ public:
+  void add(std::int64_t bytes) noexcept {
+    const std::int64_t now = live_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::int64_t seen = peak_.load(std::memory_order_relaxed);
+    while (now > seen && !peak_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+  void subtract(std::int64_t bytes) noexcept { live_.fetch_sub(bytes, std::memory_order_relaxed); }
+  std::int64_t live() const noexcept { return live_.load(std::memory_order_relaxed); }
+  std::int64_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() noexcept { peak_.store(live(), std::memory_order_relaxed); }
+
+  /// The calling thread's meter; null while the thread is exiting (its arrays are then not
+  /// counted). An array keeps its meter alive, so it may be freed on any thread, at any time.
+  static std::shared_ptr<memory_meter> of_this_thread() {
+    struct holder {
+      std::shared_ptr<memory_meter> meter = std::make_shared<memory_meter>();
+      ~holder() { exited() = true; }
+    };
+    if (exited()) return nullptr;
+    thread_local holder h;
+    return h.meter;
+  }
+
+ private:
+  static bool& exited() noexcept {
+    thread_local bool gone = false;
+    return gone;
+  }
+  std::atomic<std::int64_t> live_{0}, peak_{0};
+};
+
+/// An owning array of `size()` T (uninitialised) from the block cache, counted by the meter of
+/// the thread that allocated it.
 template <class T>
-struct block_cache_delete {
-  std::size_t count = 0;
-  void operator()(T* p) const noexcept { block_cache::deallocate(p, count * sizeof(T)); }
+class cached_array {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T> && alignof(T) <= 64,
+                "cached_array holds plain numbers");
+
+ public:
+  cached_array() = default;
+  explicit cached_array(std::size_t count)
+      : data_(static_cast<T*>(block_cache::allocate(count * sizeof(T)))), count_(count),
+        meter_(memory_meter::of_this_thread()) {
+    if (meter_) meter_->add(static_cast<std::int64_t>(count * sizeof(T)));
+  }
+  cached_array(cached_array&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)), meter_(std::move(other.meter_)) {}
+  cached_array& operator=(cached_array&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      count_ = std::exchange(other.count_, 0);
+      meter_ = std::move(other.meter_);
+    }
+    return *this;
+  }
+  cached_array(const cached_array&) = delete;
+  cached_array& operator=(const cached_array&) = delete;
+  ~cached_array() { reset(); }
+
+  T* get() const noexcept { return data_; }
+  std::size_t size() const noexcept { return count_; }
+  T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+ private:
+  void reset() noexcept {
+    if (data_ == nullptr) return;
+    block_cache::deallocate(data_, count_ * sizeof(T));
+    if (meter_) meter_->subtract(static_cast<std::int64_t>(count_ * sizeof(T)));
+    data_ = nullptr;
+    count_ = 0;
+    meter_.reset();
+  }
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+  std::shared_ptr<memory_meter> meter_;
 };
 
 }  // namespace baton::detail::core

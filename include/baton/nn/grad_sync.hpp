@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,9 +43,7 @@ void all_reduce_gradients(const std::vector<named_parameter<Tensor>>& list, Comm
     filling += n;
     largest = std::max(largest, filling);
   }
-  const std::unique_ptr<V[], detail::core::block_cache_delete<V>> buffer(
-      static_cast<V*>(detail::core::block_cache::allocate(largest * sizeof(V))),
-      detail::core::block_cache_delete<V>{largest});
+  const detail::core::cached_array<V> buffer(largest);
   std::size_t used = 0;
   std::vector<std::span<V>> members;
   const auto flush = [&] {

@@ -1,9 +1,11 @@
 // baton/nn/optim.hpp — AdamW and SGD over a list of named parameters.
 #pragma once
 
+#include <baton/core/block_cache.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/nn/parameter.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -55,8 +57,10 @@ class basic_adamw {
                      "weight_decay >= 0 (got " + adamw_options_text(options) + ")");
     for (const auto& p : params_) {
       const auto n = detail::nn::elements(p.parameter->value).size();
-      m_.emplace_back(n, value_type(0));
-      v_.emplace_back(n, value_type(0));
+      for (auto* moments : {&m_, &v_}) {
+        moments->emplace_back(n);
+        std::fill_n(moments->back().get(), n, value_type(0));
+      }
     }
   }
 
@@ -80,8 +84,8 @@ class basic_adamw {
       const V beta1 = static_cast<V>(b1), beta2 = static_cast<V>(b2), one_minus_beta1 = static_cast<V>(1 - b1),
               one_minus_beta2 = static_cast<V>(1 - b2), step = static_cast<V>(step_size),
               inv_correction2 = static_cast<V>(1 / correction2_sqrt), eps = static_cast<V>(options_.eps);
-      V* m = m_[i].data();
-      V* v = v_[i].data();
+      V* m = m_[i].get();
+      V* v = v_[i].get();
       V* w = value.data();
       const V* g = grad.data();
       for (std::size_t j = 0; j < value.size(); ++j) {
@@ -104,8 +108,8 @@ class basic_adamw {
   /// The state a checkpoint saves and restores (torch's names: exp_avg, exp_avg_sq, step): the
   /// first and second moments of parameters()[i], one element per value, and the step count
   /// the bias corrections use. Restoring all three continues training exactly where it was.
-  std::span<value_type> first_moment(std::size_t i) { return std::span<value_type>(m_.at(i)); }
-  std::span<value_type> second_moment(std::size_t i) { return std::span<value_type>(v_.at(i)); }
+  std::span<value_type> first_moment(std::size_t i) { return {m_.at(i).get(), m_.at(i).size()}; }
+  std::span<value_type> second_moment(std::size_t i) { return {v_.at(i).get(), v_.at(i).size()}; }
   void set_steps(std::int64_t steps) {
     if (steps < 0) throw nn_error("baton::nn::adamw::set_steps: the step count " + std::to_string(steps) + " is negative");
     t_ = steps;
@@ -114,7 +118,8 @@ class basic_adamw {
  private:
   std::vector<named_parameter<Tensor>> params_;
   adamw_options options_;
-  std::vector<std::vector<value_type>> m_, v_;
+  // From the block cache, so that a rank's measured memory (host_tensor_memory) counts them.
+  std::vector<detail::core::cached_array<value_type>> m_, v_;
   std::int64_t t_ = 0;
 };
 

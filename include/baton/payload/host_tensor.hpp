@@ -33,7 +33,8 @@ namespace baton {
 /// The elements are 64-byte aligned. A tensor of 64 KiB or more keeps its memory, once
 /// destroyed, in a cache of the destroying thread for the next tensor of its size class, so
 /// a training step after the first does not fault in fresh pages (baton/core/block_cache.hpp;
-/// host_tensor_cache_release() and host_tensor_cache_limit() control it).
+/// host_tensor_cache_release() and host_tensor_cache_limit() control it). The bytes a thread's
+/// tensors hold are counted: host_tensor_memory().
 template <class T>
 class host_tensor {
   static_assert(detail::payload::own_tensor_element_v<T>,
@@ -142,8 +143,7 @@ class host_tensor {
   host_tensor(std::vector<std::int64_t> shape, for_overwrite_tag)
       : shape_(std::move(shape)),
         size_(detail::payload::checked_element_count(shape_, "baton::host_tensor", sizeof(T))),
-        values_(static_cast<T*>(detail::core::block_cache::allocate(static_cast<std::size_t>(size_) * sizeof(T))),
-                detail::core::block_cache_delete<T>{static_cast<std::size_t>(size_)}) {}
+        values_(static_cast<std::size_t>(size_)) {}
 
   template <class... I>
   std::int64_t offset_unchecked(I... index) const noexcept {
@@ -172,13 +172,29 @@ class host_tensor {
 
   std::vector<std::int64_t> shape_;
   std::int64_t size_ = 0;
-  std::unique_ptr<T[], detail::core::block_cache_delete<T>> values_;
+  detail::core::cached_array<T> values_;
 };
 
 /// Frees the tensor memory the calling thread keeps for reuse (baton/core/block_cache.hpp).
 inline void host_tensor_cache_release() noexcept { detail::core::block_cache::release(); }
 /// The most bytes of freed tensor memory each thread keeps for reuse (default 1 GiB; 0: none).
 inline void host_tensor_cache_limit(std::size_t bytes) noexcept { detail::core::block_cache::set_limit(bytes); }
+
+/// The bytes of host_tensor elements (and baton's other host arrays) the calling thread has
+/// allocated and not freed yet, wherever they are freed; and the most since the thread began
+/// or host_tensor_memory_reset_peak(). Where ranks are threads, a rank's own memory.
+struct host_memory_use {
+  std::int64_t live = 0;
+  std::int64_t peak = 0;
+};
+inline host_memory_use host_tensor_memory() {
+  const auto meter = detail::core::memory_meter::of_this_thread();
+  return meter ? host_memory_use{meter->live(), meter->peak()} : host_memory_use{};
+}
+/// Starts the calling thread's peak again from what it holds now.
+inline void host_tensor_memory_reset_peak() {
+  if (const auto meter = detail::core::memory_meter::of_this_thread()) meter->reset_peak();
+}
 
 /// host_tensor is an activation tensor; row_major_payload_traits supplies bytes, slice and
 /// concat from the four members below.

@@ -33,6 +33,7 @@
 #include <baton/train/config.hpp>
 #include <baton/train/detail/global_batch.hpp>
 #include <baton/train/detail/parameter_values.hpp>
+#include <baton/train/detail/thread_usage.hpp>
 #include <baton/train/guard.hpp>
 #include <baton/train/report.hpp>
 #include <baton/train/text_data.hpp>
@@ -163,6 +164,8 @@ class lm_trainer {
 
     lm_step_report run(const lm_batch& global, bool train) {
       const auto start = std::chrono::steady_clock::now();
+      host_tensor_memory_reset_peak();
+      const std::int64_t faults_before = detail::train::thread_minor_faults();
       const std::int64_t dp = mesh.shape().dp;
       detail::train::check_batch(global, dp * config.batch, config.seq);
       const std::int64_t row0 = mesh.coord(mesh_dim::dp) * config.batch;
@@ -220,6 +223,8 @@ class lm_trainer {
       r.pipeline_seconds = maxima[0];
       r.own_pipeline_seconds = seconds(ready, piped);
       r.peak_saved_bytes = static_cast<std::size_t>(maxima[1]);
+      r.peak_host_bytes = host_tensor_memory().peak;
+      r.minor_faults = detail::train::thread_minor_faults() - faults_before;
       const auto end = clock::now();
       r.data_seconds = seconds(start, ready);
       r.report_seconds = seconds(updated, end);

@@ -42,6 +42,7 @@ struct step_metrics {
 /// The step as one line of JSON, no newline inside, keys in this order:
 ///
 ///   step, loss, lr, tokens, tokens_per_s, grad_norm, bubble, peak_saved_bytes,
+///   peak_host_bytes, minor_faults (world rank 0's own),
 ///   step_s, data_s, pipeline_s, sync_s (gradient all-reduce), optimizer_s (clipping and
 ///   AdamW), report_s, elapsed_s, [eval_loss], stages: [{stage, F_s, B_s, I_s, W_s}, ...]
 ///
@@ -58,7 +59,9 @@ inline std::string to_json_line(const step_metrics& m) {
                     ",\"lr\":" + json_number(r.lr) + ",\"tokens\":" + std::to_string(r.tokens) +
                     ",\"tokens_per_s\":" + json_number(r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0) +
                     ",\"grad_norm\":" + json_number(r.grad_norm) + ",\"bubble\":" + json_number(r.bubble_fraction) +
-                    ",\"peak_saved_bytes\":" + std::to_string(r.peak_saved_bytes) + ",\"step_s\":" + json_number(r.seconds) +
+                    ",\"peak_saved_bytes\":" + std::to_string(r.peak_saved_bytes) +
+                    ",\"peak_host_bytes\":" + std::to_string(r.peak_host_bytes) +
+                    ",\"minor_faults\":" + std::to_string(r.minor_faults) + ",\"step_s\":" + json_number(r.seconds) +
                     ",\"data_s\":" + json_number(r.data_seconds) + ",\"pipeline_s\":" + json_number(r.own_pipeline_seconds) +
                     ",\"sync_s\":" + json_number(r.sync_seconds) + ",\"optimizer_s\":" + json_number(r.optimizer_seconds) +
                     ",\"report_s\":" + json_number(r.report_seconds) + ",\"elapsed_s\":" + json_number(m.elapsed);

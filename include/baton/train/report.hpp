@@ -42,6 +42,13 @@ struct lm_step_report {
   double bubble_fraction = 0;
   /// Peak bytes of saved state (activations kept for backward) on any rank of the pp group.
   std::size_t peak_saved_bytes = 0;
+  /// This rank's measured memory in the step: the most bytes its thread's host_tensors and
+  /// AdamW moments held at once (host_tensor_memory: parameters, gradients, activations,
+  /// messages), and the minor page faults of its thread (0 where the system does not count
+  /// them per thread). Measured where the rank is a thread of its own (the local world, one
+  /// process per rank over MPI).
+  std::int64_t peak_host_bytes = 0;
+  std::int64_t minor_faults = 0;
   /// This rank's measured compute per stage and action kind (see measured_cost_model).
   std::vector<action_time> action_times;
   /// The same actions one by one with their start and finish on this rank (a measured

@@ -23,7 +23,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,7 +97,7 @@ class tile_plan {
   [[nodiscard]] tile_plan_view view() const noexcept { return view(blob_.get()); }
   /// The plan's bytes (size_bytes() of them).
   [[nodiscard]] const std::uint64_t* blob() const noexcept { return blob_.get(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return blob_.get_deleter().count * sizeof(std::uint64_t); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return blob_.size() * sizeof(std::uint64_t); }
   /// Number of non-empty tiles (the work of a pass) and of partial ones.
   [[nodiscard]] std::int64_t nonempty_tiles() const noexcept { return nonempty_; }
   [[nodiscard]] std::int64_t partial_tiles() const noexcept { return header_.partial_tiles; }
@@ -114,7 +113,7 @@ class tile_plan {
   std::int64_t nonempty_ = 0;
   // From the thread's block cache: a plan per call (forward and backward, every ring step)
   // would otherwise fault in fresh pages each time.
-  std::unique_ptr<std::uint64_t[], core::block_cache_delete<std::uint64_t>> blob_;
+  core::cached_array<std::uint64_t> blob_;
 };
 
 namespace plan_detail {
@@ -215,8 +214,7 @@ template <attention_mask Mask>
   plan.k_begin_at_ = place(k_count.size() * sizeof(std::int32_t));
   plan.k_list_at_ = place(at(plan.nonempty_) * sizeof(std::int32_t));
   const std::size_t blob_words = std::max<std::size_t>(bytes / 8, 1);
-  plan.blob_ = decltype(plan.blob_)(static_cast<std::uint64_t*>(core::block_cache::allocate(blob_words * 8)),
-                                    core::block_cache_delete<std::uint64_t>{blob_words});
+  plan.blob_ = core::cached_array<std::uint64_t>(blob_words);
   auto* base = reinterpret_cast<std::byte*>(plan.blob_.get());
   // The padding after each array is zeroed too: a plan's bytes depend on nothing but the call.
   const auto zero_padding = [base](std::size_t where, std::size_t n) {
@@ -230,7 +228,8 @@ template <attention_mask Mask>
   zero_padding(plan.k_list_at_, at(plan.nonempty_) * sizeof(std::int32_t));
   if (bytes == 0) base[0] = base[1] = base[2] = base[3] = base[4] = base[5] = base[6] = base[7] = std::byte{0};
   std::memset(base + plan.bits_at_, 0, bit_words * sizeof(std::uint64_t));
-  std::memcpy(base + plan.kind_at_, kinds.data(), kinds.size());
+  // (An empty grid has no kinds: memcpy must not be given its null pointer.)
+  if (!kinds.empty()) std::memcpy(base + plan.kind_at_, kinds.data(), kinds.size());
   std::memcpy(base + plan.q_begin_at_, q_count.data(), q_count.size() * sizeof(std::int32_t));
   std::memcpy(base + plan.k_begin_at_, k_count.data(), k_count.size() * sizeof(std::int32_t));
   auto* bits = reinterpret_cast<std::uint64_t*>(base + plan.bits_at_);
