@@ -322,8 +322,12 @@ TEST_CASE("train: each rank's measured memory and page faults per step", "[train
                  << " B, faults in the first step " << f.steps[0].minor_faults << ", in the last " << f.steps[3].minor_faults);
     CHECK(f.steps[3].peak_host_bytes >= 4 * f.parameter_bytes);  // values, gradients, two moments
     CHECK(f.steps[3].peak_host_bytes < 40 * f.parameter_bytes);  // this small model's activations are far fewer
-    if (f.steps[0].minor_faults == 0) continue;                  // not counted per thread here
+#if !defined(BATON_TEST_SANITIZED)
+    // (A sanitizer's allocator quarantines freed memory and faults in its shadow pages: the
+    // faults are the release build's to check.)
+    if (f.steps[0].minor_faults == 0) continue;  // not counted per thread here
     CHECK(f.steps[3].minor_faults <= f.steps[0].minor_faults / 10);
+#endif
   }
 }
 
