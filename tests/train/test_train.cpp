@@ -27,6 +27,8 @@
 #include "catch.hpp"
 #include "skip.hpp"
 
+#include "train_test_text.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,21 +43,8 @@ namespace train = baton::train;
 using baton::shard_layout;
 using nn::cp_mode;
 
-// A text with paragraphs (documents for the packed cases), made up so the test reads no file.
-std::string test_text() {
-  std::string t;
-  const char* words[] = {"pipeline", "stage", "ring", "shard", "token", "attention", "gradient", "schedule"};
-  for (int i = 0; i < 900; ++i) {
-    t += words[(i * 7 + i / 5) % 8];
-    t += (i % 23 == 22) ? "\n\n" : (i % 9 == 8 ? ". " : " ");
-  }
-  return t;
-}
-
-const train::byte_corpus& corpus() {
-  static const train::byte_corpus c(test_text());
-  return c;
-}
+using train_test::words_text;
+const train::byte_corpus& corpus() { return train_test::words_corpus(); }
 
 template <class T>
 train::lm_config small_config(std::int64_t layers) {
@@ -368,7 +357,7 @@ TEST_CASE("train docs: the example of lm_trainer's comment", "[train][docs][lm-t
 #if !BATON_HAS_KOKKOS()
   BATON_SKIP("the example runs kokkos_attention, which needs Kokkos: link baton::kokkos");
 #else
-  const train::byte_corpus corpus(test_text());
+  const train::byte_corpus corpus(words_text());
   train::lm_config config = small_config<float>(4);
   const int steps = 2;
   const auto losses = baton::run_local(4, [&](baton::local_communicator& world) {

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <map>
 #include <numbers>
+#include "train_test_text.hpp"
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,20 +31,7 @@ namespace train = baton::train;
 using baton::shard_layout;
 using nn::cp_mode;
 
-std::string words_text() {
-  std::string t;
-  const char* words[] = {"pipeline", "stage", "ring", "shard", "token", "attention", "gradient", "schedule"};
-  for (int i = 0; i < 900; ++i) {
-    t += words[(i * 7 + i / 5) % 8];
-    t += (i % 23 == 22) ? "\n\n" : (i % 9 == 8 ? ". " : " ");
-  }
-  return t;
-}
-
-const train::byte_corpus& words_corpus() {
-  static const train::byte_corpus c(words_text());
-  return c;
-}
+using train_test::words_corpus;
 
 train::lm_config tiny_config(std::int64_t layers) {
   train::lm_config c;
