@@ -4,9 +4,11 @@
 //
 // FLOPs are the standard count: forward 4 S^2 D H B for full attention (two GEMMs), half of
 // it for causal; backward 2.5x the forward. A ratio divides by 989 TFLOP/s, the H100/H200
-// dense bf16 peak. Times are CUDA events around one call, median over the repetitions
-// (after warm-up), so the figures are the kernels' own (the host-side plan costs microseconds
-// and, for a repeated mask, no upload).
+// dense bf16 peak. A sample is CUDA events around 4 calls queued back to back, divided by 4;
+// the median over the samples (after warm-up) is printed. A call plans on the host before it
+// queues its kernels; back to back, that planning overlaps the previous call's kernels, so the
+// timed window holds device work as long as a plan takes less than a call's kernels — the
+// plan's own time is printed beside (cuda_plan_ms_<case>) to show that it does.
 //
 // Figures:
 //   cuda_fwd_tflops_S8192_D128_bf16, cuda_fwd_ratio_S8192_D128_bf16          full
@@ -14,7 +16,10 @@
 //   cuda_bwd_tflops_S8192_D128_bf16[_causal], cuda_bwd_ratio_S8192_D128_bf16[_causal]
 //   cuda_fwd_tflops_S8192_D128_{fp16,fp32}                                     full
 //   cuda_fwd_tflops_S8192_D128_bf16_tile<Q>x<K>       forward tilings other than the default
-// Without a CUDA device it prints a SKIPPED line and exits 0.
+//   cuda_fwd_ms_<case>, cuda_bwd_ms_<case>            the times (run.sh divides PyTorch's by them)
+//   cuda_plan_ms_<case>                               the host-side tile plan of that mask
+// A case that throws prints `bench_cuda_attention: FAILED <case>: <what>` and the next case
+// runs (the exit status is then 1). Without a CUDA device it prints a SKIPPED line and exits 0.
 //
 //   ./bench_cuda_attention [--quick] [--reps N]
 #include "bench_common.hpp"
@@ -24,6 +29,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,7 +69,10 @@ struct device_tensor {
   ~device_tensor() { (void)cudaFree(data); }
 };
 
-/// Median seconds of `call` over reps repetitions (after 2 warm-up calls), by CUDA events.
+constexpr int calls_per_sample = 4;
+
+/// Seconds per call of `call`: reps samples of calls_per_sample calls queued back to back
+/// (after 2 warm-up calls), by CUDA events.
 bench::series time_calls(const std::function<void()>& call, cudaStream_t stream, int reps) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
@@ -71,12 +82,12 @@ bench::series time_calls(const std::function<void()>& call, cudaStream_t stream,
   bench::series s;
   for (int i = 0; i < reps; ++i) {
     check(cudaEventRecord(start, stream), "cudaEventRecord");
-    call();
+    for (int c = 0; c < calls_per_sample; ++c) call();
     check(cudaEventRecord(stop, stream), "cudaEventRecord");
     check(cudaEventSynchronize(stop), "cudaEventSynchronize");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    s.add(ms * 1e-3);
+    s.add(ms * 1e-3 / calls_per_sample);
   }
   (void)cudaEventDestroy(start);
   (void)cudaEventDestroy(stop);
@@ -87,6 +98,11 @@ bench::series tflops_of(const bench::series& seconds, double flops) {
   bench::series t;
   for (double s : seconds.values) t.add(flops / s * 1e-12);
   return t;
+}
+bench::series milliseconds(const bench::series& seconds) {
+  bench::series m;
+  for (double s : seconds.values) m.add(s * 1e3);
+  return m;
 }
 bench::series ratio_of(const bench::series& tflops) {
   bench::series r;
@@ -131,6 +147,24 @@ void bench_forward(const operands<S>& o, const Mask& mask, bool causal, const st
   const bench::series t = tflops_of(seconds, o.p.forward_flops(causal));
   bench::print("cuda_fwd_tflops_" + name, t);
   if (with_ratio) bench::print("cuda_fwd_ratio_" + name, ratio_of(t), "%.3f");
+  bench::print("cuda_fwd_ms_" + name, milliseconds(seconds));
+}
+
+/// The host-side tile plan of `mask` at the default D = 128 forward tiling, milliseconds.
+template <class Mask>
+void bench_plan(const problem_size& p, const Mask& mask, const std::string& name, int reps) {
+  namespace dc = baton::detail::attention::cuda;
+  const dc::forward_config cfg = dc::forward_config_for(2, static_cast<int>(p.dim));
+  const baton::positions all(0, p.seq);
+  bench::series ms;
+  for (int i = 0; i < std::max(reps, 5); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const dc::tile_plan plan = dc::make_tile_plan(mask, all, all, p.seq, p.seq, cfg.tile_q, cfg.tile_k);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (plan.size_bytes() == 0) throw std::runtime_error("empty tile plan");
+    ms.add(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  bench::print("cuda_plan_ms_" + name, ms);
 }
 
 template <class S, class Mask>
@@ -148,6 +182,7 @@ void bench_backward(const operands<S>& o, const Mask& mask, bool causal, const s
   const bench::series t = tflops_of(seconds, 2.5 * o.p.forward_flops(causal));
   bench::print("cuda_bwd_tflops_" + name, t);
   bench::print("cuda_bwd_ratio_" + name, ratio_of(t), "%.3f");
+  bench::print("cuda_bwd_ms_" + name, milliseconds(seconds));
 }
 
 /// The forward with tiling (MT, TK) through the detail launch (no mask), to compare tilings.
@@ -189,41 +224,57 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no CUDA device (bench_cuda_attention needs one)\n");
     return 0;
   }
-  try {
-    bench::print_build();
-    cudaDeviceProp prop{};
+  int status = 0;
+  // One case's failure is printed and the next case runs: every figure that can be measured is.
+  const auto attempt = [&status](const std::string& what, const std::function<void()>& run) {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      std::printf("bench_cuda_attention: FAILED %s: %s\n", what.c_str(), e.what());
+      std::fflush(stdout);
+      (void)cudaGetLastError();  // a sticky launch error would fail every later case instead
+      status = 1;
+    }
+    std::fflush(stdout);
+  };
+  bench::print_build();
+  cudaDeviceProp prop{};
+  attempt("device", [&] {
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-    bench::print_load("before");
-    problem_size size;
-    if (quick) size.seq = 2048;
-    const std::string tag = "S" + std::to_string(size.seq) + "_D128";
-    cudaStream_t stream = nullptr;
-    check(cudaStreamCreate(&stream), "cudaStreamCreate");
-    {
-      const operands<baton::bfloat16> bf(size);
-      bench_forward(bf, baton::no_mask{}, false, tag + "_bf16", stream, reps, true);
-      bench_forward(bf, baton::causal_mask{}, true, tag + "_bf16_causal", stream, reps, true);
-      bench_backward(bf, baton::no_mask{}, false, tag + "_bf16", stream, reps);
-      bench_backward(bf, baton::causal_mask{}, true, tag + "_bf16_causal", stream, reps);
-      // Tilings other than forward_config_for's (128 x 32 at D = 128), to tune it on hardware.
-      bench_tiling<2, 64>(bf, tag + "_bf16_tile128x64", stream, reps);
-      bench_tiling<1, 64>(bf, tag + "_bf16_tile64x64", stream, reps);
-      bench_tiling<1, 32>(bf, tag + "_bf16_tile64x32", stream, reps);
-    }
-    {
-      const operands<baton::float16> h(size);
-      bench_forward(h, baton::no_mask{}, false, tag + "_fp16", stream, reps, false);
-    }
-    {
-      const operands<float> f(size);
-      bench_forward(f, baton::no_mask{}, false, tag + "_fp32", stream, std::max(3, reps / 3), false);
-    }
-    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
-    bench::print_load("after");
-  } catch (const std::exception& e) {
-    std::printf("bench_cuda_attention: FAILED: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  });
+  bench::print_load("before");
+  problem_size size;
+  if (quick) size.seq = 2048;
+  const std::string tag = "S" + std::to_string(size.seq) + "_D128";
+  attempt("plans", [&] {
+    bench_plan(size, baton::no_mask{}, tag + "_bf16", reps);
+    bench_plan(size, baton::causal_mask{}, tag + "_bf16_causal", reps);
+  });
+  cudaStream_t stream = nullptr;
+  attempt("stream", [&] { check(cudaStreamCreate(&stream), "cudaStreamCreate"); });
+  attempt("bf16", [&] {
+    const operands<baton::bfloat16> bf(size);
+    attempt("forward bf16", [&] { bench_forward(bf, baton::no_mask{}, false, tag + "_bf16", stream, reps, true); });
+    attempt("forward bf16 causal",
+            [&] { bench_forward(bf, baton::causal_mask{}, true, tag + "_bf16_causal", stream, reps, true); });
+    attempt("backward bf16", [&] { bench_backward(bf, baton::no_mask{}, false, tag + "_bf16", stream, reps); });
+    attempt("backward bf16 causal",
+            [&] { bench_backward(bf, baton::causal_mask{}, true, tag + "_bf16_causal", stream, reps); });
+    // Tilings other than forward_config_for's (128 x 32 at D = 128), to tune it on hardware.
+    attempt("tile 128x64", [&] { bench_tiling<2, 64>(bf, tag + "_bf16_tile128x64", stream, reps); });
+    attempt("tile 64x64", [&] { bench_tiling<1, 64>(bf, tag + "_bf16_tile64x64", stream, reps); });
+    attempt("tile 64x32", [&] { bench_tiling<1, 32>(bf, tag + "_bf16_tile64x32", stream, reps); });
+  });
+  attempt("forward fp16", [&] {
+    const operands<baton::float16> h(size);
+    bench_forward(h, baton::no_mask{}, false, tag + "_fp16", stream, reps, false);
+  });
+  attempt("forward fp32", [&] {
+    const operands<float> f(size);
+    bench_forward(f, baton::no_mask{}, false, tag + "_fp32", stream, std::max(3, reps / 3), false);
+  });
+  if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  bench::print_load("after");
+  return status;
 }
