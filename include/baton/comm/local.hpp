@@ -92,7 +92,7 @@ class local_request {
       if (!op) continue;
       while (op->state == op_state::posted || op->state == op_state::copying) {
         if (op->state == op_state::copying) {  // a memcpy in progress: bounded, no timeout
-          w.wakeup(group_->world_rank_of(op->owner)).wait(lock);
+          w.sleep(group_->world_rank_of(op->owner), lock, detail::comm::local::clock::time_point::max());
           continue;
         }
         std::string why = group_->hopeless(*op, deadline, timeout_);
@@ -103,7 +103,7 @@ class local_request {
         // Blocked in this op while asleep: a peer's wait that times out reads it (see
         // detail::comm::local::blocked_on).
         group_->set_blocked(op->owner, op.get());
-        w.wakeup(group_->world_rank_of(op->owner)).wait_until(lock, deadline);
+        w.sleep(group_->world_rank_of(op->owner), lock, deadline);
         group_->clear_blocked(op->owner);
       }
     }
