@@ -53,12 +53,13 @@ struct blocked_on {
 /// Failure and exit records of one run_local world. Guarded by `mutex`.
 class world {
  public:
-  explicit world(int n)
+  explicit world(int n, wait_mode waits = wait_mode::automatic)
       : exited(static_cast<std::size_t>(n), 0),
         blocked(static_cast<std::size_t>(n)),
         bells(static_cast<std::size_t>(n)),
         awake(n),
-        cores(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+        cores(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+        mode(waits) {}
 
   std::mutex mutex;
 
@@ -97,7 +98,7 @@ class world {
   void sleep(int world_rank, std::unique_lock<std::mutex>& lock, clock::time_point deadline) {
     doorbell& d = bell(world_rank);
     const std::uint32_t seen = d.rings.load(std::memory_order_relaxed);
-    if (awake <= cores && d.should_spin()) {  // every awake rank has a core: the ringer runs
+    if (may_spin() && d.should_spin()) {
       lock.unlock();
       const bool rung = d.spin(seen, deadline);
       relock(lock);
@@ -153,6 +154,21 @@ class world {
   std::vector<doorbell> bells;  // by world rank; never resized
   int awake;                    // ranks neither returned nor asleep in sleep()
   int cores;                    // hardware threads of the machine
+  wait_mode mode;
+
+  /// Spinning needs a ringer that runs meanwhile: another awake rank (awake counts this
+  /// one). In automatic mode the awake ranks must also leave a core spare, for the rest of
+  /// the machine's work: where they would take every core (2 ranks on a 2-core machine,
+  /// 4 on 4), a spin measured no faster than blocking and stole the time slices of
+  /// whatever else ran there, peers included (docs/communicators.md, "Figures").
+  bool may_spin() const noexcept {
+    switch (mode) {
+      case wait_mode::block: return false;
+      case wait_mode::spin: return awake >= 2;
+      case wait_mode::automatic: break;
+    }
+    return awake >= 2 && awake < cores;
+  }
 };
 
 enum class op_kind : std::uint8_t { send, recv };

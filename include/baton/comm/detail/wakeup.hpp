@@ -34,6 +34,9 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// Whether waits spin before blocking: as the machine allows, always, or never.
+enum class wait_mode : std::uint8_t { automatic, spin, block };
+
 /// Where one rank waits. `rings` is bumped, with the world's mutex held, by every change a
 /// waiter of this rank may be waiting for; the rest is the owner's or guarded by the mutex.
 struct alignas(64) doorbell {
