@@ -160,7 +160,7 @@ class world {
   /// one). In automatic mode the awake ranks must also leave a core spare, for the rest of
   /// the machine's work: where they would take every core (2 ranks on a 2-core machine,
   /// 4 on 4), a spin measured no faster than blocking and stole the time slices of
-  /// whatever else ran there, peers included (docs/communicators.md, "Figures").
+  /// whatever else ran there, peers included (docs/pipeline.md, "Figures").
   bool may_spin() const noexcept {
     switch (mode) {
       case wait_mode::block: return false;
