@@ -85,7 +85,7 @@ class world {
     d.rings.fetch_add(1, std::memory_order_release);
     return d.asleep;
   }
-  void notify(int world_rank) { bell(world_rank).cv.notify_all(); }
+  void notify(int world_rank) { bell(world_rank).wake(); }
   void wake_everyone() {
     for (std::size_t r = 0; r < bells.size(); ++r) {
       if (ring(static_cast<int>(r))) notify(static_cast<int>(r));
@@ -104,14 +104,9 @@ class world {
       relock(lock);
       if (rung || d.rings.load(std::memory_order_relaxed) != seen || clock::now() >= deadline) return;
     }
-    const auto rung = [&] { return d.rings.load(std::memory_order_relaxed) != seen; };
     d.asleep = true;
     --awake;
-    if (deadline == clock::time_point::max()) {
-      d.cv.wait(lock, rung);
-    } else {
-      d.cv.wait_until(lock, deadline, rung);
-    }
+    d.block(lock, seen, deadline);
     ++awake;
     d.asleep = false;
   }

@@ -17,10 +17,19 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ctime>
+#endif
 
 namespace baton::detail::comm::local {
 
@@ -34,6 +43,16 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// Takes `lock`'s mutex, trying a little before blocking: a spinning waiter that saw its ring
+/// usually finds the mutex held by the ringer for a few more instructions.
+inline void relock(std::unique_lock<std::mutex>& lock) {
+  for (int i = 0; i < 64; ++i) {
+    if (lock.try_lock()) return;
+    cpu_relax();
+  }
+  lock.lock();
+}
+
 /// Whether waits spin before blocking: as the machine allows, always, or never.
 enum class wait_mode : std::uint8_t { automatic, spin, block };
 
@@ -41,8 +60,50 @@ enum class wait_mode : std::uint8_t { automatic, spin, block };
 /// waiter of this rank may be waiting for; the rest is the owner's or guarded by the mutex.
 struct alignas(64) doorbell {
   std::atomic<std::uint32_t> rings{0};
+  bool asleep = false;  // in block() (guarded by the world's mutex): a ring must wake()
+#if !defined(__linux__)
   std::condition_variable cv;
-  bool asleep = false;  // in cv's wait (guarded by the world's mutex): a ring must notify
+#endif
+
+  /// Sleeps until `rings` moves past `seen` or `deadline` passes; may return early. Called
+  /// with `lock` held (and `asleep` set), returns with it held. On Linux the sleeper waits on
+  /// the doorbell's own futex: no condition variable's bookkeeping on either side, and the
+  /// kernel refuses the wait if a ring came in between unlocking and sleeping.
+  void block(std::unique_lock<std::mutex>& lock, std::uint32_t seen, std::chrono::steady_clock::time_point deadline) {
+    using clock = std::chrono::steady_clock;
+#if defined(__linux__)
+    timespec left{};
+    const timespec* timeout = nullptr;
+    if (deadline != clock::time_point::max()) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - clock::now()).count();
+      if (ns <= 0) return;
+      left.tv_sec = static_cast<std::time_t>(ns / 1'000'000'000);
+      left.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+      timeout = &left;
+    }
+    static_assert(sizeof(rings) == sizeof(std::uint32_t), "the futex is the atomic's 32-bit word");
+    lock.unlock();
+    // FUTEX_WAIT's timeout is relative, on CLOCK_MONOTONIC (steady_clock's clock).
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&rings), FUTEX_WAIT_PRIVATE, seen, timeout, nullptr, 0);
+    relock(lock);
+#else
+    const auto rung = [&] { return rings.load(std::memory_order_relaxed) != seen; };
+    if (deadline == clock::time_point::max()) {
+      cv.wait(lock, rung);
+    } else {
+      cv.wait_until(lock, deadline, rung);
+    }
+#endif
+  }
+
+  /// Wakes the owner from block() (called without the world's mutex, after a ring).
+  void wake() {
+#if defined(__linux__)
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&rings), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+    cv.notify_all();
+#endif
+  }
 
   // The spin budget adapts to what this rank's waits take: it doubles after a spin that saw
   // the ring, halves after one that did not, between bounds: at most about what a blocking
@@ -88,15 +149,5 @@ struct alignas(64) doorbell {
     return false;
   }
 };
-
-/// Takes `lock`'s mutex, trying a little before blocking: a spinning waiter that saw its ring
-/// usually finds the mutex held by the ringer for a few more instructions.
-inline void relock(std::unique_lock<std::mutex>& lock) {
-  for (int i = 0; i < 64; ++i) {
-    if (lock.try_lock()) return;
-    cpu_relax();
-  }
-  lock.lock();
-}
 
 }  // namespace baton::detail::comm::local
