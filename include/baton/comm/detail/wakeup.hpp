@@ -140,7 +140,7 @@ struct alignas(64) doorbell {
         return true;
       }
       cpu_relax();
-      if (i % 16 == 0 && clock::now() >= stop) break;  // a clock read costs about 16 pauses
+      if (i % 16 == 0 && clock::now() >= stop) break;  // the clock only every 16 pauses: cheaper
     }
     spin_ns.store(std::max(min_spin_ns, budget / 2), std::memory_order_relaxed);
     const std::int32_t b = std::min(max_backoff, std::max(1, backoff.load(std::memory_order_relaxed) * 2));
