@@ -303,3 +303,54 @@ TEST_CASE("local world: many small messages between all pairs", "[comm][local]")
     }
   }, quick));
 }
+
+// Issue 31: a wait may spin on its doorbell before it blocks. Both ways must deliver every
+// message with more ranks than the machine has cores (a spinner must not starve the peer it
+// waits for), and still end on a dead peer, a failure and a timeout naming the stalled rank.
+TEST_CASE("local world: waits that spin first and waits that block at once keep every guarantee", "[comm][local]") {
+  const baton::local_wait mode = GENERATE(baton::local_wait::spin, baton::local_wait::block);
+  CAPTURE(static_cast<int>(mode));
+  const auto start = std::chrono::steady_clock::now();
+  // Six ranks (more than CI's 2 cores): 300 ring hand-offs, then the collectives.
+  REQUIRE_NOTHROW(run_local(6, [](local_communicator& c) {
+    const int n = c.size(), r = c.rank();
+    std::int64_t token = r;
+    for (int k = 0; k < 300; ++k) {
+      std::int64_t next = -1;
+      baton::shift(c, std::span<const std::int64_t>(&token, 1), std::span(&next, 1), 1, 3).wait();
+      SUITE_CHECK(c, next == comm_suite::mod(r - 1, n) + static_cast<std::int64_t>(k) * 100);
+      token = r + static_cast<std::int64_t>(k + 1) * 100;
+    }
+    std::vector<double> x(3, double(r));
+    c.all_reduce(std::span(x), baton::reduce_op::sum);
+    SUITE_CHECK(c, x[2] == double(n * (n - 1) / 2));
+    c.barrier();
+  }, local_options{.timeout = 10s, .wait = mode}));
+  // A peer that returns, one that throws: the waits end at once, not at the 60 s timeout.
+  REQUIRE_THROWS_WITH(run_local(2, [](local_communicator& c) {
+    if (c.rank() == 1) return;
+    std::int32_t v = 0;
+    baton::irecv(c, std::span(&v, 1), 1, 8).wait();
+  }, local_options{.timeout = 60s, .wait = mode}), Catch::Contains("returned from its function without sending"));
+  REQUIRE_THROWS_WITH(run_local(3, [](local_communicator& c) {
+    if (c.rank() == 2) throw std::logic_error("rank 2 broke");
+    c.barrier();
+  }, local_options{.timeout = 60s, .wait = mode}), Catch::Contains("rank 2 broke"));
+  REQUIRE(std::chrono::steady_clock::now() - start < 8s);
+  // A rank stuck outside the world: the wait times out and names it.
+  std::string message;
+  run_local(2, [&](local_communicator& c) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(300ms);
+      return;
+    }
+    c.set_timeout(50ms);
+    std::int32_t v = 0;
+    try {
+      baton::irecv(c, std::span(&v, 1), 1, 2).wait();
+    } catch (const baton::comm_error& e) {
+      message = e.what();
+    }
+  }, local_options{.wait = mode});
+  CHECK_THAT(message, Catch::Contains("timed out after 0.05 s: world rank 1 has not reached the matching call"));
+}

@@ -45,11 +45,23 @@
 
 namespace baton {
 
+/// How a rank of the local world waits for another: spin briefly, then block, or block at
+/// once. A hand-off that blocks costs each side a trip through the kernel (microseconds);
+/// one caught while spinning costs a cache line.
+enum class local_wait : std::uint8_t {
+  automatic,  ///< spin while the world's running ranks leave a core of the machine spare
+  spin,       ///< spin first whenever another rank runs (ranks pinned to otherwise idle cores)
+  block,      ///< never spin (a machine shared with other work)
+};
+
 /// Settings of a run_local world.
 struct local_options {
   /// The longest any wait may block (a request's wait(), a collective) before it ends with
   /// comm_error naming rank, peer and tag. Each rank can change its own with set_timeout().
   std::chrono::nanoseconds timeout = std::chrono::seconds(60);
+  /// Whether waits spin before blocking. Spins are short and adaptive (they back off where
+  /// they do not pay); timeouts, failures and dead peers end a wait either way.
+  local_wait wait = local_wait::automatic;
 };
 
 class local_communicator;
@@ -92,7 +104,7 @@ class local_request {
       if (!op) continue;
       while (op->state == op_state::posted || op->state == op_state::copying) {
         if (op->state == op_state::copying) {  // a memcpy in progress: bounded, no timeout
-          w.wakeup(group_->world_rank_of(op->owner)).wait(lock);
+          w.sleep(group_->world_rank_of(op->owner), lock, detail::comm::local::clock::time_point::max());
           continue;
         }
         std::string why = group_->hopeless(*op, deadline, timeout_);
@@ -103,7 +115,7 @@ class local_request {
         // Blocked in this op while asleep: a peer's wait that times out reads it (see
         // detail::comm::local::blocked_on).
         group_->set_blocked(op->owner, op.get());
-        w.wakeup(group_->world_rank_of(op->owner)).wait_until(lock, deadline);
+        w.sleep(group_->world_rank_of(op->owner), lock, deadline);
         group_->clear_blocked(op->owner);
       }
     }
@@ -578,7 +590,11 @@ auto run_local(int n, F&& fn, local_options options = {}) {
   if (options.timeout < std::chrono::nanoseconds::zero()) {
     throw comm_error("baton::run_local: local_options::timeout is negative; pass a duration >= 0");
   }
-  auto world = std::make_shared<detail::comm::local::world>(n);
+  using wait_mode = detail::comm::local::wait_mode;
+  const wait_mode mode = options.wait == local_wait::spin    ? wait_mode::spin
+                         : options.wait == local_wait::block ? wait_mode::block
+                                                             : wait_mode::automatic;
+  auto world = std::make_shared<detail::comm::local::world>(n, mode);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
   auto group = std::make_shared<detail::comm::local::group>(world, std::move(ranks));

@@ -3,7 +3,8 @@
 // One `world` per run_local call: the failure record and which ranks have returned.
 // One `group` per communicator (the world's, and one per split): mailboxes for
 // point-to-point messages and the rendezvous for collectives. All state is guarded by the
-// world's single mutex; bulk copies run outside it.
+// world's single mutex; bulk copies run outside it. A rank waits on its own doorbell
+// (detail/wakeup.hpp): it spins briefly, then sleeps, and every change that concerns it rings.
 //
 // Point-to-point is a rendezvous without intermediate buffers: isend and irecv each post a
 // descriptor of the caller's buffer; whichever call finds its partner already posted copies
@@ -14,11 +15,11 @@
 
 #include <baton/comm/detail/checks.hpp>
 #include <baton/comm/detail/elements.hpp>
+#include <baton/comm/detail/wakeup.hpp>
 #include <baton/comm/error.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,8 +53,13 @@ struct blocked_on {
 /// Failure and exit records of one run_local world. Guarded by `mutex`.
 class world {
  public:
-  explicit world(int n)
-      : exited(static_cast<std::size_t>(n), 0), blocked(static_cast<std::size_t>(n)), wakeups(static_cast<std::size_t>(n)) {}
+  explicit world(int n, wait_mode waits = wait_mode::automatic)
+      : exited(static_cast<std::size_t>(n), 0),
+        blocked(static_cast<std::size_t>(n)),
+        bells(static_cast<std::size_t>(n)),
+        awake(n),
+        cores(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+        mode(waits) {}
 
   std::mutex mutex;
 
@@ -65,12 +72,43 @@ class world {
   /// Whether a rank has failed (lock held).
   bool failed() const noexcept { return first_error != nullptr; }
 
-  /// Where world rank r sleeps. A state change wakes only the ranks it concerns — the two
+  /// Where world rank r waits. A state change rings only the ranks it concerns — the two
   /// ends of a message, the members of a group — so a message costs one wake-up, not one per
-  /// rank of the world. Failure and exit can concern anyone: they wake every rank.
-  std::condition_variable& wakeup(int world_rank) { return wakeups[static_cast<std::size_t>(world_rank)]; }
+  /// rank of the world. Failure and exit can concern anyone: they ring every rank.
+  ///
+  /// ring() bumps the rank's doorbell (lock held) and returns whether the rank is asleep;
+  /// only then does it need notify(), which the ringer calls after unlocking, so that the
+  /// sleeper does not wake into a mutex that is still held (it would block on it at once:
+  /// two more trips through the kernel, most of a hand-off's cost before this).
+  bool ring(int world_rank) {
+    doorbell& d = bell(world_rank);
+    d.rings.fetch_add(1, std::memory_order_release);
+    return d.asleep;
+  }
+  void notify(int world_rank) { bell(world_rank).wake(); }
   void wake_everyone() {
-    for (auto& cv : wakeups) cv.notify_all();
+    for (std::size_t r = 0; r < bells.size(); ++r) {
+      if (ring(static_cast<int>(r))) notify(static_cast<int>(r));
+    }
+  }
+
+  /// Waits until world rank r is rung or `deadline` passes (lock held on entry and on
+  /// return). It may also return early: callers re-check what they wait for. Rings are
+  /// bumped under the lock and read here under it before sleeping, so none is lost.
+  void sleep(int world_rank, std::unique_lock<std::mutex>& lock, clock::time_point deadline) {
+    doorbell& d = bell(world_rank);
+    const std::uint32_t seen = d.rings.load(std::memory_order_relaxed);
+    if (may_spin() && d.should_spin()) {
+      lock.unlock();
+      const bool rung = d.spin(seen, deadline);
+      relock(lock);
+      if (rung || d.rings.load(std::memory_order_relaxed) != seen || clock::now() >= deadline) return;
+    }
+    d.asleep = true;
+    --awake;
+    d.block(lock, seen, deadline);
+    ++awake;
+    d.asleep = false;
   }
 
   /// Records the first error of the world and wakes every waiter. Later errors are
@@ -96,6 +134,7 @@ class world {
   void mark_exited(int world_rank) {
     std::lock_guard lock(mutex);
     exited[static_cast<std::size_t>(world_rank)] = 1;
+    --awake;  // its thread ends: it no longer competes for a core
     wake_everyone();
   }
 
@@ -105,7 +144,26 @@ class world {
   }
 
  private:
-  std::vector<std::condition_variable> wakeups;  // by world rank; never resized
+  doorbell& bell(int world_rank) { return bells[static_cast<std::size_t>(world_rank)]; }
+
+  std::vector<doorbell> bells;  // by world rank; never resized
+  int awake;                    // ranks neither returned nor asleep in sleep()
+  int cores;                    // hardware threads of the machine
+  wait_mode mode;
+
+  /// Spinning needs a ringer that runs meanwhile: another awake rank (awake counts this
+  /// one). In automatic mode the awake ranks must also leave a core spare, for the rest of
+  /// the machine's work: where they would take every core (2 ranks on a 2-core machine,
+  /// 4 on 4), a spin measured no faster than blocking and stole the time slices of
+  /// whatever else ran there, peers included (docs/pipeline.md, "Figures").
+  bool may_spin() const noexcept {
+    switch (mode) {
+      case wait_mode::block: return false;
+      case wait_mode::spin: return awake >= 2;
+      case wait_mode::automatic: break;
+    }
+    return awake >= 2 && awake < cores;
+  }
 };
 
 enum class op_kind : std::uint8_t { send, recv };
@@ -182,8 +240,19 @@ class group {
 
   int world_rank_of(int rank) const { return world_ranks[static_cast<std::size_t>(rank)]; }
 
+  /// Rings every member (lock held); true when one of them is asleep and needs
+  /// notify_members() (after unlocking).
+  bool ring_members() {
+    bool sleeping = false;
+    for (int r : world_ranks) sleeping = the_world->ring(r) || sleeping;
+    return sleeping;
+  }
+  void notify_members() {
+    for (int r : world_ranks) the_world->notify(r);
+  }
+  /// Rings and notifies every member (lock held): for the rare paths.
   void wake_members() {
-    for (int r : world_ranks) the_world->wakeup(r).notify_all();
+    if (ring_members()) notify_members();
   }
 
   bool peer_exited(int peer) const { return the_world->exited[static_cast<std::size_t>(world_ranks[static_cast<std::size_t>(peer)])] != 0; }
@@ -230,8 +299,12 @@ class group {
     send.state = op_state::done;  // the sender's data was delivered (or refused): it may reuse it
     recv.state = error.empty() ? op_state::done : op_state::failed;
     recv.error = std::move(error);
-    w.wakeup(world_rank_of(send.owner)).notify_all();
-    w.wakeup(world_rank_of(recv.owner)).notify_all();
+    const int ends[] = {world_rank_of(send.owner), world_rank_of(recv.owner)};
+    const bool asleep[] = {w.ring(ends[0]), w.ring(ends[1])};
+    lock.unlock();
+    for (int k = 0; k < 2; ++k) {
+      if (asleep[k]) w.notify(ends[k]);
+    }
   }
 
   /// Withdraws a posted op, or waits out a copy in progress (lock held).
@@ -243,7 +316,7 @@ class group {
       op.state = op_state::failed;
       return;
     }
-    the_world->wakeup(world_rank_of(op.owner)).wait(lock, [&] { return op.state != op_state::copying; });
+    while (op.state == op_state::copying) the_world->sleep(world_rank_of(op.owner), lock, clock::time_point::max());
   }
 
   /// Why a posted op can never complete, or "" while it still may (lock held).
@@ -351,13 +424,16 @@ class group {
 
   /// Marks `rank` arrived at the barrier (lock held); true when it was the last, which opens
   /// the barrier for everyone.
-  bool arrive(int rank) {
+  /// The last rings the members and unlocks `lock`, then notifies the sleeping ones.
+  bool arrive(int rank, std::unique_lock<std::mutex>& lock) {
     present[static_cast<std::size_t>(rank)] = 1;
     if (++arrived != size()) return false;
     arrived = 0;
     std::fill(present.begin(), present.end(), 0);
     ++generation;
-    wake_members();
+    const bool sleeping = ring_members();
+    lock.unlock();
+    if (sleeping) notify_members();
     return true;
   }
 
@@ -369,9 +445,9 @@ class group {
   void arrive_committed(int rank) {
     world& w = *the_world;
     std::unique_lock lock(w.mutex);
-    if (arrive(rank)) return;
+    if (arrive(rank, lock)) return;
     const std::uint64_t mine_generation = generation;
-    w.wakeup(world_rank_of(rank)).wait(lock, [&] { return generation != mine_generation; });
+    while (generation == mine_generation) w.sleep(world_rank_of(rank), lock, clock::time_point::max());
   }
 
   /// Arrives at the group's barrier (publishing `mine` first when given) and returns once
@@ -388,7 +464,7 @@ class group {
                        "); create a new communicator");
     }
     if (mine != nullptr) entries[static_cast<std::size_t>(rank)] = *mine;
-    if (arrive(rank)) return;
+    if (arrive(rank, lock)) return;
     const std::uint64_t mine_generation = generation;
     const auto deadline = comm::deadline_after(timeout);
     for (;;) {
@@ -417,7 +493,7 @@ class group {
         throw comm_error(broken);
       }
       set_blocked(rank, nullptr, kind);
-      w.wakeup(world_rank_of(rank)).wait_until(lock, deadline);
+      w.sleep(world_rank_of(rank), lock, deadline);
       clear_blocked(rank);
     }
   }
