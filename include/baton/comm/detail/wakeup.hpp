@@ -1,5 +1,6 @@
 // baton/comm/detail/wakeup.hpp — how a rank of the local world waits for another rank: spin
-// briefly on its doorbell, then block on a condition variable.
+// briefly on its doorbell, then block (on Linux on the doorbell's own futex, elsewhere a
+// condition variable).
 //
 // Blocking costs two trips through the kernel (the waiter's futex wait and context switch,
 // the waker's futex wake), more in a virtual machine. Between ranks that both run, a
