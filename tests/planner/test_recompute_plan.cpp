@@ -207,6 +207,43 @@ TEST_CASE("synthesize_with_recompute's greedy search on a three-option menu: fit
   }
 }
 
+// Each microbatch-stage holding more between its I and W (what W reads) than before its I:
+// the plan's peak, counted here by a walk written from that definition, fits the cap.
+TEST_CASE("synthesize_with_recompute counts the bytes held between I and W: the plan fits", "[planner][memory]") {
+  const baton::schedule_shape shape{4, 1, 6};
+  const baton::cost_model base = baton::cost_model::uniform(1, 1, 1, 0.05);
+  const baton::recompute_menu menu{{{"none", 2.0 * GiB, 0.0, 2.5 * GiB}, {"full", 0.25 * GiB, 1.0, 1.5 * GiB}}};
+  for (double cap_gib : {4.5, 6.5}) {
+    INFO("cap " << cap_gib << " GiB, fixed 1 GiB");
+    const double cap = cap_gib * GiB, fixed = 1.0 * GiB;
+    const baton::recompute_plan plan = baton::synthesize_with_recompute(shape, base, menu, {cap, {fixed}});
+    INFO(plan.method << "; " << plan.schedule_method);
+    // Live states of rank r: +saved at F; at I the state grows to weight; W frees it.
+    const auto peak_of = [&](const baton::program& prog, int r) {
+      double live = 0, peak = 0;
+      for (const baton::action& a : prog.ranks[static_cast<std::size_t>(r)]) {
+        const auto& o = menu[0][static_cast<std::size_t>(plan.choice[static_cast<std::size_t>(a.stage)])];
+        if (a.kind == baton::action_kind::forward) live += o.saved_bytes;
+        if (a.kind == baton::action_kind::backward_input) live += *o.weight_bytes - o.saved_bytes;
+        if (a.kind == baton::action_kind::backward_weight) live -= *o.weight_bytes;
+        peak = std::max(peak, live);
+      }
+      return fixed + peak;
+    };
+    double naive_peak = 0;  // the same options planned on the saved bytes alone
+    const baton::program naive = baton::synthesize(shape, costs_of(base, menu, plan.choice), cap - fixed).prog;
+    for (int r = 0; r < 4; ++r) {
+      CHECK(peak_of(plan.prog, r) <= cap * (1 + tol));
+      CHECK(plan.peak_bytes[static_cast<std::size_t>(r)] == Approx(peak_of(plan.prog, r)).epsilon(tol));
+      naive_peak = std::max(naive_peak, peak_of(naive, r));
+    }
+    // Here a plan blind to the bytes between I and W would not fit: the case tests something.
+    if (cap_gib == 4.5) CHECK(naive_peak > cap);
+    CHECK(plan.lower_bound <= plan.makespan + tol);
+    CHECK(baton::simulate(plan.prog, costs_of(base, menu, plan.choice)).makespan == Approx(plan.makespan).epsilon(tol));
+  }
+}
+
 TEST_CASE("synthesize_with_recompute: bad input throws schedule_error naming the problem and the fix",
           "[planner][memory][errors]") {
   const baton::schedule_shape shape{2, 1, 4};
@@ -236,8 +273,59 @@ TEST_CASE("synthesize_with_recompute: bad input throws schedule_error naming the
   CHECK_NOTHROW(baton::synthesize_with_recompute(shape, base, menu, {3.0 * GiB, {2.0 * GiB}}));
   // A rank whose fixed part is the whole cap has no room, even for an option that keeps nothing.
   CHECK_THROWS_WITH(baton::synthesize_with_recompute(shape, base, {{{"full", 0.0, 1}}}, {2.0 * GiB, {2.0 * GiB}}),
-                    Contains("leaves no room for activations"));
+                    Contains("leaves no room for live state"));
+  // What W reads counts too: one microbatch between its I and W holds 5 GiB, so 1 + 5 = 6 GiB.
+  CHECK_THROWS_WITH(baton::synthesize_with_recompute(shape, base, {{{"none", 1.0 * GiB, 0, 5.0 * GiB}}}, {4.0 * GiB, {GiB}}),
+                    Contains("one of them between its I and its W; raise cap_bytes to at least 6442450944 bytes"));
+  CHECK_THROWS_WITH(baton::synthesize_with_recompute(shape, base, {{{"none", 1.0, 0, -2.0}}}, budget),
+                    Contains("option 'none' has weight_bytes -2"));
   baton::cost_model negative = base;
   negative.backward_input = {-1};
   CHECK_THROWS_WITH(baton::synthesize_with_recompute(shape, negative, menu, budget), Contains("costs must be finite and >= 0"));
+}
+
+// The figures are the planner's for this input, copied from its output (an unproven plan's
+// makespan cannot be derived independently): the comparison detects a change, not an error.
+// What is checked independently: the plan fits the cap per rank and beats one option everywhere.
+TEST_CASE("docs/schedules.md: spending memory on recomputation (output pinned: detects a change)", "[planner][memory][docs]") {
+  baton_test::capture_cout out;
+  // [doc:recompute_plan]
+  // 4 ranks of one stage, 8 microbatches: T_F = T_I = T_W = 1 ms per microbatch, messages 0.05 ms.
+  const baton::schedule_shape shape{4, 1, 8};
+  const baton::cost_model costs = baton::cost_model::uniform(1, 1, 1, 0.05);
+  // Per policy: the bytes one live microbatch of a stage keeps, and the time its I pays to recompute.
+  constexpr double gib = 1024.0 * 1024 * 1024;
+  const baton::recompute_menu menu{
+      {{"none", 3.0 * gib, 0.0}, {"selective", 1.5 * gib, 0.15}, {"full", 0.5 * gib, 1.0}}};
+  // 7 GiB a rank; parameters, gradients and optimiser state take 2 GiB (2.5 GiB with the head).
+  const baton::memory_budget budget{7.0 * gib, {2.0 * gib, 2.0 * gib, 2.0 * gib, 2.5 * gib}};
+  const baton::recompute_plan plan = baton::synthesize_with_recompute(shape, costs, menu, budget);
+  for (int s = 0; s < 4; ++s)
+    std::cout << "stage " << s << ": " << plan.option_names[static_cast<std::size_t>(s)] << ", rank peak "
+              << plan.peak_bytes[static_cast<std::size_t>(s)] / gib << " GiB\n";
+  std::cout << "makespan " << plan.makespan << " ms, lower bound " << plan.lower_bound << " ms, gap " << plan.gap
+            << "\n" << plan.method << "\n";
+  // The same cap with one policy everywhere: a menu of one option.
+  for (const baton::recompute_option& only : menu[0])
+    std::cout << only.name << " everywhere: makespan "
+              << baton::synthesize_with_recompute(shape, costs, {{only}}, budget).makespan << " ms\n";
+  // [/doc:recompute_plan]
+  CHECK(out.finish() == baton_test::doc_output(
+                            // [doc-output:recompute_plan]
+                            R"(
+stage 0: full, rank peak 6 GiB
+stage 1: selective, rank peak 6.5 GiB
+stage 2: selective, rank peak 6.5 GiB
+stage 3: none, rank peak 5.5 GiB
+makespan 32.35 ms, lower bound 29.65 ms, gap 1.09106
+exhaustive: 81 of 81 assignments fit; planned best bound first, 73 cut off by their lower bound
+none everywhere: makespan 74.4 ms
+selective everywhere: makespan 33.75 ms
+full everywhere: makespan 35.15 ms
+)"
+                            // [/doc-output:recompute_plan]
+                            ));
+  for (int r = 0; r < 4; ++r) CHECK(plan.peak_bytes[static_cast<std::size_t>(r)] <= budget.cap_bytes);
+  for (const baton::recompute_option& only : menu[0])
+    CHECK(plan.makespan <= baton::synthesize_with_recompute(shape, costs, {{only}}, budget).makespan);
 }
