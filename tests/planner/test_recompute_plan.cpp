@@ -244,6 +244,25 @@ TEST_CASE("synthesize_with_recompute counts the bytes held between I and W: the 
   }
 }
 
+TEST_CASE("stage_menu sums the layers' options over partition's cut", "[planner][memory]") {
+  // Three layers, two options each: a stage's option j is the sum of its layers' option j.
+  const baton::recompute_menu layers{{{"none", 1, 0}, {"full", 0.5, 1, 2.0}},
+                                     {{"none", 2, 0}, {"full", 0.25, 2}},
+                                     {{"none", 4, 0}, {"full", 0.125, 4, 8.0}}};
+  const baton::recompute_menu stages = baton::stage_menu(layers, {0, 2, 3});
+  REQUIRE(stages.size() == 2);
+  CHECK(stages[0][0].name == "none");
+  CHECK(stages[0][0].saved_bytes == 3);
+  CHECK(stages[0][1].saved_bytes == 0.75);
+  CHECK(stages[0][1].extra_backward_input == 3);
+  CHECK(*stages[0][1].weight_bytes == 2.25);  // 2 + the second layer's saved bytes (no weight_bytes given)
+  CHECK(*stages[1][1].weight_bytes == 8);
+  CHECK_THROWS_WITH(baton::stage_menu(layers, {0, 2, 2, 3}), Catch::Matchers::Contains("every stage non-empty"));
+  CHECK_THROWS_WITH(baton::stage_menu(layers, {0, 4}), Catch::Matchers::Contains("from 0 to the number of layers (3)"));
+  const baton::recompute_menu ragged{{{"none", 1, 0}, {"full", 0.5, 1}}, {{"none", 2, 0}}};
+  CHECK_THROWS_WITH(baton::stage_menu(ragged, {0, 2}), Catch::Matchers::Contains("layer 1 has 1 options but layer 0 has 2"));
+}
+
 TEST_CASE("synthesize_with_recompute: bad input throws schedule_error naming the problem and the fix",
           "[planner][memory][errors]") {
   const baton::schedule_shape shape{2, 1, 4};

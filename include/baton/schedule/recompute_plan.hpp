@@ -55,6 +55,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
@@ -315,6 +316,38 @@ struct recompute_plan {
   for (int r = 0; r < shape.ranks; ++r) result.peak_bytes.push_back(rp.fixed[su(r)] + peak[su(r)]);
   result.gap = result.lower_bound > 0 ? result.makespan / result.lower_bound : 1.0;
   return result;
+}
+
+// The menu of the stages of a cut (partition's first_layer: stage k holds layers
+// [first_layer[k], first_layer[k + 1])) from one menu per layer: option j of a stage sums option
+// j of its layers (bytes and recompute time), named as the first layer's option j. Every layer
+// lists the same options in the same order (a policy per stage applies to all its layers).
+[[nodiscard]] inline recompute_menu stage_menu(const recompute_menu& layer_menus, const std::vector<int>& first_layer) {
+  const std::string who = "baton::stage_menu: ";
+  if (first_layer.size() < 2 || first_layer.front() != 0 ||
+      first_layer.back() != static_cast<int>(layer_menus.size()) ||
+      std::adjacent_find(first_layer.begin(), first_layer.end(), std::greater_equal<int>()) != first_layer.end())
+    throw schedule_error(who + "first_layer must rise from 0 to the number of layers (" +
+                         std::to_string(layer_menus.size()) + ") with every stage non-empty, as partition() gives it");
+  recompute_menu stages;
+  for (std::size_t k = 0; k + 1 < first_layer.size(); ++k) {
+    std::vector<recompute_option> options = layer_menus[static_cast<std::size_t>(first_layer[k])];
+    for (auto& o : options) o.weight_bytes = o.weight_bytes.value_or(o.saved_bytes);
+    for (int l = first_layer[k] + 1; l < first_layer[k + 1]; ++l) {
+      const auto& layer = layer_menus[static_cast<std::size_t>(l)];
+      if (layer.size() != options.size())
+        throw schedule_error(who + "layer " + std::to_string(l) + " has " + std::to_string(layer.size()) +
+                             " options but layer " + std::to_string(first_layer[k]) + " has " +
+                             std::to_string(options.size()) + "; give every layer the same options in the same order");
+      for (std::size_t j = 0; j < options.size(); ++j) {
+        options[j].saved_bytes += layer[j].saved_bytes;
+        options[j].extra_backward_input += layer[j].extra_backward_input;
+        *options[j].weight_bytes += layer[j].weight_bytes.value_or(layer[j].saved_bytes);
+      }
+    }
+    stages.push_back(std::move(options));
+  }
+  return stages;
 }
 
 }  // namespace baton
