@@ -35,7 +35,7 @@
 // counts one figure per stage from F to W, so each assignment is planned with the saved bytes,
 // its plan's peak is then counted with both (live_bytes_peak), and where that passes the cap the
 // assignment is planned again with each stage at the larger figure (which fits), and with the
-// saved figure under lower caps (a bisection of four steps), keeping the fastest that fits, and
+// saved figure under lower caps (bisection_steps of a bisection), keeping the fastest that fits, and
 // at last as the sequential program (one microbatch at a time: it fits whenever anything does). The bound counts the least of the two figures from F to W, which no schedule holds less.
 //
 // Per-rank fixed parts give ranks different room for activations; synthesize takes one cap.
@@ -68,6 +68,7 @@ struct recompute_search_options {
   long long max_exhaustive_assignments = 256;  // plan every assignment up to this many (options^stages)
   long long max_bound_assignments = 4096;      // the bound's least over every assignment up to this many
   int descent_rounds = 3;                      // rounds of coordinate descent (greedy search)
+  int bisection_steps = 4;                     // lower caps tried where a plan passes the room (I-to-W bytes)
   synthesis_options synthesis{};               // for each synthesize() call
 };
 
@@ -179,7 +180,7 @@ struct recompute_plan {
       if (least_memory_cap(shape, cautious) <= rp.scaled_cap + tolerance(rp.scaled_cap)) consider(cautious, rp.scaled_cap);
       // The saved figure under caps between the least and the room, by bisection.
       double low = least_memory_cap(shape, scaled), high = rp.scaled_cap;
-      for (int step = 0; step < 4; ++step) {
+      for (int step = 0; step < options.bisection_steps; ++step) {
         const double mid = 0.5 * (low + high);
         (consider(scaled, mid) ? low : high) = mid;
       }
