@@ -35,8 +35,10 @@
 // counts one figure per stage from F to W, so each assignment is planned with the saved bytes,
 // its plan's peak is then counted with both (live_bytes_peak), and where that passes the cap the
 // assignment is planned again with each stage at the larger figure (which fits), and with the
-// saved figure under lower caps (bisection_steps of a bisection), keeping the fastest that fits, and
-// at last as the sequential program (one microbatch at a time: it fits whenever anything does). The bound counts the least of the two figures from F to W, which no schedule holds less.
+// saved figure under lower caps (bisection_steps of a bisection), keeping the fastest that
+// fits, and at last as the sequential program (one microbatch at a time: it fits whenever
+// anything does). The bound counts the smaller of the two figures from F to W, which no
+// schedule holds less.
 //
 // Per-rank fixed parts give ranks different room for activations; synthesize takes one cap.
 // Each rank's activations are scaled by (least room) / (its room), which makes every rank's
