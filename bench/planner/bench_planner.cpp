@@ -16,6 +16,20 @@
 //   partition_vs_even_cut_p4_m16     partition + synthesize / zb1p on a cut by layer count, for
 //                                    32 layers (embedding 0.2, 30 blocks, head 4.8 blocks)
 //   partition_vs_1f1b_even_cut_p4_m16  the same against 1F1B
+// Spending memory (issue 29; deterministic): synthesize_with_recompute on p = 8, m = 32, T_F =
+// T_I = T_W = 1, with a menu shaped like nn's figures for a transformer block (docs/nn.md,
+// "Recomputation": values per token kept after forward none 1030, selective 710, full 64, and
+// 1282 between I and W under every policy); recompute times modelled, not measured: selective
+// 0.15 (norms and element-wise parts), full 1.0 (the forward again). The cap is room for K
+// microbatches' I-to-W state (K x 1282), no fixed part:
+//   recompute_plan_vs_none_p8_m32_roomK   plan makespan / the best plan with none everywhere
+//   recompute_plan_vs_full_p8_m32_roomK   ... / with full everywhere
+//   recompute_plan_vs_selective_p8_m32_roomK  ... / with selective everywhere
+//   recompute_plan_gap_p8_m32_roomK       plan makespan / lower bound over every choice (relaxed:
+//                                         3^8 assignments)
+//   recompute_plan_choice_p8_m32_roomK    the options chosen, stage 0 first (text)
+//   recompute_plan_seconds_p8_m32_room4   median (min, max, n) of one synthesize_with_recompute,
+//   recompute_plan_vs_simulate_p8_m32_room4  and per pair / one simulate() of zb1p's program
 // Cost (timed, interleaved pairs against one simulate() of zb1p's program of the same shape,
 // the unit of the search's work):
 //   synth_seconds_p8_m32, synth_seconds_p16_m64     median (min, max, n) of synthesize() at 1F1B's
@@ -89,6 +103,45 @@ void time_synthesis(const std::string& suffix, const baton::schedule_shape& shap
       });
   bench::print("synth_seconds_" + suffix, synth_seconds);
   bench::print("synth_vs_simulate_" + suffix, ratio, "%.0f");
+}
+
+void spend_memory(int pairs) {
+  const baton::schedule_shape shape{8, 1, 32};
+  const auto costs = baton::cost_model::uniform(1, 1, 1);
+  const baton::recompute_menu menu{{{"none", 1030, 0.0, 1282.0}, {"selective", 710, 0.15, 1282.0}, {"full", 64, 1.0, 1282.0}}};
+  for (int room : {2, 4, 8}) {
+    const baton::memory_budget budget{room * 1282.0, {0.0}};
+    const auto plan = baton::synthesize_with_recompute(shape, costs, menu, budget);
+    const std::string suffix = "_p8_m32_room" + std::to_string(room);
+    for (const auto& only : menu[0])
+      bench::print_value("recompute_plan_vs_" + only.name + suffix,
+                         plan.makespan / baton::synthesize_with_recompute(shape, costs, {{only}}, budget).makespan, "%.3f");
+    bench::print_value("recompute_plan_gap" + suffix, plan.gap, "%.3f");
+    std::string chosen;
+    for (const auto& name : plan.option_names) chosen += (chosen.empty() ? "" : ",") + name;
+    std::printf("recompute_plan_choice%s: %s (%s)\n", suffix.c_str(), chosen.c_str(), plan.method.c_str());
+  }
+  const auto reference = baton::zb1p::generate(shape);
+  bench::series seconds, ratio;
+  volatile double sink = 0;
+  bench::interleave(
+      pairs,
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        sink = sink + baton::simulate(reference, costs).makespan;
+        return bench::seconds_since(start);
+      },
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        sink = sink + baton::synthesize_with_recompute(shape, costs, menu, {4 * 1282.0, {0.0}}).makespan;
+        return bench::seconds_since(start);
+      },
+      [&](int, double simulate_seconds, double plan_seconds) {
+        seconds.add(plan_seconds);
+        ratio.add(plan_seconds / simulate_seconds);
+      });
+  bench::print("recompute_plan_seconds_p8_m32_room4", seconds);
+  bench::print("recompute_plan_vs_simulate_p8_m32_room4", ratio, "%.0f");
 }
 
 using tensor = baton::host_tensor<double>;
@@ -256,6 +309,7 @@ int main(int argc, char** argv) {
     bench::print_value("partition_vs_1f1b_even_cut_p4_m16", plan.makespan / one_f_one_b.makespan);
     bench::print_value("partition_gap_p4_m16", plan.gap);
   }
+  spend_memory(pairs);
   time_executor(pairs);
   bench::print_load("after");
   return 0;

@@ -15,6 +15,7 @@
 #include <baton/schedule/policy.hpp>
 #include <baton/schedule/problem.hpp>
 #include <baton/schedule/program.hpp>
+#include <baton/schedule/recompute_plan.hpp>
 #include <baton/schedule/registry.hpp>
 #include <baton/schedule/render.hpp>
 #include <baton/schedule/simulate.hpp>

@@ -253,6 +253,48 @@ TEST_CASE("synthesize: small shapes reach the optimum of an exhaustive search ov
     }
 }
 
+// Issue 29: with the choice of recomputation per stage added, (p, m) = (2, 2) still has an
+// independent optimum: the exhaustive search above over every per-rank order, for each of the
+// four assignments of two options (the costs of an assignment written here from the menu's
+// definition: T_I and T_B pay the recompute time, the activation is the option's bytes).
+TEST_CASE("synthesize_with_recompute: (p, m) = (2, 2) reaches the optimum over every assignment x every per-rank "
+          "order, and its bounds are below it",
+          "[planner][memory][exact]") {
+  const baton::schedule_shape shape{2, 1, 2};
+  baton::cost_model base;
+  base.forward = {0.5, 1.5};
+  base.backward_input = {0.5, 1.5};
+  base.backward_weight = {0.5, 1.5};
+  base.backward = {1.0, 3.0};
+  base.communication = 0.25;
+  const baton::recompute_menu menu{{{"none", 2.0, 0.0}, {"full", 1.0, 0.5}}, {{"none", 3.0, 0.0}, {"full", 1.0, 1.25}}};
+  for (double cap : {2.5, 3.0, 4.0, 5.0, 7.0}) {
+    INFO("cap " << cap << " (fixed 0.5)");
+    double optimum = std::numeric_limits<double>::infinity();
+    for (int a = 0; a < 4; ++a) {
+      const int k0 = a & 1, k1 = a >> 1;
+      const auto& o0 = menu[0][static_cast<std::size_t>(k0)];
+      const auto& o1 = menu[1][static_cast<std::size_t>(k1)];
+      baton::cost_model c = base;
+      c.backward_input = {0.5 + o0.extra_backward_input, 1.5 + o1.extra_backward_input};
+      c.backward = {1.0 + o0.extra_backward_input, 3.0 + o1.extra_backward_input};
+      c.activation = {o0.saved_bytes, o1.saved_bytes};
+      if (0.5 + std::max(o0.saved_bytes, o1.saved_bytes) > cap) continue;
+      optimum = std::min(optimum, exhaustive_optimum(shape, c, cap - 0.5));
+    }
+    REQUIRE(std::isfinite(optimum));
+    const baton::recompute_plan plan = baton::synthesize_with_recompute(shape, base, menu, {cap, {0.5}});
+    CHECK(plan.makespan == Approx(optimum).epsilon(1e-12));
+    CHECK(plan.lower_bound <= optimum + slack);
+    baton::recompute_search_options relaxed;
+    relaxed.max_exhaustive_assignments = 0;
+    relaxed.max_bound_assignments = 0;
+    const baton::recompute_plan quick = baton::synthesize_with_recompute(shape, base, menu, {cap, {0.5}}, relaxed);
+    CHECK(quick.lower_bound <= plan.lower_bound + slack);
+    CHECK(quick.makespan >= optimum - slack);
+  }
+}
+
 TEST_CASE("synthesize: the plan is an ordinary program: valid, lowered, written and read as CSV", "[planner][synthesize]") {
   baton::cost_model costs = baton::cost_model::uniform(1, 1, 1, 0.1);
   costs.forward = {0.5, 1, 1, 1.5};
