@@ -23,7 +23,8 @@ class nccl_communicator;
 
 /// A pending isend, irecv or shift: a CUDA event recorded on the communicator's stream after
 /// the transfer. Move-only. Destroying it does not cancel the transfer (NCCL cannot); the
-/// buffers must stay valid until the stream has passed it.
+/// caller's buffers must stay valid until the stream has passed it (a host transfer's
+/// staging slot is kept from reuse until then by the pool).
 class nccl_request {
  public:
   /// Blocks the host until the transfer is complete on the GPU, or throws comm_error
@@ -63,8 +64,11 @@ class nccl_request {
   // released when the request is destroyed.
   struct state {
     cudaEvent_t event = nullptr;
-    detail::comm::nccl::staging_slot* staging = nullptr;  // a host transfer's staging buffers
-    std::byte* host_destination = nullptr;                // a host irecv: copied here when complete
+    // A host transfer's staging slot, owned until the request ends: its `done` event was
+    // recorded after the transfer, so whenever the request ends (complete, dropped, or on an
+    // exception path) the pool hands the slot out again only once the GPU got past it.
+    detail::comm::nccl::staging_lease staging;
+    std::byte* host_destination = nullptr;  // a host irecv: copied here when complete
     std::size_t host_bytes = 0;
     ncclComm_t comm = nullptr;
     std::string what;       // "rank 1: irecv from peer 0 (tag 3, 64 bytes)"
@@ -74,8 +78,7 @@ class nccl_request {
     void destroy() noexcept {
       if (event != nullptr) cudaEventDestroy(event);  // released once the event has passed
       event = nullptr;
-      if (staging != nullptr) staging->busy = false;  // reused only once its `done` event passed
-      staging = nullptr;
+      staging.reset();
       host_destination = nullptr;
       host_bytes = 0;
     }
@@ -83,8 +86,8 @@ class nccl_request {
 
   // The transfer is complete: a staged host receive is copied into place.
   void finish() noexcept {
-    if (s_->host_destination != nullptr && s_->staging != nullptr && s_->host_bytes != 0) {
-      std::memcpy(s_->host_destination, s_->staging->pinned, s_->host_bytes);
+    if (s_->host_destination != nullptr && s_->staging && s_->host_bytes != 0) {
+      std::memcpy(s_->host_destination, s_->staging.pinned(), s_->host_bytes);
     }
     s_->destroy();
   }
