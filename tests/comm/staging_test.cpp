@@ -366,7 +366,10 @@ TEST_CASE("nccl staging: limits, growth switched off, allocation failure, leases
       kept = pool.acquire(8, 0, "irecv");
       pool.release();
     }
+    CHECK(kept.orphaned());
+    CHECK_THROWS_WITH(kept.pinned(), Catch::Contains("after its communicator was destroyed"));
     kept.reset();  // touches nothing (ASan would report a use after free)
+    CHECK_FALSE(kept.orphaned());
     CHECK(gpu.frees == 2);
   }
 }

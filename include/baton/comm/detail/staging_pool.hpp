@@ -123,6 +123,9 @@ class staging_lease {
   ~staging_lease() { end(); }
 
   explicit operator bool() const noexcept { return core_ != nullptr; }
+  /// The pool was released (its communicator destroyed) while this lease was held: its
+  /// memory is gone, and using it throws.
+  bool orphaned() const noexcept { return core_ != nullptr && core_->closed; }
   std::byte* device() const { return core_->runtime.device(entry().memory); }
   std::byte* pinned() const { return core_->runtime.pinned(entry().memory); }
   std::size_t capacity() const { return entry().capacity; }
@@ -142,7 +145,13 @@ class staging_lease {
   staging_lease(std::shared_ptr<staging::core<Runtime>> core, std::size_t index, typename Runtime::stream stream)
       : core_(std::move(core)), index_(index), stream_(stream) {}
 
-  staging::slot<Runtime>& entry() const { return core_->slots[index_]; }
+  staging::slot<Runtime>& entry() const {
+    if (core_->closed) {
+      throw comm_error("a staging slot was used after its communicator was destroyed: wait for (or drop) every "
+                       "request of a communicator before destroying it");
+    }
+    return core_->slots[index_];
+  }
 
   void end() noexcept {
     if (core_ == nullptr) return;

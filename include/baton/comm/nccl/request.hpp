@@ -32,6 +32,7 @@ class nccl_request {
   void wait() {
     if (s_->event == nullptr) return;
     const auto deadline = detail::comm::deadline_after(s_->timeout);
+    orphan_check();
     if (!detail::comm::poll_until([&] { return detail::comm::nccl::event_done(s_->event, s_->comm, s_->what); }, deadline)) {
       throw comm_error(s_->what + " timed out after " + detail::comm::seconds_text(s_->timeout) + ": " + s_->peer_text +
                        " has not completed the matching transfer (NCCL matches transfers between two ranks in issue "
@@ -44,6 +45,7 @@ class nccl_request {
   /// True once the transfer is complete; never blocks.
   bool test() {
     if (s_->event == nullptr) return true;
+    orphan_check();
     if (!detail::comm::nccl::event_done(s_->event, s_->comm, s_->what)) return false;
     finish();
     return true;
@@ -83,6 +85,14 @@ class nccl_request {
       host_bytes = 0;
     }
   };
+
+  // A host transfer's communicator (with its staging memory and NCCL handles) is gone.
+  void orphan_check() const {
+    if (s_->staging.orphaned()) {
+      throw comm_error(s_->what + ": its nccl_communicator was destroyed before the request completed; wait for "
+                                  "every request before destroying (or moving onto) the communicator");
+    }
+  }
 
   // The transfer is complete: a staged host receive is copied into place.
   void finish() noexcept {
