@@ -357,6 +357,16 @@ TEST_CASE("nccl staging: limits, growth switched off, allocation failure, leases
     CHECK(gpu.frees == 2);
     CHECK(std::none_of(gpu.events.begin(), gpu.events.end(), [](const auto& e) { return e.alive; }));
   }
+  SECTION("abandoned after a timeout: nothing freed, a held lease orphaned") {
+    fake_gpu gpu;
+    pool_t pool;
+    pool.make_in_advance(fake_runtime{&gpu}, {.slots = 2, .slot_bytes = 64}, 3, "rank 0");
+    lease_t stuck = pool.acquire(8, 0, "all_reduce");
+    pool.abandon();
+    CHECK(gpu.frees == 0);
+    CHECK(stuck.orphaned());
+    CHECK_THROWS_AS(stuck.device(), comm_error);
+  }
   SECTION("a request kept past its communicator") {
     fake_gpu gpu;
     lease_t kept;

@@ -232,6 +232,15 @@ class staging_pool {
     return std::all_of(markers_.begin(), markers_.end(), [&](const auto& e) { return core_->runtime.passed(e); });
   }
 
+  /// Forgets every slot without freeing it, for when a transfer that can no longer be waited
+  /// for may still use one (a timed-out collective): leaked rather than freed under it.
+  void abandon() noexcept {
+    if (core_ == nullptr) return;
+    core_->closed = true;
+    core_.reset();
+    markers_.clear();
+  }
+
   std::size_t slot_count() const noexcept { return core_ != nullptr ? core_->slots.size() : 0; }
 
   /// Frees every slot and marker. The caller waits for the lanes first (a slot's memory may

@@ -454,12 +454,18 @@ class nccl_communicator {
     /// Frees what the communicator owns (nothing, in a moved-from one).
     void release() noexcept {
       if (broken.empty()) {
-        // The staging buffers may have been used last on a lane: let those uses finish first.
-        for (auto* each : {&up, &down}) {
-          if (each->stream != nullptr) cudaStreamSynchronize(each->stream);
+        // The staging buffers may have been used last on any lane, the main stream included
+        // (a host shift onto oneself): let those uses finish before the pinned memory goes.
+        for (cudaStream_t each : {up.stream, down.stream, stream}) {
+          if (each != nullptr) cudaStreamSynchronize(each);
         }
+        staging.release();
+      } else {
+        // A timed-out collective may still use a staging slot on a stream that only aborting
+        // unblocks (never, for a communicator this object does not own): the buffers stay
+        // allocated rather than freed under a running transfer.
+        staging.abandon();
       }
-      staging.release();
       for (auto* each : {&up, &down}) {
         if (each->stream != nullptr) cudaStreamDestroy(each->stream);
         if (each->comm != nullptr) {
