@@ -38,7 +38,11 @@ struct managed {
 };
 
 void nccl_rank_body(baton::local_communicator& host) {
-  auto c = baton::nccl_communicator::bootstrap(host, host.rank());
+  // Staging slots big enough for the largest host message below (40000 bytes), made up front;
+  // no growth, so the oversized message below is refused whatever the peers' timing.
+  auto c = baton::nccl_communicator::bootstrap(
+      host, host.rank(), nullptr,
+      baton::nccl_options{.staging_slots = 8, .staging_slot_bytes = 48 * 1024, .staging_growth = false});
   const int n = c.size(), r = c.rank();
   SUITE_CHECK(c, n == host.size() && r == host.rank());
 
@@ -103,15 +107,24 @@ void nccl_rank_body(baton::local_communicator& host) {
   c.broadcast(std::span<std::int32_t>(host_root), 0);
   SUITE_CHECK(c, host_root[0] == 7 && host_root[2] == 7);
   if (n >= 2) {
-    // Larger than a staging slot made in advance (16 KiB): a slot is made for it.
     std::vector<float> big_out(10000, static_cast<float>(r) + 0.5f), big_in(10000, -1.0f);
     auto recv = baton::irecv(c, std::span<float>(big_in), prev, 3);
+    // A host message larger than every slot: refused before anything reaches NCCL (the
+    // fake-runtime test in baton_comm_test covers growth at quiescent points).
+    std::vector<std::byte> huge(100000);
+    const std::string exhausted = SUITE_EXPECT_ERROR(c, (void)c.isend(huge, comm_suite::mod(r + 1, n), 3));
+    SUITE_CHECK_HAS(c, exhausted, "needs a host staging slot of 100000 bytes");
+    SUITE_CHECK_HAS(c, exhausted, "staging_slot_bytes");
     auto send = baton::isend(c, std::span<const float>(big_out), comm_suite::mod(r + 1, n), 3);
     while (!recv.test()) {
     }
     send.wait();
     SUITE_CHECK(c, big_in[0] == static_cast<float>(prev) + 0.5f && big_in[9999] == static_cast<float>(prev) + 0.5f);
   }
+
+  // A standalone send or receive to oneself would hang on NCCL: refused (shift above works).
+  const std::string self = SUITE_EXPECT_ERROR(c, (void)baton::isend(c, std::span<const std::int32_t>(out.span()), r, 0));
+  SUITE_CHECK_HAS(c, self, "refused on NCCL");
 
   // Bad peers are rejected before NCCL sees them.
   const std::string peer = SUITE_EXPECT_ERROR(c, (void)baton::isend(c, std::span<const std::int32_t>(out.span()), n, 0));
@@ -127,6 +140,16 @@ TEST_CASE("nccl: the communicator concepts", "[comm][nccl]") {
   STATIC_REQUIRE(baton::splittable_communicator<C>);
   STATIC_REQUIRE(baton::ring_communicator<C>);
   STATIC_REQUIRE(baton::comm_request<baton::nccl_request>);
+}
+
+TEST_CASE("nccl: a standalone send or receive to oneself is refused with the way out", "[comm][nccl]") {
+  // Runs without a GPU: NCCL pairs a send to oneself only with a receive in the same group.
+  using baton::detail::comm::nccl::self_transfer_problem;
+  CHECK(self_transfer_problem("rank 2", "isend", 2, 1).empty());
+  CHECK(self_transfer_problem("rank 2", "irecv", 2, 3).empty());
+  const std::string e = self_transfer_problem("rank 2", "irecv", 2, 2);
+  CHECK_THAT(e, Catch::Contains("rank 2: irecv with peer 2 (this rank) is refused on NCCL"));
+  CHECK_THAT(e, Catch::Contains("use shift()"));
 }
 
 TEST_CASE("nccl: both ends of every message pick the same point-to-point lane", "[comm][nccl]") {

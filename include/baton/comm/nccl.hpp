@@ -12,13 +12,17 @@
 // accepted by isend, irecv, shift, all_reduce and broadcast — the pipeline executor sends its
 // message headers, agreement tables and loss values from the host — and is staged through a
 // pinned host buffer and a device buffer of the communicator (a host irecv's data is copied
-// into place when wait() or test() sees the transfer complete; wait_on alone does not).
+// into place when wait() or test() sees the transfer complete; wait_on alone does not). The
+// staging slots are made at construction (nccl_options::staging_slots x staging_slot_bytes)
+// and grow only when no transfer is pending: allocating pinned memory waits for the device,
+// which with a receive posted could deadlock; an exhausted pool mid-flight is a comm_error.
 // all_gather, all_to_all and all_to_all_v take device memory only.
 //
 // Stream-ordered: collectives are enqueued on the communicator's stream (stream()).
 // Point-to-point transfers travel on two more lanes, each its own NCCL communicator (split
 // from this one at construction) and stream: one for messages to a higher rank, one for
-// messages to a lower rank (a message to oneself uses the main one). An NCCL send blocks its
+// messages to a lower rank (a shift onto oneself uses the main one; a standalone isend or
+// irecv to oneself is refused: NCCL pairs it only with a receive in the same group). An NCCL send blocks its
 // stream until the peer receives it, so with one stream a rank sending a large activation up
 // the pipeline could not receive the gradient coming down behind it while its peer does the
 // same — the executor's lowered programs assume buffered sends; per-direction lanes keep each
@@ -36,7 +40,9 @@
 // or MPI to catch those. A transfer that times out cannot be cancelled: call abort().
 //
 // The pieces: nccl/options.hpp (nccl_options), nccl/request.hpp (nccl_request),
-// nccl/communicator.hpp (nccl_communicator); the host staging is detail/nccl_staging.hpp.
+// nccl/communicator.hpp (nccl_communicator); the host staging's bookkeeping is
+// detail/staging_pool.hpp (plain C++, tested on the host) and its CUDA calls
+// detail/nccl_staging.hpp.
 #pragma once
 
 #include <baton/config.hpp>

@@ -68,6 +68,17 @@ constexpr p2p_lane lane_of_recv(int rank, int source) noexcept {
   return source < rank ? p2p_lane::up : source > rank ? p2p_lane::down : p2p_lane::main;
 }
 
+/// Empty, or why `what` (isend or irecv) with `peer` == `rank` is refused: NCCL pairs a send
+/// to oneself only with the receive of the same group, so a standalone send to oneself blocks
+/// its stream before the receive is enqueued behind it, and the rank hangs. shift puts both in
+/// one group, so a shift onto oneself (one rank, or k a multiple of size()) works.
+inline std::string self_transfer_problem(const std::string& where, const char* what, int rank, int peer) {
+  if (peer != rank) return {};
+  return where + ": " + what + " with peer " + std::to_string(peer) +
+         " (this rank) is refused on NCCL: a send to oneself only completes with its receive in the same group, so "
+         "a standalone one would hang; use shift() (one group), or copy the data on the device (cudaMemcpyAsync)";
+}
+
 /// A point-to-point lane: the communicator and stream transfers with one peer travel on.
 struct lane {
   ncclComm_t comm = nullptr;

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -90,7 +91,11 @@ class nccl_communicator {
       nccl(ncclCommSplit(s_->comm, 0, s_->rank, &each->comm, nullptr), "ncclCommSplit (point-to-point lane)");
       cuda(cudaStreamCreateWithFlags(&each->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     }
-    s_->staging.make_in_advance(s_->stream, rank_text());
+    // Every staging slot is made here, before anything is posted (see staging_pool.hpp).
+    s_->staging.make_in_advance(
+        detail::comm::nccl::cuda_staging_runtime{s_->stream, rank_text()},
+        {.slots = s_->options.staging_slots, .slot_bytes = s_->options.staging_slot_bytes, .grow = s_->options.staging_growth},
+        detail::comm::nccl::staging_lanes, rank_text());
   }
 
  public:
@@ -120,34 +125,38 @@ class nccl_communicator {
 
   [[nodiscard]] nccl_request isend(std::span<const std::byte> data, int dest, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, s_->size, "isend", dest, tag, data.size());
+    not_to_self("isend", dest);
     usable("isend");
     detail::comm::nccl::device_scope on(s_->device, rank_text());
     const lane on_lane = send_lane(dest);
-    detail::comm::nccl::staging_slot* slot = s_->staging.stage_send(data, on_lane.stream);
+    const std::string what = detail::comm::p2p_text("isend", dest, tag, data.size());
+    staging_lease slot = stage_send(data, on_lane.stream, what);
     group_start();
-    nccl(ncclSend(slot != nullptr ? slot->device : data.data(), data.size(), ncclUint8, dest, on_lane.comm,
-                  on_lane.stream),
+    nccl(ncclSend(slot ? slot.device() : data.data(), data.size(), ncclUint8, dest, on_lane.comm, on_lane.stream),
          "ncclSend");
     group_end();
-    auto r = record(rank_text() + ": " + detail::comm::p2p_text("isend", dest, tag, data.size()), dest, on_lane);
-    hold(r, slot, {}, on_lane.stream);
+    posted(on_lane);
+    auto r = record(rank_text() + ": " + what, dest, on_lane);
+    hold(r, std::move(slot), {}, on_lane.stream);
     return r;
   }
 
   [[nodiscard]] nccl_request irecv(std::span<std::byte> data, int source, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, s_->size, "irecv", source, tag, data.size());
+    not_to_self("irecv", source);
     usable("irecv");
     detail::comm::nccl::device_scope on(s_->device, rank_text());
     const lane on_lane = recv_lane(source);
-    detail::comm::nccl::staging_slot* slot = s_->staging.stage_recv(data);
+    const std::string what = detail::comm::p2p_text("irecv", source, tag, data.size());
+    staging_lease slot = stage_recv(data, on_lane.stream, what);
     group_start();
-    nccl(ncclRecv(slot != nullptr ? slot->device : data.data(), data.size(), ncclUint8, source, on_lane.comm,
-                  on_lane.stream),
+    nccl(ncclRecv(slot ? slot.device() : data.data(), data.size(), ncclUint8, source, on_lane.comm, on_lane.stream),
          "ncclRecv");
     group_end();
-    s_->staging.copy_back(slot, data.size(), on_lane.stream);
-    auto r = record(rank_text() + ": " + detail::comm::p2p_text("irecv", source, tag, data.size()), source, on_lane);
-    hold(r, slot, data, on_lane.stream);
+    posted(on_lane);
+    if (slot) s_->staging.copy_back(slot, data.size(), on_lane.stream);
+    auto r = record(rank_text() + ": " + what, source, on_lane);
+    hold(r, std::move(slot), data, on_lane.stream);
     return r;
   }
 
@@ -161,21 +170,25 @@ class nccl_communicator {
     const lane to_dest = send_lane(peers.dest);
     const lane from_source = recv_lane(peers.source);
     // A host send is staged into its own slot; a host receive gets a second one.
-    detail::comm::nccl::staging_slot* send_slot = s_->staging.stage_send(send, to_dest.stream);
-    detail::comm::nccl::staging_slot* recv_slot = s_->staging.stage_recv(recv);
+    const std::string what = "shift by " + std::to_string(k) + " (tag " + std::to_string(tag) + ", to peer " +
+                             std::to_string(peers.dest) + ", from peer " + std::to_string(peers.source) + ")";
+    staging_lease send_slot = stage_send(send, to_dest.stream, what + ", its send");
+    staging_lease recv_slot = stage_recv(recv, from_source.stream, what + ", its receive");
     group_start();
-    nccl(ncclSend(send_slot != nullptr ? send_slot->device : send.data(), send.size(), ncclUint8, peers.dest,
-                  to_dest.comm, to_dest.stream),
+    nccl(ncclSend(send_slot ? send_slot.device() : send.data(), send.size(), ncclUint8, peers.dest, to_dest.comm,
+                  to_dest.stream),
          "ncclSend");
-    nccl(ncclRecv(recv_slot != nullptr ? recv_slot->device : recv.data(), recv.size(), ncclUint8, peers.source,
+    nccl(ncclRecv(recv_slot ? recv_slot.device() : recv.data(), recv.size(), ncclUint8, peers.source,
                   from_source.comm, from_source.stream),
          "ncclRecv");
     group_end();
-    if (send_slot != nullptr) {
-      // The request holds one slot; the send's is freed by its own `done` event, which
-      // acquire() checks before reusing it.
-      cuda(cudaEventRecord(send_slot->done, to_dest.stream), "cudaEventRecord");
-      send_slot->busy = false;
+    posted(to_dest);
+    posted(from_source);
+    if (send_slot) {
+      // The request holds one slot; the send's returns to the pool now, marked after the
+      // send, and is handed out again only once the GPU got past that mark.
+      send_slot.mark(to_dest.stream);
+      send_slot.reset();
     }
     if (to_dest.stream != from_source.stream) {
       // The request's event goes on the receive lane: make it also wait for the send.
@@ -186,11 +199,9 @@ class nccl_communicator {
       cudaEventDestroy(sent);  // released once it has passed
       cuda(waited, "cudaStreamWaitEvent");
     }
-    s_->staging.copy_back(recv_slot, recv.size(), from_source.stream);
-    auto r = record(rank_text() + ": shift by " + std::to_string(k) + " (tag " + std::to_string(tag) + ", to peer " +
-                        std::to_string(peers.dest) + ", from peer " + std::to_string(peers.source) + ")",
-                    peers.source, from_source);
-    hold(r, recv_slot, recv, from_source.stream);
+    if (recv_slot) s_->staging.copy_back(recv_slot, recv.size(), from_source.stream);
+    auto r = record(rank_text() + ": " + what, peers.source, from_source);
+    hold(r, std::move(recv_slot), recv, from_source.stream);
     return r;
   }
 
@@ -335,19 +346,50 @@ class nccl_communicator {
   template <class Enqueue>
   void in_place(std::span<std::byte> data, const char* what, Enqueue&& enqueue) {
     detail::comm::nccl::device_scope on(s_->device, rank_text());
-    detail::comm::nccl::staging_slot* slot = s_->staging.stage_send(std::span<const std::byte>(data), s_->stream);
-    enqueue(slot != nullptr ? static_cast<void*>(slot->device) : static_cast<void*>(data.data()));
-    s_->staging.copy_back(slot, data.size(), s_->stream);
-    complete(what);
-    detail::comm::nccl::staging_pool::finish_blocking(slot, data);
+    staging_lease slot = stage_send(std::span<const std::byte>(data), s_->stream, what);
+    enqueue(slot ? static_cast<void*>(slot.device()) : static_cast<void*>(data.data()));
+    posted({s_->comm, s_->stream});
+    if (slot) {
+      s_->staging.copy_back(slot, data.size(), s_->stream);
+      slot.mark(s_->stream);
+    }
+    complete(what);  // on a timeout the slot stays marked behind the stuck collective: never reused
+    if (slot) std::memcpy(data.data(), slot.pinned(), data.size());
   }
 
-  // A request refers to its slot until it completes; `destination` is a host receive's buffer.
-  void hold(nccl_request& r, detail::comm::nccl::staging_slot* slot, std::span<std::byte> destination,
-            cudaStream_t stream) {
-    if (slot == nullptr) return;
-    cuda(cudaEventRecord(slot->done, stream), "cudaEventRecord");
-    r.s_->staging = slot;
+  using staging_lease = detail::comm::nccl::staging_lease;
+
+  // Host memory travels through a staging slot (an empty lease for device memory or no data).
+  staging_lease stage_send(std::span<const std::byte> data, cudaStream_t on, const std::string& what) {
+    if (data.empty() || !detail::comm::nccl::host_memory(data.data())) return {};
+    return s_->staging.stage_send(data, on, what);
+  }
+  staging_lease stage_recv(std::span<std::byte> data, cudaStream_t on, const std::string& what) {
+    if (data.empty() || !detail::comm::nccl::host_memory(data.data())) return {};
+    return s_->staging.acquire(data.size(), on, what);
+  }
+
+  // A transfer was enqueued on `on_lane`: the staging pool is not quiescent until it passes.
+  void posted(detail::comm::nccl::lane on_lane) {
+    const auto which = on_lane.stream == s_->up.stream     ? detail::comm::nccl::p2p_lane::up
+                       : on_lane.stream == s_->down.stream ? detail::comm::nccl::p2p_lane::down
+                                                           : detail::comm::nccl::p2p_lane::main;
+    s_->staging.posted(static_cast<std::size_t>(which), on_lane.stream);
+  }
+
+  void not_to_self(const char* what, int peer) const {
+    if (auto bad = detail::comm::nccl::self_transfer_problem(rank_text(), what, s_->rank, peer); !bad.empty()) {
+      throw comm_error(bad);
+    }
+  }
+
+  // The request owns its slot until it ends; `destination` is a host receive's buffer. The
+  // slot is marked after its last use first, so however the request ends (or if marking
+  // throws and the lease ends here) the pool reuses it only once the GPU got past it.
+  void hold(nccl_request& r, staging_lease slot, std::span<std::byte> destination, cudaStream_t stream) {
+    if (!slot) return;
+    slot.mark(stream);
+    r.s_->staging = std::move(slot);
     r.s_->host_destination = destination.empty() ? nullptr : destination.data();
     r.s_->host_bytes = destination.size();
   }
@@ -412,12 +454,18 @@ class nccl_communicator {
     /// Frees what the communicator owns (nothing, in a moved-from one).
     void release() noexcept {
       if (broken.empty()) {
-        // The staging buffers may have been used last on a lane: let those uses finish first.
-        for (auto* each : {&up, &down}) {
-          if (each->stream != nullptr) cudaStreamSynchronize(each->stream);
+        // The staging buffers may have been used last on any lane, the main stream included
+        // (a host shift onto oneself): let those uses finish before the pinned memory goes.
+        for (cudaStream_t each : {up.stream, down.stream, stream}) {
+          if (each != nullptr) cudaStreamSynchronize(each);
         }
+        staging.release();
+      } else {
+        // A timed-out collective may still use a staging slot on a stream that only aborting
+        // unblocks (never, for a communicator this object does not own): the buffers stay
+        // allocated rather than freed under a running transfer.
+        staging.abandon();
       }
-      staging.release();
       for (auto* each : {&up, &down}) {
         if (each->stream != nullptr) cudaStreamDestroy(each->stream);
         if (each->comm != nullptr) {
