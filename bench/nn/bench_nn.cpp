@@ -42,6 +42,10 @@
 // selective / none per repetition (goals <= 1.35 and <= 1.10), and recompute_saved_bytes_*
 // what each policy keeps after forward (saved.bytes(): a count, not a measurement).
 //
+// bf16 storage (docs/nn.md, "bf16 storage"): the same step with activation_storage native and
+// bf16 alternating, each one's best of --inner rounds per repetition; bf16_step_ratio is bf16 /
+// native per repetition (goal <= 1.0), storage_saved_bytes_* what each keeps after forward.
+//
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
 // CPU's roof. The program then re-executes itself with OPENBLAS_CORETYPE set to the kernel
@@ -463,6 +467,34 @@ int main(int argc, char** argv) {
   print("block_ms_recompute_none", policy_ms[0], "%.1f");
   print("block_ms_recompute_selective", policy_ms[1], "%.1f");
   print("block_ms_recompute_full", policy_ms[2], "%.1f");
+
+  // ---- bf16 storage: the block's step keeping its activations in bf16, interleaved with float ----
+  const std::array<nn::activation_storage, 2> storages{nn::activation_storage::native, nn::activation_storage::bf16};
+  for (const nn::activation_storage s : storages) {
+    block.set_storage(s);
+    block_t::saved st;
+    (void)block.forward(x, info, st);
+    std::printf("storage_saved_bytes_%s: %zu\n", std::string(nn::to_string(s)).c_str(), st.bytes());
+    (void)block.backward(st, dy);
+  }
+  series bf16_ratio, storage_ms[2];
+  for (int r = 0; r < reps; ++r) {
+    std::array<double, 2> best{1e300, 1e300};
+    for (int c = 0; c < inner; ++c)
+      for (std::size_t s = 0; s < storages.size(); ++s) {
+        const std::size_t i = (s + static_cast<std::size_t>(r + c)) % storages.size();
+        block.set_storage(storages[i]);
+        const double t0 = thread_cpu_seconds();
+        (void)run_block();
+        best[i] = std::min(best[i], thread_cpu_seconds() - t0);
+      }
+    bf16_ratio.add(best[1] / best[0]);
+    for (std::size_t i = 0; i < storages.size(); ++i) storage_ms[i].add(1e3 * best[i]);
+  }
+  block.set_storage(nn::activation_storage::native);
+  print("bf16_step_ratio", bf16_ratio, "%.3f");
+  print("block_ms_storage_native", storage_ms[0], "%.1f");
+  print("block_ms_storage_bf16", storage_ms[1], "%.1f");
   bench::print_load("after");
   return 0;
 }

@@ -68,6 +68,7 @@ baton::train::lm_config options::config() const {
   c.learning_rate.total = steps;
   c.clip_norm = clip;  // 0: off (parse() refuses a negative value)
   c.seed = seed;
+  if (dtype == "bf16") c.model.storage = baton::nn::activation_storage::bf16;
   return c;
 }
 
@@ -109,7 +110,8 @@ bool parse(int argc, char** argv, options& o) {
   cli::add_integer<std::int64_t>(app, "--kv-heads", o.kv_heads, 1, max_size, "key/value heads (dividing --heads)")
       ->group("Model");
   cli::add_integer<std::int64_t>(app, "--seq", o.seq, 1, max_size, "sequence length (tokens = bytes)")->group("Model");
-  cli::add_choice(app, "--dtype", o.dtype, {"float", "double"}, "element type")->group("Model");
+  cli::add_choice(app, "--dtype", o.dtype, {"float", "double", "bf16"},
+                  "element type (bf16: float weights and arithmetic, activations kept and sent in bf16)")->group("Model");
   cli::add_choice(app, "--backend", o.backend, {"kokkos", "reference"}, "attention kernels")->group("Model");
   // Training.
   cli::add_integer<std::int64_t>(app, "--batch", o.batch, 1, max_size, "rows per step and data-parallel replica")
@@ -347,6 +349,12 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
   if (o.backend == "kokkos")
     throw input_error("--backend kokkos: this baton-train was built without Kokkos", "--backend reference");
 #endif
+  if (o.dtype == "bf16" && o.backend != "kokkos")
+    throw input_error("--dtype bf16 runs the attention on bf16 storage, which --backend " + o.backend + " does not take",
+                      "--backend kokkos");
+  if (o.dtype == "bf16" && o.check)
+    throw input_error("--check --dtype bf16: --check's one-rank model and tolerance are float's or double's",
+                      "--check --dtype float (bf16 is tested against the float64 model in test_train_recompute)");
   try {
     out.schedule = make_schedule(o);
   } catch (const baton::schedule_error& e) {
@@ -387,7 +395,7 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
 
   // Memory, before anything is allocated: every rank on this machine, the text, and what the
   // end of the run adds (the gathered model for --generate, the one-rank model of --check).
-  const std::size_t element = o.dtype == "float" ? sizeof(float) : sizeof(double);
+  const std::size_t element = o.dtype == "double" ? sizeof(double) : sizeof(float);
   const auto per_pp = baton::train::estimate_memory(config, parallelism, out.schedule, element);
   baton::train::memory_estimate total;
   if (ranks_here >= world_size) {  // every rank is here: each pipeline rank's, once per replica

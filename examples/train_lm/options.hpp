@@ -58,7 +58,7 @@ struct options {
 
   baton::mesh_shape mesh() const;
   int world_size() const { return ranks > 0 ? ranks : pp * dp * cp; }
-  double adamw_eps() const { return eps > 0 ? eps : (dtype == "float" ? 1e-5 : 1e-8); }
+  double adamw_eps() const { return eps > 0 ? eps : (dtype == "double" ? 1e-8 : 1e-5); }
   baton::train::lm_config config() const;
   baton::train::lm_parallelism parallelism() const { return {mesh(), cp_mode, layout}; }
 };

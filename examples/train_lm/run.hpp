@@ -246,11 +246,11 @@ template <class Comm>
 int run_any(Comm& world, const options& o, const prepared& p, std::FILE* metrics) {
 #if BATON_HAS_KOKKOS()
   if (o.backend == "kokkos")
-    return o.dtype == "float" ? run_rank<float, baton::kokkos_attention>(world, o, p, metrics)
-                              : run_rank<double, baton::kokkos_attention>(world, o, p, metrics);
+    return o.dtype != "double" ? run_rank<float, baton::kokkos_attention>(world, o, p, metrics)  // bf16: float's
+                               : run_rank<double, baton::kokkos_attention>(world, o, p, metrics);
 #endif
-  return o.dtype == "float" ? run_rank<float, baton::reference_attention>(world, o, p, metrics)
-                            : run_rank<double, baton::reference_attention>(world, o, p, metrics);
+  return o.dtype != "double" ? run_rank<float, baton::reference_attention>(world, o, p, metrics)
+                             : run_rank<double, baton::reference_attention>(world, o, p, metrics);
 }
 
 }  // namespace train_lm

@@ -11,7 +11,9 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -33,6 +35,122 @@ const grid_case grid[] = {
     {{1, 65, 130, 8, 1, 128}, "MQA, D 128, Sk > 2 tiles"},
     {{1, 29, 67, 8, 2, 256}, "GQA, D 256"},
 };
+
+// ---- bfloat16 storage ----------------------------------------------------------------------
+// The oracle is the double reference on the bf16 values widened (exactly) to double. The
+// kernels widen on load and compute in float, so before the final rounding an output y_f is
+// within the float grid's bound, |y_f - y| <= 1e-5 M (M the largest |y| of the tensor), and
+// rounding to bf16 (8 significant bits, to nearest even) adds at most 2^-8 |y_f|:
+//   |bf16(y_f) - y| <= 2^-8 |y| + (1 + 2^-8) 1e-5 M  — per element, which a kernel that
+// truncated instead of rounding (2^-7), rounded twice or kept a stale value would exceed.
+// The LSE stays float: 1e-5 M. The backward of both backends runs from the same out (the
+// reference's, rounded to bf16) and LSE (rounded to float), so only the backward's own error
+// is measured; with params.accumulate the rounded quantity is old + contribution.
+
+using bf16 = baton::bfloat16;
+
+std::vector<bf16> to_bf16(const std::vector<double>& x) {
+  std::vector<bf16> out;
+  out.reserve(x.size());
+  for (const double e : x) out.emplace_back(static_cast<float>(e));
+  return out;
+}
+std::vector<double> widened(const std::vector<bf16>& x) {
+  std::vector<double> out;
+  out.reserve(x.size());
+  for (const bf16 e : x) out.push_back(static_cast<double>(e.to_float()));
+  return out;
+}
+
+// Elements outside |got - want| <= rel |want| + abs_factor M; NaN must meet NaN, an infinity
+// the same infinity.
+template <class G>
+std::size_t outside_bound(const std::vector<G>& got, const std::vector<double>& want, double rel, double abs_factor) {
+  const double bound_abs = abs_factor * attn_test::max_magnitude(want);
+  std::size_t bad = got.size() == want.size() ? 0 : 1;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    double g;
+    if constexpr (std::is_same_v<G, bf16>)
+      g = static_cast<double>(got[i].to_float());
+    else
+      g = static_cast<double>(got[i]);
+    const double w = want[i];
+    if (std::isnan(g) || std::isnan(w)) {
+      bad += std::isnan(g) != std::isnan(w);
+      continue;
+    }
+    if (std::isinf(g) || std::isinf(w)) {
+      bad += g != w;
+      continue;
+    }
+    bad += !(std::abs(g - w) <= rel * std::abs(w) + bound_abs);
+  }
+  return bad;
+}
+
+template <class Mask>
+void compare_bf16(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
+                  unsigned seed, const std::function<void(attn_test::inputs<double>&)>& edit = {}) {
+  auto in = attn_test::random_inputs<double>(s, seed);
+  if (edit) edit(in);
+  const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v), dob = to_bf16(in.dout);
+  attn_test::inputs<double> w{s, widened(qb), widened(kb), widened(vb), widened(dob)};
+  constexpr double u = attn_test::unit_roundoff<bf16>();
+  constexpr double float_tol = 1e-5 * (1 + u);
+  const baton::reference_attention reference;
+  const baton::kokkos_attention kokkos;
+  using attn_test::kv_view;
+  using attn_test::lse_view;
+  using attn_test::q_view;
+
+  std::vector<double> out(w.q.size()), lse(static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q));
+  reference.forward(q_view(w.q, s), kv_view(w.k, s), kv_view(w.v, s), mask, q_view(out, s), lse_view(lse, s), params);
+  std::vector<bf16> out_b(w.q.size());
+  std::vector<float> lse_f(lse.size());
+  kokkos.forward(q_view(qb, s), kv_view(kb, s), kv_view(vb, s), mask, q_view(out_b, s), lse_view(lse_f, s), params);
+
+  // Both backwards from the same out and lse.
+  std::vector<bf16> saved_out = to_bf16(out);
+  std::vector<float> saved_lse(lse.begin(), lse.end());
+  const std::vector<double> saved_out_w = widened(saved_out), saved_lse_w(saved_lse.begin(), saved_lse.end());
+  std::vector<double> dq(w.q.size()), dk(w.k.size()), dv(w.v.size());
+  reference.backward(q_view(w.q, s), kv_view(w.k, s), kv_view(w.v, s), q_view(saved_out_w, s), lse_view(saved_lse_w, s),
+                     q_view(w.dout, s), mask, q_view(dq, s), kv_view(dk, s), kv_view(dv, s), params);
+  std::vector<bf16> dq_b(dq.size()), dk_b(dk.size()), dv_b(dv.size());
+  kokkos.backward(q_view(qb, s), kv_view(kb, s), kv_view(vb, s), q_view(std::as_const(saved_out), s),
+                  lse_view(std::as_const(saved_lse), s), q_view(dob, s), mask, q_view(dq_b, s), kv_view(dk_b, s),
+                  kv_view(dv_b, s), params);
+
+  // Accumulating onto bf16 gradients already there (a ring's earlier steps): old + new, rounded once.
+  std::vector<bf16> dq_acc = to_bf16(w.dout), dk_acc = to_bf16(w.k), dv_acc = to_bf16(w.v);
+  std::vector<double> dq_sum = widened(dq_acc), dk_sum = widened(dk_acc), dv_sum = widened(dv_acc);
+  for (std::size_t i = 0; i < dq.size(); ++i) dq_sum[i] += dq[i];
+  for (std::size_t i = 0; i < dk.size(); ++i) dk_sum[i] += dk[i], dv_sum[i] += dv[i];
+  baton::attention_params add = params;
+  add.accumulate = true;
+  kokkos.backward(q_view(qb, s), kv_view(kb, s), kv_view(vb, s), q_view(std::as_const(saved_out), s),
+                  lse_view(std::as_const(saved_lse), s), q_view(dob, s), mask, q_view(dq_acc, s), kv_view(dk_acc, s),
+                  kv_view(dv_acc, s), add);
+
+  INFO(what << " [" << s.batch << ", " << s.seq_q << "/" << s.seq_k << ", " << s.heads_q << "/" << s.heads_kv << ", "
+            << s.dim << "], bf16 storage: elements outside 2^-8 |y| + 1e-5 max|y|");
+  CHECK(outside_bound(out_b, out, u, float_tol) == 0);
+  CHECK(outside_bound(lse_f, lse, 0, 1e-5) == 0);
+  CHECK(outside_bound(dq_b, dq, u, float_tol) == 0);
+  CHECK(outside_bound(dk_b, dk, u, float_tol) == 0);
+  CHECK(outside_bound(dv_b, dv, u, float_tol) == 0);
+  // The float error is the new contribution's, bounded by its own magnitude.
+  CHECK(outside_bound(dq_acc, dq_sum, u, float_tol * attn_test::max_magnitude(dq) / attn_test::max_magnitude(dq_sum)) == 0);
+  CHECK(outside_bound(dk_acc, dk_sum, u, float_tol * attn_test::max_magnitude(dk) / attn_test::max_magnitude(dk_sum)) == 0);
+  CHECK(outside_bound(dv_acc, dv_sum, u, float_tol * attn_test::max_magnitude(dv) / attn_test::max_magnitude(dv_sum)) == 0);
+}
+
+template <class T, class Mask>
+  requires std::is_same_v<T, bf16>
+void compare(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
+             unsigned seed) {
+  compare_bf16(s, mask, params, what, seed);
+}
 
 template <class T, class Mask>
 void compare(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
@@ -105,6 +223,25 @@ TEST_CASE("kokkos_attention matches the reference on the shape x mask grid (floa
 
 TEST_CASE("kokkos_attention matches the reference on the shape x mask grid (double)", "[attention][kokkos]") {
   run_grid<double>();
+}
+
+static_assert(baton::attention_backend<baton::kokkos_attention, baton::bfloat16>);
+
+TEST_CASE("kokkos_attention with bfloat16 storage: the reference on the widened values, every mask, within the "
+          "rounding of the outputs",
+          "[attention][kokkos][bf16]") {
+  run_grid<bf16>();
+}
+
+TEST_CASE("kokkos_attention with bfloat16 storage keeps the non-finite rule", "[attention][kokkos][bf16]") {
+  // A NaN key, an infinite value and an infinite query: the same NaN rows and gradients as the
+  // reference on the widened values (outside_bound counts NaN against a number as an error).
+  const shape s{1, 70, 70, 4, 2, 16};
+  compare_bf16(s, baton::causal_mask{}, {}, "non-finite", 9, [&](attn_test::inputs<double>& in) {
+    in.k[static_cast<std::size_t>((40 * s.heads_kv + 1) * s.dim + 3)] = std::nan("");
+    in.v[static_cast<std::size_t>((5 * s.heads_kv + 0) * s.dim + 7)] = INFINITY;
+    in.q[static_cast<std::size_t>((66 * s.heads_q + 2) * s.dim + 1)] = -INFINITY;
+  });
 }
 
 TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[attention][kokkos]") {

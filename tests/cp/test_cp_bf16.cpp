@@ -17,7 +17,12 @@
 
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/reference.hpp>
+#include <baton/config.hpp>
 #include <baton/cp.hpp>
+#if BATON_HAS_KOKKOS()
+#include <baton/attention/kokkos.hpp>
+#endif
+#include "skip.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -136,10 +141,11 @@ cp_test::tensors<float> as_float(const cp_test::tensors<bfloat16>& t, const cp_t
   return f;
 }
 
-}  // namespace
-
-TEST_CASE("cp with bfloat16 storage: ring, Ulysses and hybrid against the same backend on one rank",
-          "[cp][bf16]") {
+// Every mode of `configs` with `backend` on each rank, against the stand-in on the whole
+// sequence on one rank (for the Kokkos kernels an independent oracle: the stand-in computes in
+// double; their own float error, 1e-5 of the largest value, is far inside the bound above).
+template <class Backend>
+void check_modes_against_one_rank(const Backend& backend) {
   // 30 tokens: uneven zigzag shards over 4 ranks; 4 query heads over 2 kv heads (GQA).
   const cp_test::dims d{2, 30, 4, 2, 8};
   const std::vector<cp_test::config> configs{
@@ -163,10 +169,27 @@ TEST_CASE("cp with bfloat16 storage: ring, Ulysses and hybrid against the same b
                  d);
     for (const cp_test::config& c : configs) {
       INFO(c.text() << ", mask " << mask_name);
-      const auto got = as_float(cp_test::run_cp<bfloat16>(c, pb, mask, 0, bf16_reference{}), d);
+      const auto got = as_float(cp_test::run_cp<bfloat16>(c, pb, mask, 0, backend), d);
       const cp_test::errors e = cp_test::compare(got, oracle);
       INFO("relative L2: out " << e.out << ", lse " << e.lse << ", dq " << e.dq << ", dk " << e.dk << ", dv " << e.dv);
       CHECK(e.max() < 1e-2);
     }
   });
+}
+
+}  // namespace
+
+TEST_CASE("cp with bfloat16 storage: ring, Ulysses and hybrid against the same backend on one rank",
+          "[cp][bf16]") {
+  check_modes_against_one_rank(bf16_reference{});
+}
+
+// bf16 K/V blocks around the ring through the Kokkos kernels, the layer's sums in fp32.
+TEST_CASE("cp with bfloat16 storage over kokkos_attention", "[cp][bf16][can-skip][kokkos_bf16]") {
+#if BATON_HAS_KOKKOS()
+  static_assert(baton::attention_backend<baton::kokkos_attention, bfloat16>);
+  check_modes_against_one_rank(baton::kokkos_attention{});
+#else
+  BATON_SKIP("built without Kokkos (or in a sanitizer build, which leaves the Kokkos pairing to the release build)");
+#endif
 }

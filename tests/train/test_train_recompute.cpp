@@ -17,13 +17,21 @@
 // and mesh exercise alike).
 #include <baton/attention/reference.hpp>
 #include <baton/comm/local.hpp>
+#include <baton/config.hpp>
+#if BATON_HAS_KOKKOS()
+#include <baton/attention/kokkos.hpp>
+#endif
 #include <baton/schedule.hpp>
 #include <baton/train.hpp>
 
 #include "catch.hpp"
+#include "skip.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -262,6 +270,73 @@ TEST_CASE("train recompute: a recompute value that is no policy is the model's c
   CHECK(caught[0].first == "model");
   CHECK(caught[0].second.find("recompute = 3 is not a recompute policy; choose recompute_policy::none, selective or full") !=
         std::string::npos);
+}
+
+// bf16 storage through the trainer (model.storage = bf16): one step on pp2 x cp2 ring (zigzag)
+// under 1F1B, float with Kokkos attention in bf16 storage, against the float64 one-rank model
+// (lm_reference over the reference attention). Each stage holds one block; its messages to the
+// next stage and their gradients are bf16, and so are its ring's K/V blocks.
+//
+// The bound: a block's gradients are within 16u of double (u = 2^-8, bf16's rounding; the
+// derivation is test_bf16_storage.cpp's: 13u rounded up). Two blocks in series, and the
+// activation and its gradient rounded once more between the stages (2u): 34u, rounded up to
+// 48u = 0.19 of the largest gradient of each parameter; the loss (a mean over every token) to
+// 16u relative. That bf16 really ran: the error is above u/16 (float storage gives 1e-6).
+TEST_CASE("bf16 storage through the trainer: one step's gradients against the float64 one-rank model", "[train][memory][can-skip][bf16_train]") {
+#if BATON_HAS_KOKKOS()
+  constexpr double u = 0x1p-8;
+  train::lm_config config = model_config<float>(recompute_policy::none);
+  config.model.d_model = 32;
+  config.layers = 2;
+  config.seq = 32;
+  config.clip_norm = 0;  // compare the gradients themselves
+  const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
+  const auto batch = corpus().train_batch(0, config.batch, config.seq, false);
+
+  train::lm_reference<double, baton::reference_attention> reference(config);
+  const double reference_loss = reference.step(batch).loss;
+  std::map<std::string, const baton::host_tensor<double>*> expected;
+  for (const auto& p : reference.local_parameters()) expected[p.name] = &p.parameter->grad;
+
+  // [doc:bf16_storage]
+  config.model.storage = nn::activation_storage::bf16;  // every block of every stage, and the messages between stages
+  // [/doc:bf16_storage]
+  struct rank_result {
+    double loss = 0, worst = 0;
+    std::string worst_name;
+    std::size_t compared = 0;
+  };
+  const auto results = baton::run_local(4, [&](baton::local_communicator& comm) {
+    train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(
+        comm, config, parallelism, generated<baton::one_f_one_b>(2));
+    rank_result r;
+    r.loss = trainer.step(batch).loss;
+    for (const auto& p : trainer.local_parameters()) {
+      const baton::host_tensor<double>& want = *expected.at(p.name);
+      const baton::host_tensor<float>& got = p.parameter->grad;
+      double diff = 0, scale = 0;
+      for (std::int64_t i = 0; i < want.size(); ++i) {
+        diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+        scale = std::max(scale, std::abs(want[i]));
+      }
+      const double e = scale > 0 ? diff / scale : diff;
+      if (e > r.worst) r.worst = e, r.worst_name = p.name;
+      ++r.compared;
+    }
+    return r;
+  });
+  for (std::size_t rank = 0; rank < results.size(); ++rank) {
+    const rank_result& r = results[rank];
+    INFO("rank " << rank << ": loss " << r.loss << " vs " << reference_loss << "; largest gradient error " << r.worst
+                 << " (" << r.worst_name << ") of " << r.compared << " parameters; bound 48u = " << 48 * u);
+    CHECK(r.compared > 0);
+    CHECK(std::abs(r.loss - reference_loss) <= 16 * u * std::abs(reference_loss));
+    CHECK(r.worst <= 48 * u);
+    CHECK(r.worst >= u / 16);
+  }
+#else
+  BATON_SKIP("built without Kokkos: bf16 storage runs the attention on a backend that takes bfloat16 (kokkos_attention)");
+#endif
 }
 
 }  // namespace train_recompute_test

@@ -58,7 +58,8 @@ struct attention_params {
   bool accumulate = false;
 };
 
-/// A backend B models attention_backend<B, T> (T = float or double) when, with q, k, v, out,
+/// A backend B models attention_backend<B, T> (T = float or double; a backend may also take
+/// 16-bit storage, baton::bfloat16, with a float LSE) when, with q, k, v, out,
 /// dout viewed as tensor_view<const T, 4>, outputs as tensor_view<T, 4> and the LSE as
 /// tensor_view<lse_t<T>, 3> (const in backward), and any attention_mask:
 ///   1. `b.forward(q, k, v, mask, out, lse, params)` writes out [batch, seq_q, heads_q, dim]
@@ -82,6 +83,14 @@ concept attention_backend =
       b.forward(in, in, in, mask, out_view, lse, params);
       b.backward(in, in, in, in, saved_lse, in, mask, out_view, out_view, out_view, params);
     };
+
+/// Whether backend B computes on baton::bfloat16 storage (its kernels widen bf16 on load and
+/// round its outputs to bf16): a backend says so with a member `static constexpr bool
+/// stores_bfloat16 = true` (kokkos_attention, cuda_attention). attention_backend<B, bfloat16>
+/// checks only that the calls are well-formed, which a backend whose element type is checked
+/// inside its body (reference_attention) also passes; the model layer asks this instead.
+template <class B>
+inline constexpr bool backend_stores_bfloat16 = requires { requires B::stores_bfloat16; };
 
 namespace detail::attention {
 
@@ -224,12 +233,29 @@ struct mask_argument_check {
   }
 };
 
+/// Which 16-bit storage a backend takes besides float and double (the reference: none; the
+/// Kokkos kernels: bfloat16, widened on load).
+enum class storage_16 { none, bfloat16 };
+
+template <class T, storage_16 Storage>
+inline constexpr bool element_type_accepted =
+    std::is_same_v<T, float> || std::is_same_v<T, double> ||
+    (Storage == storage_16::bfloat16 && std::is_same_v<T, baton::bfloat16>);
+
+template <class T, storage_16 Storage>
+constexpr void static_check_element_type() {
+  if constexpr (Storage == storage_16::none)
+    static_assert(element_type_accepted<T, Storage>, "baton attention: q, k, v must hold float or double");
+  else
+    static_assert(element_type_accepted<T, Storage>,
+                  "baton attention: q, k, v must hold float, double or baton::bfloat16 (bf16 storage)");
+}
+
 /// Compile-time checks shared by backends: one element type, mutable outputs, lse_t LSE.
-template <class TQ, class TK, class TV, class TO, class TL>
+template <class TQ, class TK, class TV, class TO, class TL, storage_16 Storage = storage_16::none>
 constexpr void static_check_forward_types() {
   using T = std::remove_const_t<TQ>;
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "baton attention: q, k, v must hold float or double");
+  static_check_element_type<T, Storage>();
   static_assert(std::is_same_v<std::remove_const_t<TK>, T> && std::is_same_v<std::remove_const_t<TV>, T>,
                 "baton attention: q, k and v must have the same element type");
   static_assert(std::is_same_v<TO, T>, "baton attention: out must be a mutable tensor_view<T, 4> with T the element type of q");
@@ -237,11 +263,11 @@ constexpr void static_check_forward_types() {
                 "baton attention: lse must be a mutable tensor_view<lse_t<T>, 3> (float for float, double for double)");
 }
 
-template <class TQ, class TK, class TV, class TO, class TL, class TD, class TG1, class TG2, class TG3>
+template <class TQ, class TK, class TV, class TO, class TL, class TD, class TG1, class TG2, class TG3,
+          storage_16 Storage = storage_16::none>
 constexpr void static_check_backward_types() {
   using T = std::remove_const_t<TQ>;
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "baton attention: q, k, v must hold float or double");
+  static_check_element_type<T, Storage>();
   static_assert(std::is_same_v<std::remove_const_t<TK>, T> && std::is_same_v<std::remove_const_t<TV>, T> &&
                     std::is_same_v<std::remove_const_t<TO>, T> && std::is_same_v<std::remove_const_t<TD>, T>,
                 "baton attention: q, k, v, out and dout must have the same element type");

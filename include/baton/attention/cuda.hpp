@@ -58,6 +58,8 @@ namespace baton {
 class cuda_attention : public detail::attention::mask_argument_check {
  public:
   static constexpr const char* name = "baton::cuda_attention";
+  /// Takes bfloat16 storage (backend_stores_bfloat16).
+  static constexpr bool stores_bfloat16 = true;
 
   explicit cuda_attention(cudaStream_t stream = nullptr) : stream_(stream) {}
 

@@ -63,8 +63,13 @@ template <class DataType, class... Properties>
 }
 
 /// Flash attention (FlashAttention-2 tiling, 64 x 64 tiles, register-tiled GEMMs, online
-/// softmax) on a Kokkos host execution space; float and double. Models
-/// attention_backend<kokkos_attention, float> and <..., double>.
+/// softmax) on a Kokkos host execution space; float and double, and bfloat16 storage. Models
+/// attention_backend<kokkos_attention, T> for T = float, double and baton::bfloat16:
+///  - bfloat16: q, k, v, out, dout and dq, dk, dv are bf16 and the LSE float; every value is
+///    widened to float when it is packed (no float copy of a whole tensor), every product,
+///    the softmax and every sum run in float, and each output element is rounded to bf16
+///    once, when it is written (with params.accumulate: the float sum of the old value and
+///    the new contribution, rounded once);
 ///  - deterministic: each output element is written by one work item, sums run in a fixed
 ///    order, no atomics; the same inputs give bit-identical outputs;
 ///  - skips tiles the mask classifies empty and computes full tiles without mask tests;
@@ -78,6 +83,8 @@ template <class DataType, class... Properties>
 class kokkos_attention : public detail::attention::mask_argument_check {
  public:
   using execution_space = Kokkos::DefaultHostExecutionSpace;
+  /// Takes bfloat16 storage (backend_stores_bfloat16).
+  static constexpr bool stores_bfloat16 = true;
 
   kokkos_attention() = default;
   explicit kokkos_attention(execution_space space) : space_(std::move(space)) {}
@@ -94,8 +101,8 @@ class kokkos_attention : public detail::attention::mask_argument_check {
   void forward(tensor_view<TQ, 4> q, tensor_view<TK, 4> k, tensor_view<TV, 4> v, const Mask& mask,
                tensor_view<TO, 4> out, tensor_view<TL, 3> lse, const attention_params& params = {}) const {
     namespace da = detail::attention;
-    da::static_check_forward_types<TQ, TK, TV, TO, TL>();
-    using T = std::remove_const_t<TQ>;
+    da::static_check_forward_types<TQ, TK, TV, TO, TL, da::storage_16::bfloat16>();
+    using T = da::compute_t<TQ>;
     const da::checked_call call = da::check_inputs(q, k, v, params);
     da::check_forward_outputs(call, out, lse);
     check_strides(q, "q");
@@ -126,8 +133,8 @@ class kokkos_attention : public detail::attention::mask_argument_check {
                 tensor_view<TL, 3> lse, tensor_view<TD, 4> dout, const Mask& mask, tensor_view<TG1, 4> dq,
                 tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv, const attention_params& params = {}) const {
     namespace da = detail::attention;
-    da::static_check_backward_types<TQ, TK, TV, TO, TL, TD, TG1, TG2, TG3>();
-    using T = std::remove_const_t<TQ>;
+    da::static_check_backward_types<TQ, TK, TV, TO, TL, TD, TG1, TG2, TG3, da::storage_16::bfloat16>();
+    using T = da::compute_t<TQ>;
     const da::checked_call call = da::check_inputs(q, k, v, params);
     da::check_backward_tensors(call, out, lse, dout, dq, dk, dv);
     check_strides(q, "q");

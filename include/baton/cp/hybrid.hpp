@@ -99,6 +99,8 @@ class hybrid_attention
                                    UlyssesComm, RingComm>,
       public detail::cp::ulysses_stage<hybrid_attention<UlyssesComm, RingComm, Backend, Memory>, Memory> {
  public:
+  /// The attention backend every step runs (what the model layer asks about its storage types).
+  using backend_type = Backend;
   hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding)
       : ulysses_(&ulysses),
         ring_(&ring),

@@ -49,6 +49,8 @@ namespace baton {
 template <ring_communicator Comm, class Backend, cp_memory_space Memory = cp_memory_space_t<Backend>>
 class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend, Memory>, Backend, Memory, Comm> {
  public:
+  /// The attention backend every step runs (what the model layer asks about its storage types).
+  using backend_type = Backend;
   ring_attention(Comm& ring, Backend backend, sequence_sharding sharding)
       : ring_(&ring),
         backend_(std::move(backend)),

@@ -318,6 +318,8 @@ class ulysses_attention
     : public detail::cp::front_end<ulysses_attention<Comm, Backend, Memory>, Backend, Memory, Comm>,
       public detail::cp::ulysses_stage<ulysses_attention<Comm, Backend, Memory>, Memory> {
  public:
+  /// The attention backend every step runs (what the model layer asks about its storage types).
+  using backend_type = Backend;
   ulysses_attention(Comm& comm, Backend backend, sequence_sharding sharding)
       : comm_(&comm),
         backend_(std::move(backend)),

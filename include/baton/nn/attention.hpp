@@ -7,6 +7,7 @@
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
+#include <baton/core/float16.hpp>
 #include <baton/core/sizes.hpp>
 #include <baton/core/tensor_view.hpp>
 #include <baton/cp/error.hpp>
@@ -14,6 +15,7 @@
 #include <baton/cp/sharding.hpp>
 #include <baton/nn/config.hpp>
 #include <baton/nn/detail/piece.hpp>
+#include <baton/nn/detail/storage.hpp>
 #include <baton/nn/linear.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/nn/rotary.hpp>
@@ -119,6 +121,17 @@ const sequence_sharding* sharding_of(const S& s) {
   }
 }
 
+// Whether a strategy's backend takes bf16 storage (attention_backend<Backend, bfloat16>): the
+// condition of activation_storage::bf16, whose attention runs in bf16.
+template <class S>
+constexpr bool strategy_takes_bf16() {
+  if constexpr (requires { typename S::backend_type; }) {
+    return backend_stores_bfloat16<typename S::backend_type>;
+  } else {
+    return false;
+  }
+}
+
 template <class S>
 int shard_index_of(const S& s) {
   if constexpr (is_no_cp<S>::value) {
@@ -175,15 +188,22 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
   struct saved : detail::nn::saved_state {
     tensor x, q, k, v, out, dy, dq, dk, dv;
     lse_tensor lse;
+    /// activation_storage::bf16: q, k, v and O in bf16 (q, k, v and out above stay empty).
+    host_tensor<bfloat16> q16, k16, v16, out16;
     std::vector<std::int64_t> positions;
     std::shared_ptr<const host_tensor<std::int64_t>> documents;
     std::size_t bytes() const {
       return static_cast<std::size_t>(x.size() + q.size() + k.size() + v.size() + out.size() + dy.size() +
                                       dq.size() + dk.size() + dv.size()) *
                  sizeof(T) +
+             static_cast<std::size_t>(q16.size() + k16.size() + v16.size() + out16.size()) * sizeof(bfloat16) +
              static_cast<std::size_t>(lse.size()) * sizeof(lse_t<T>) + positions.size() * sizeof(std::int64_t);
     }
   };
+
+  /// Whether this attention can keep its activations in bf16 (activation_storage::bf16): float
+  /// blocks over a backend that takes bfloat16 storage.
+  static constexpr bool takes_bf16 = std::is_same_v<T, float> && detail::nn::strategy_takes_bf16<Strategy>();
 
   self_attention(const transformer_config& config, const initializer& init, Strategy strategy, Mask mask = {})
       : config_(config.resolved()),
@@ -193,7 +213,25 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
         wo_(config_.heads * config_.head_dim, config_.d_model, false, init / "wo"),
         rope_(config_.head_dim, config_.rope_base),
         strategy_(std::move(strategy)),
-        mask_(std::move(mask)) {}
+        mask_(std::move(mask)) {
+    check_storage(config_.storage);
+  }
+
+  /// nn_error unless this attention can keep its activations in `storage`.
+  static void check_storage(activation_storage storage) {
+    if (storage == activation_storage::bf16 && !takes_bf16)
+      throw nn_error(std::string(self_attention::name) +
+                     ": storage bf16 keeps q, k, v and O in baton::bfloat16 and runs the attention on them, which "
+                     "needs float blocks and an attention backend that takes bfloat16 (baton::kokkos_attention); " +
+                     (std::is_same_v<T, float> ? "this strategy's backend computes in float or double only"
+                                               : "this block's element type is not float") +
+                     ": use activation_storage::native, or a bf16 backend");
+  }
+  /// The storage of the next forwards (states already kept are backpropagated as they were kept).
+  void set_storage(activation_storage storage) {
+    check_storage(storage);
+    config_.storage = storage;
+  }
 
   const transformer_config& config() const noexcept { return config_; }
   Strategy& strategy() noexcept { return strategy_; }
@@ -284,9 +322,9 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
       const tensor_view<T, 4> none{};
       const tensor_view<lse_t<T>, 3> no_lse{};
       if (backward) {
-        strategy_backward(none, none, none, none, no_lse, none, mask_, none, none, none, {}, params);
+        strategy_backward<Mask, T>(none, none, none, none, no_lse, none, mask_, none, none, none, {}, params);
       } else {
-        strategy_forward(none, none, none, mask_, none, no_lse, {}, params);
+        strategy_forward<Mask, T>(none, none, none, mask_, none, no_lse, {}, params);
       }
     }
     throw nn_error(problem);  // no_cp, or (never) a strategy that accepted a caller problem
@@ -295,7 +333,7 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
   /// Empty when dy is a valid output gradient for the saved state st; else the message.
   std::string grad_problem(const saved& st, const tensor& dy, std::string_view who) const {
     const std::int64_t q_size = st.x.rank() == 3 ? st.x.shape()[0] * st.x.shape()[1] * config_.heads * config_.head_dim : -1;
-    if (st.q.size() != q_size || q_size < 0)
+    if (st.q.size() + st.q16.size() != q_size || q_size < 0)
       return problem_text(who, "backward_input needs the saved state of a forward that has not been backpropagated yet");
     if (dy.shape() != st.x.shape())
       return problem_text(who, "dy has shape " + detail::core::shape_text(dy.shape()) + " but expected " +
@@ -318,10 +356,13 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
       rope_.apply(st.q.data(), batch, seq, hq, rotation, false);
       rope_.apply(st.k.data(), batch, seq, hkv, rotation, false);
     }
-    st.out = tensor::for_overwrite({batch, seq, hq * d});
     st.lse = lse_tensor::for_overwrite({batch, hq, seq});
     st.positions = info.positions;
     st.documents = info.documents;
+    if constexpr (takes_bf16) {
+      if (config_.storage == activation_storage::bf16) return forward_bf16(std::move(x), st);
+    }
+    st.out = tensor::for_overwrite({batch, seq, hq * d});
 
     for_each_mask(st, batch, [&](std::int64_t b0, std::int64_t rows, const auto& mask) {
       strategy_forward(view(st.q, b0, rows, seq, hq), view(st.k, b0, rows, seq, hkv), view(st.v, b0, rows, seq, hkv),
@@ -336,6 +377,9 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
     const std::int64_t hq = config_.heads, hkv = config_.kv_heads, d = config_.head_dim;
     const std::int64_t batch = st.x.shape()[0], seq = st.x.shape()[1];
     const tensor dout = wo_.input_grad(dy);
+    if constexpr (takes_bf16) {
+      if (st.q16.size() > 0) return backward_input_bf16(st, dy, dout);
+    }
     st.dq = tensor::for_overwrite({batch, seq, hq * d});
     st.dk = tensor::for_overwrite({batch, seq, hkv * d});
     st.dv = tensor::for_overwrite({batch, seq, hkv * d});
@@ -346,6 +390,72 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
                         mutable_view(st.dk, b0, rows, seq, hkv), mutable_view(st.dv, b0, rows, seq, hkv),
                         st.positions);
     });
+    return finish_backward_input(st, dy);
+  }
+
+  void backward_weight(saved& st) {
+    this->expect_input_done(st);
+    wq_.add_weight_grad(st.x, st.dq);
+    wk_.add_weight_grad(st.x, st.dk);
+    wv_.add_weight_grad(st.x, st.dv);
+    if (st.out16.size() > 0)
+      wo_.add_weight_grad(detail::nn::widened<T>(st.out16), st.dy);
+    else
+      wo_.add_weight_grad(st.out, st.dy);
+    st = saved{};
+  }
+
+ private:
+  // bf16 storage: q, k, v rounded to bf16 after RoPE, the attention on them (bf16 K/V blocks
+  // around a ring), O kept in bf16 and widened for the output projection.
+  tensor forward_bf16(tensor&& x, saved& st) {
+    const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
+    const std::int64_t hq = config_.heads, hkv = config_.kv_heads;
+    st.q16 = detail::nn::to_bf16(st.q);
+    st.k16 = detail::nn::to_bf16(st.k);
+    st.v16 = detail::nn::to_bf16(st.v);
+    st.q = tensor();
+    st.k = tensor();
+    st.v = tensor();
+    st.out16 = host_tensor<bfloat16>::for_overwrite({batch, seq, hq * config_.head_dim});
+    for_each_mask(st, batch, [&](std::int64_t b0, std::int64_t rows, const auto& mask) {
+      strategy_forward(view(st.q16, b0, rows, seq, hq), view(st.k16, b0, rows, seq, hkv),
+                       view(st.v16, b0, rows, seq, hkv), mask, mutable_view(st.out16, b0, rows, seq, hq),
+                       lse_view(st.lse, b0, rows, seq), st.positions);
+    });
+    st.x = std::move(x);
+    return wo_.apply(detail::nn::widened<T>(st.out16));
+  }
+
+  // bf16 storage: dO rounded to bf16, the attention backward in bf16 storage (fp32 sums inside),
+  // dq, dk, dv widened for RoPE's backward and the projections' gradients.
+  tensor backward_input_bf16(saved& st, const tensor& dy, const tensor& dout) {
+    const std::int64_t hq = config_.heads, hkv = config_.kv_heads, d = config_.head_dim;
+    const std::int64_t batch = st.x.shape()[0], seq = st.x.shape()[1];
+    const host_tensor<bfloat16> dout16 = detail::nn::to_bf16(dout);
+    auto dq16 = host_tensor<bfloat16>::for_overwrite({batch, seq, hq * d});
+    auto dk16 = host_tensor<bfloat16>::for_overwrite({batch, seq, hkv * d});
+    auto dv16 = host_tensor<bfloat16>::for_overwrite({batch, seq, hkv * d});
+    for_each_mask(st, batch, [&](std::int64_t b0, std::int64_t rows, const auto& mask) {
+      strategy_backward(view(st.q16, b0, rows, seq, hq), view(st.k16, b0, rows, seq, hkv),
+                        view(st.v16, b0, rows, seq, hkv), view(st.out16, b0, rows, seq, hq),
+                        const_lse_view(st.lse, b0, rows, seq), view(dout16, b0, rows, seq, hq), mask,
+                        mutable_view(dq16, b0, rows, seq, hq), mutable_view(dk16, b0, rows, seq, hkv),
+                        mutable_view(dv16, b0, rows, seq, hkv), st.positions);
+    });
+    st.dq = detail::nn::widened<T>(dq16);
+    st.dk = detail::nn::widened<T>(dk16);
+    st.dv = detail::nn::widened<T>(dv16);
+    st.q16 = host_tensor<bfloat16>();
+    st.k16 = host_tensor<bfloat16>();
+    st.v16 = host_tensor<bfloat16>();
+    return finish_backward_input(st, dy);
+  }
+
+  // RoPE's backward and the projections' input gradients, from st.dq, st.dk, st.dv.
+  tensor finish_backward_input(saved& st, const tensor& dy) {
+    const std::int64_t hq = config_.heads, hkv = config_.kv_heads;
+    const std::int64_t batch = st.x.shape()[0], seq = st.x.shape()[1];
     // RoPE is a rotation: its backward rotates the gradient back.
     {
       const std::vector<T>& rotation = rope_.table(st.positions);
@@ -364,16 +474,6 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
     return dx;
   }
 
-  void backward_weight(saved& st) {
-    this->expect_input_done(st);
-    wq_.add_weight_grad(st.x, st.dq);
-    wk_.add_weight_grad(st.x, st.dk);
-    wv_.add_weight_grad(st.x, st.dv);
-    wo_.add_weight_grad(st.out, st.dy);
-    st = saved{};
-  }
-
- private:
 
   static std::string problem_text(std::string_view who, const std::string& what) {
     std::string text(who);
@@ -398,9 +498,9 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
     }
   }
 
-  template <class Mask2>
-  void strategy_forward(tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
-                        const Mask2& mask, tensor_view<T, 4> out, tensor_view<lse_t<T>, 3> lse,
+  template <class Mask2, class E = T>
+  void strategy_forward(tensor_view<const E, 4> q, tensor_view<const E, 4> k, tensor_view<const E, 4> v,
+                        const Mask2& mask, tensor_view<E, 4> out, tensor_view<lse_t<E>, 3> lse,
                         std::span<const std::int64_t> positions, const cp_params& params = {}) {
     if constexpr (detail::nn::is_no_cp<Strategy>::value) {
       strategy_.forward(q, k, v, mask, out, lse, positions, params.softmax_scale);
@@ -411,10 +511,10 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
     }
   }
 
-  template <class Mask2>
-  void strategy_backward(tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
-                         tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse, tensor_view<const T, 4> dout,
-                         const Mask2& mask, tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv,
+  template <class Mask2, class E = T>
+  void strategy_backward(tensor_view<const E, 4> q, tensor_view<const E, 4> k, tensor_view<const E, 4> v,
+                         tensor_view<const E, 4> out, tensor_view<const lse_t<E>, 3> lse, tensor_view<const E, 4> dout,
+                         const Mask2& mask, tensor_view<E, 4> dq, tensor_view<E, 4> dk, tensor_view<E, 4> dv,
                          std::span<const std::int64_t> positions, const cp_params& params = {}) {
     if constexpr (detail::nn::is_no_cp<Strategy>::value) {
       strategy_.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, positions, params.softmax_scale);
@@ -426,12 +526,14 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
   }
 
   // Rows [b0, b0 + rows) of a [batch, seq, heads * head_dim] tensor as [rows, seq, heads, head_dim].
-  tensor_view<const T, 4> view(const tensor& t, std::int64_t b0, std::int64_t rows, std::int64_t seq,
+  template <class E>
+  tensor_view<const E, 4> view(const host_tensor<E>& t, std::int64_t b0, std::int64_t rows, std::int64_t seq,
                                std::int64_t heads) const {
     return make_tensor_view(t.data() + b0 * seq * heads * config_.head_dim,
                             std::array<std::int64_t, 4>{rows, seq, heads, config_.head_dim});
   }
-  tensor_view<T, 4> mutable_view(tensor& t, std::int64_t b0, std::int64_t rows, std::int64_t seq,
+  template <class E>
+  tensor_view<E, 4> mutable_view(host_tensor<E>& t, std::int64_t b0, std::int64_t rows, std::int64_t seq,
                                  std::int64_t heads) const {
     return make_tensor_view(t.data() + b0 * seq * heads * config_.head_dim,
                             std::array<std::int64_t, 4>{rows, seq, heads, config_.head_dim});

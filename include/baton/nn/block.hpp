@@ -6,6 +6,7 @@
 #include <baton/nn/attention.hpp>
 #include <baton/nn/config.hpp>
 #include <baton/nn/detail/piece.hpp>
+#include <baton/nn/detail/storage.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/nn/rms_norm.hpp>
 #include <baton/nn/sequence.hpp>
@@ -13,6 +14,7 @@
 #include <baton/payload/grad.hpp>
 #include <baton/payload/host_tensor.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -75,8 +77,12 @@ class transformer_block
     tensor input;
     std::vector<std::int64_t> positions;
     std::shared_ptr<const host_tensor<std::int64_t>> documents;
+    /// activation_storage::bf16: the float tensors above that the policy keeps (x̂ of both
+    /// norms, the attention's and the MLP's inputs, gate, up, product; the input under full),
+    /// in bf16 from the end of forward to the start of backward_input.
+    detail::nn::bf16_pack<T> packed;
     std::size_t bytes() const {
-      return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes() +
+      return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes() + packed.bytes() +
              static_cast<std::size_t>(input.size()) * sizeof(T) + positions.size() * sizeof(std::int64_t);
     }
   };
@@ -106,6 +112,17 @@ class transformer_block
     config_.recompute = policy;
   }
 
+  /// The element type of the activations the next forwards keep (activation_storage).
+  activation_storage storage() const noexcept { return config_.storage; }
+  /// Sets it for the forwards from now on; nn_error when the attention cannot take bf16
+  /// (double blocks, or a backend without bf16 storage).
+  void set_storage(activation_storage storage) {
+    if (std::string problem = detail::nn::storage_problem(storage); !problem.empty())
+      throw nn_error(std::string(transformer_block::name) + ": " + problem);
+    attention_.set_storage(storage);
+    config_.storage = storage;
+  }
+
   template <class Visit>
   void visit_parameters(Visit&& visit) {
     visit("attention_norm", attention_norm_);
@@ -126,10 +143,13 @@ class transformer_block
       st.positions = info.positions;
       st.documents = info.documents;
     }
-    return run_forward(x, info, st, st.policy, true);
+    tensor y = run_forward(x, info, st, st.policy, true);
+    if (config_.storage == activation_storage::bf16) st.packed.pack(packed_tensors(st));
+    return y;
   }
 
   grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
+    st.packed.unpack(packed_tensors(st));
     // Under full the group's first collective here is the recomputed forward: a rank that
     // rejects takes part in that one.
     if (std::string problem = grad_problem(st, dy); !problem.empty())
@@ -166,6 +186,12 @@ class transformer_block
   }
 
  private:
+  // What bf16 storage packs, in one order for pack and unpack.
+  static std::array<tensor*, 8> packed_tensors(saved& st) {
+    return {&st.attention_norm.x_hat, &st.attention.x, &st.mlp_norm.x_hat, &st.mlp.x,
+            &st.mlp.gate,             &st.mlp.up,      &st.mlp.product,    &st.input};
+  }
+
   // The forward, keeping in `st` what `keep` says; without `with_output` (a recomputation)
   // it stops once the state is complete, before the MLP's output projection. The first
   // forward and the recomputation run this one function (never inlined: one machine code,
@@ -205,7 +231,8 @@ class transformer_block
     // What has the input's shape in each policy's state, and whether it is a forward's state
     // that backward_input has not processed yet (backward_input frees q; full frees the input).
     const tensor& shaped = full ? st.input : st.attention_norm.x_hat;
-    const bool live = full ? st.input.rank() == 3 : st.attention.q.size() > 0 && shaped.rank() == 3;
+    const bool live =
+        full ? st.input.rank() == 3 : st.attention.q.size() + st.attention.q16.size() > 0 && shaped.rank() == 3;
     if (!live) return who + ": backward_input needs the saved state of a forward that has not been backpropagated yet";
     if (dy.shape() != shaped.shape())
       return who + ": dy has shape " + detail::core::shape_text(dy.shape()) + " but expected " +

@@ -38,9 +38,36 @@ inline recompute_policy parse_recompute_policy(std::string_view name) {
                  "' is not a recompute policy; choose none, selective or full");
 }
 
+/// The element type a block keeps its saved activations in (docs/nn.md, "bf16 storage"):
+///  - native: the block's element type (float or double), as always;
+///  - bf16: baton::bfloat16 — q, k, v and O are computed in float, rounded to bf16, and the
+///    attention (and under context parallelism the K/V blocks sent around the ring) runs in
+///    bf16 storage with fp32 accumulation; the other activations a block keeps between its
+///    forward and its backward (the norms' x̂, the attention's and the MLP's inputs, gate, up
+///    and product, or the block's input under recompute full) are kept in bf16 and widened
+///    when backward_input starts. Weights, gradients and every product stay in float.
+///    Needs float blocks and an attention backend that takes bfloat16 (kokkos_attention).
+enum class activation_storage { native, bf16 };
+
+constexpr std::string_view to_string(activation_storage s) noexcept {
+  switch (s) {
+    case activation_storage::native: return "native";
+    case activation_storage::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
 }  // namespace baton::nn
 
 namespace baton::detail::nn {
+// The text of a storage that is none of the enumerators, or empty when it is one.
+inline std::string storage_problem(baton::nn::activation_storage s) {
+  using baton::nn::activation_storage;
+  if (s == activation_storage::native || s == activation_storage::bf16) return {};
+  return "storage = " + std::to_string(static_cast<int>(s)) +
+         " is not an activation storage; choose activation_storage::native or bf16";
+}
+
 // The text of a recompute policy that is none of the enumerators (a cast from a bad
 // integer), or empty when it is one.
 inline std::string recompute_problem(baton::nn::recompute_policy p) {
@@ -68,6 +95,8 @@ struct transformer_config {
   /// What each block keeps for its backward (recompute_policy); one model-wide value here,
   /// per stage with lm_stage::set_recompute.
   recompute_policy recompute = recompute_policy::none;
+  /// The element type of the activations each block keeps for its backward (activation_storage).
+  activation_storage storage = activation_storage::native;
 
   /// This config with head_dim and ffn_hidden derived; throws nn_error naming the field to
   /// change when the sizes do not fit together.
@@ -94,6 +123,7 @@ struct transformer_config {
     if (!(norm_eps > 0)) fail("norm_eps must be positive");
     if (!(rope_base > 1)) fail("rope_base must be > 1");
     if (std::string problem = detail::nn::recompute_problem(recompute); !problem.empty()) fail(problem);
+    if (std::string problem = detail::nn::storage_problem(storage); !problem.empty()) fail(problem);
     return c;
   }
 };

@@ -48,6 +48,8 @@ constexpr std::string_view to_string(cp_mode m) noexcept {
 template <class Comm, class Backend>
 class cp_attention {
  public:
+  /// The attention backend every step runs (what the model layer asks about its storage types).
+  using backend_type = Backend;
   using ring_type = ring_attention<Comm, Backend>;
   using ulysses_type = ulysses_attention<Comm, Backend>;
   using hybrid_type = hybrid_attention<Comm, Comm, Backend>;

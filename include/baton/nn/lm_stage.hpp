@@ -5,10 +5,12 @@
 #pragma once
 
 #include <baton/attention/masks.hpp>
+#include <baton/core/float16.hpp>
 #include <baton/core/sizes.hpp>
 #include <baton/nn/block.hpp>
 #include <baton/nn/config.hpp>
 #include <baton/nn/detail/piece.hpp>
+#include <baton/nn/detail/storage.hpp>
 #include <baton/nn/embedding.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/nn/head.hpp>
@@ -31,18 +33,24 @@
 namespace baton::nn {
 
 /// What flows between the stages of an lm_stage pipeline: the tokens (read by the first
-/// stage, a constant: never differentiated) and the hidden states (the activation). The batch
-/// given to the first stage holds tokens [batch, seq] and hidden [batch, 0]; every stage
-/// outputs tokens [batch, 0] and hidden [batch, seq, d_model] — logits [batch, seq, vocab]
-/// from the last. Under context parallelism seq is this rank's shard.
+/// stage, a constant: never differentiated) and the hidden states (the activation), in T or,
+/// when the sending stage keeps bf16 storage (activation_storage::bf16), in bf16 — half the
+/// bytes of each message and of its gradient. The batch given to the first stage holds tokens
+/// [batch, seq] and both hidden fields [batch, 0]; every stage outputs tokens [batch, 0] and
+/// hidden [batch, seq, d_model] in one of the two fields (the other [batch, 0]) — logits
+/// [batch, seq, vocab] in `hidden` from the last. Under context parallelism seq is this rank's
+/// shard. A stage reads whichever field its input has filled, and sends the gradient back in
+/// the same one.
 template <class T>
-using lm_activation = record<field<"tokens", constant<host_tensor<std::int64_t>>>, field<"hidden", host_tensor<T>>>;
+using lm_activation = record<field<"tokens", constant<host_tensor<std::int64_t>>>, field<"hidden", host_tensor<T>>,
+                             field<"hidden_bf16", host_tensor<bfloat16>>>;
 
-/// The first stage's input: tokens [batch, seq] (int64) and an empty hidden [batch, 0].
+/// The first stage's input: tokens [batch, seq] (int64) and empty hidden fields [batch, 0].
 template <class T>
 lm_activation<T> lm_input(host_tensor<std::int64_t> tokens) {
   const std::int64_t rows = tokens.rank() > 0 ? tokens.shape()[0] : 0;
-  return lm_activation<T>(constant<host_tensor<std::int64_t>>(std::move(tokens)), host_tensor<T>({rows, 0}));
+  return lm_activation<T>(constant<host_tensor<std::int64_t>>(std::move(tokens)), host_tensor<T>({rows, 0}),
+                          host_tensor<bfloat16>({rows, 0}));
 }
 
 /// Which layers stage `stage` of `stages` holds: layers / stages consecutive blocks.
@@ -89,7 +97,8 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
     typename embedding<T>::saved embed;
     std::vector<typename block_type::saved> blocks;
     typename lm_head<T>::saved head;
-    std::vector<std::int64_t> input_hidden_shape;
+    std::vector<std::int64_t> input_hidden_shape, input_bf16_shape;
+    bool input_bf16 = false;  // the input's hidden states came in bf16
     std::size_t bytes() const {
       std::size_t n = embed.bytes() + head.bytes();
       for (const auto& b : blocks) n += b.bytes();
@@ -111,6 +120,16 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
   const lm_stage_layout& layout() const noexcept { return layout_; }
   const transformer_config& config() const noexcept { return config_; }
   std::vector<block_type>& blocks() noexcept { return blocks_; }
+
+  /// The storage of this stage's saved activations and of the hidden states it sends
+  /// (activation_storage).
+  activation_storage storage() const noexcept { return config_.storage; }
+  /// Sets it for every block of this stage and for the messages it sends, from the next
+  /// forward on. nn_error when the blocks' attention cannot take bf16.
+  void set_storage(activation_storage storage) {
+    for (block_type& b : blocks_) b.set_storage(storage);
+    config_.storage = storage;
+  }
 
   /// The recompute policy of this stage's blocks.
   recompute_policy recompute() const noexcept { return config_.recompute; }
@@ -134,10 +153,17 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
 
   output forward(const input& x, const side& info, saved& st) {
     const host_tensor<T>& hidden_in = get<"hidden">(x);
+    const host_tensor<bfloat16>& hidden_bf16_in = get<"hidden_bf16">(x);
     st.input_hidden_shape = hidden_in.shape();
+    st.input_bf16_shape = hidden_bf16_in.shape();
     st.blocks.resize(blocks_.size());
     host_tensor<T> h;
     const host_tensor<T>* current = &hidden_in;  // the first block reads the input in place
+    st.input_bf16 = hidden_bf16_in.size() > 0;
+    if (st.input_bf16) {  // the previous stage sent bf16
+      h = detail::nn::widened<T>(hidden_bf16_in);
+      current = &h;
+    }
     if (embed_) {
       const host_tensor<std::int64_t>& tokens = get<"tokens">(x).value;
       // Checked before anything runs; under context parallelism the first block's attention
@@ -152,18 +178,27 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
     }
     if (head_) h = head_->forward(h, st.head);
     const std::int64_t rows = h.rank() > 0 ? h.shape()[0] : 0;
-    return output(constant<host_tensor<std::int64_t>>(host_tensor<std::int64_t>({rows, 0})), std::move(h));
+    constant<host_tensor<std::int64_t>> no_tokens(host_tensor<std::int64_t>({rows, 0}));
+    if (!head_ && config_.storage == activation_storage::bf16)
+      return output(std::move(no_tokens), host_tensor<T>({rows, 0}), detail::nn::to_bf16(h));
+    return output(std::move(no_tokens), std::move(h), host_tensor<bfloat16>({rows, 0}));
   }
 
   grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
-    host_tensor<T> dh = head_ ? head_->backward_input(st.head, get<"hidden">(dy)) : get<"hidden">(dy);
+    const host_tensor<bfloat16>& dy_bf16 = get<"hidden_bf16">(dy);
+    host_tensor<T> dh = head_                 ? head_->backward_input(st.head, get<"hidden">(dy))
+                        : dy_bf16.size() > 0 ? detail::nn::widened<T>(dy_bf16)
+                                              : get<"hidden">(dy);
     for (std::size_t i = blocks_.size(); i-- > 0;) dh = blocks_[i].backward_input(st.blocks[i], dh);
     if (embed_) {
       embed_->backward_input(st.embed, dh);
       dh = host_tensor<T>(st.input_hidden_shape);  // tokens have no gradient
     }
     this->mark_input_done(st);
-    return grad_t<input>(std::move(dh));
+    // The gradient goes back in the field the input came in.
+    if (st.input_bf16)
+      return grad_t<input>(host_tensor<T>(st.input_hidden_shape), detail::nn::to_bf16(dh));
+    return grad_t<input>(std::move(dh), host_tensor<bfloat16>(st.input_bf16_shape));
   }
 
   void backward_weight(saved& st) {
@@ -204,7 +239,8 @@ class lm_loss {
 
   loss_result<grad_t<lm_activation<T>>> operator()(const lm_activation<T>& out, const targets_type& targets) const {
     auto r = loss_(get<"hidden">(out), targets);
-    return {r.value, grad_t<lm_activation<T>>(std::move(r.grad))};
+    host_tensor<bfloat16> no_bf16(get<"hidden_bf16">(out).shape());  // the logits come in hidden
+    return {r.value, grad_t<lm_activation<T>>(std::move(r.grad), std::move(no_bf16))};
   }
   std::int64_t tokens(const targets_type& targets) const { return loss_.tokens(targets); }
 

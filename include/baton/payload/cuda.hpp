@@ -109,8 +109,8 @@ struct device_view {
 template <class T>
 class device_tensor {
   static_assert(baton::detail::payload::own_tensor_element_v<T>,
-                "baton::cuda::device_tensor<T> holds float, double, std::int32_t or std::int64_t (as "
-                "host_tensor); for other element types give your own device type payload_traits");
+                "baton::cuda::device_tensor<T> holds float, double, std::int32_t, std::int64_t or "
+                "baton::bfloat16 (as host_tensor); for other element types give your own device type payload_traits");
 
  public:
   using value_type = T;

@@ -38,7 +38,7 @@ namespace baton {
 template <class T>
 class host_tensor {
   static_assert(detail::payload::own_tensor_element_v<T>,
-                "baton::host_tensor<T> holds float, double, std::int32_t or std::int64_t; for "
+                "baton::host_tensor<T> holds float, double, std::int32_t, std::int64_t or baton::bfloat16; for "
                 "other element types use your own tensor type with payload_traits");
 
  public:

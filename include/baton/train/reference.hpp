@@ -69,7 +69,8 @@ class lm_reference {
     r.tokens = detail::train::counted_tokens(batch.targets);
     if (train) {
       nn::zero_grad(params_);
-      model_.backward(st, grad_t<nn::lm_activation<T>>(result.grad));
+      const host_tensor<bfloat16> no_bf16(get<"hidden_bf16">(out).shape());  // logits come in hidden
+      model_.backward(st, grad_t<nn::lm_activation<T>>(result.grad, no_bf16));
       r.grad_norm = clip_grad_norm(nn::gradient_spans(params_),
                                    config_.clip_norm > 0 ? config_.clip_norm : std::numeric_limits<double>::infinity(), 2.0);
       // The same schedule and guard as lm_trainer's.

@@ -27,6 +27,8 @@ namespace baton {
 class cuda_attention_emulated : public detail::attention::mask_argument_check {
  public:
   static constexpr const char* name = "baton::cuda_attention_emulated";
+  /// Takes bfloat16 storage (backend_stores_bfloat16).
+  static constexpr bool stores_bfloat16 = true;
 
   // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
   using detail::attention::mask_argument_check::forward;

@@ -90,8 +90,8 @@ inline void pack_q_block(const flash_layout<T>& layout, const head_round& round,
       prefetch_row(&out(b, q0 + i + prefetch_rows_ahead, h, 0), call.dim);
       prefetch_row(&dout(b, q0 + i + prefetch_rows_ahead, h, 0), call.dim);
     }
-    std::copy(qrow, qrow + call.dim, q_dst);
-    std::copy(grow, grow + call.dim, g_dst);
+    load_row(qrow, call.dim, q_dst);
+    load_row(grow, call.dim, g_dst);
     std::fill(q_dst + call.dim, q_dst + dim_padded, T(0));
     std::fill(g_dst + call.dim, g_dst + dim_padded, T(0));
     // Independent partial sums: one running double sum is a chain of dependent adds (the
@@ -100,8 +100,8 @@ inline void pack_q_block(const flash_layout<T>& layout, const head_round& round,
     double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     std::int64_t d = 0;
     for (; d + 8 <= call.dim; d += 8)
-      for (int u = 0; u < 8; ++u) partial[u] += static_cast<double>(grow[d + u]) * static_cast<double>(orow[d + u]);
-    for (; d < call.dim; ++d) partial[0] += static_cast<double>(grow[d]) * static_cast<double>(orow[d]);
+      for (int u = 0; u < 8; ++u) partial[u] += widen<double>(grow[d + u]) * widen<double>(orow[d + u]);
+    for (; d < call.dim; ++d) partial[0] += widen<double>(grow[d]) * widen<double>(orow[d]);
     packed.delta[r] = static_cast<T>(((partial[0] + partial[1]) + (partial[2] + partial[3])) +
                                      ((partial[4] + partial[5]) + (partial[6] + partial[7])));
     const double l = static_cast<double>(lse(b, h, q0 + i));

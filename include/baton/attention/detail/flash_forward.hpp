@@ -70,7 +70,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     T* dst = qt + i * dim_padded;
     if (i + prefetch_rows_ahead < qc) prefetch_row(row_of(q, b, q0 + i + prefetch_rows_ahead, h), call.dim);
     if (i < qc) {
-      std::copy_n(row_of(q, b, q0 + i, h), call.dim, dst);
+      load_row(row_of(q, b, q0 + i, h), call.dim, dst);
       row_bad[i] = !all_finite(dst, call.dim);
       if (row_bad[i]) std::fill(dst, dst + call.dim, T(0));
       any_row_bad = any_row_bad || row_bad[i];

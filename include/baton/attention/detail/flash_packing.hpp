@@ -21,48 +21,56 @@ namespace baton::detail::attention {
 /// dst[d * block_k + j] = rows[j][d] for j < count, 0 for count <= j < block_k: a key tile
 /// transposed (K^T, V^T). 4 x 4 (float) or 2 x 2 (double) register transposes on x86; the
 /// scalar loop it replaces showed in the profile of a short causal forward.
-template <class T>
-inline void transpose_rows(const T* const* rows, std::int64_t count, std::int64_t dim, T* dst) noexcept {
+/// Rows of another storage type (bf16) are widened on the way, four keys at a time so that
+/// each store writes a run of four.
+template <class T, class S>
+inline void transpose_rows(const S* const* rows, std::int64_t count, std::int64_t dim, T* dst) noexcept {
   std::int64_t j = 0;
-  const auto prefetch_ahead = [&](std::int64_t first, std::int64_t n) {
-    for (std::int64_t r = first + prefetch_rows_ahead; r < std::min(count, first + prefetch_rows_ahead + n); ++r)
-      prefetch_row(rows[r], dim);
-  };
-#if defined(__GNUC__) && (defined(__SSE2__) || defined(__x86_64__))
-  if constexpr (std::is_same_v<T, float>) {
-    for (; j + 4 <= count; j += 4) {
-      prefetch_ahead(j, 4);
-      std::int64_t d = 0;
-      for (; d + 4 <= dim; d += 4) {
-        __m128 r0 = _mm_loadu_ps(rows[j] + d), r1 = _mm_loadu_ps(rows[j + 1] + d);
-        __m128 r2 = _mm_loadu_ps(rows[j + 2] + d), r3 = _mm_loadu_ps(rows[j + 3] + d);
-        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-        _mm_storeu_ps(dst + d * block_k + j, r0);
-        _mm_storeu_ps(dst + (d + 1) * block_k + j, r1);
-        _mm_storeu_ps(dst + (d + 2) * block_k + j, r2);
-        _mm_storeu_ps(dst + (d + 3) * block_k + j, r3);
-      }
-      for (; d < dim; ++d)
-        for (std::int64_t jj = j; jj < j + 4; ++jj) dst[d * block_k + jj] = rows[jj][d];
-    }
+  if constexpr (!std::is_same_v<S, T>) {
+    for (; j + 4 <= count; j += 4)
+      for (std::int64_t d = 0; d < dim; ++d)
+        for (std::int64_t jj = j; jj < j + 4; ++jj) dst[d * block_k + jj] = widen<T>(rows[jj][d]);
   } else {
-    for (; j + 2 <= count; j += 2) {
-      prefetch_ahead(j, 2);
-      std::int64_t d = 0;
-      for (; d + 2 <= dim; d += 2) {
-        const __m128d r0 = _mm_loadu_pd(rows[j] + d), r1 = _mm_loadu_pd(rows[j + 1] + d);
-        _mm_storeu_pd(dst + d * block_k + j, _mm_unpacklo_pd(r0, r1));
-        _mm_storeu_pd(dst + (d + 1) * block_k + j, _mm_unpackhi_pd(r0, r1));
+    const auto prefetch_ahead = [&](std::int64_t first, std::int64_t n) {
+      for (std::int64_t r = first + prefetch_rows_ahead; r < std::min(count, first + prefetch_rows_ahead + n); ++r)
+        prefetch_row(rows[r], dim);
+    };
+#if defined(__GNUC__) && (defined(__SSE2__) || defined(__x86_64__))
+    if constexpr (std::is_same_v<T, float>) {
+      for (; j + 4 <= count; j += 4) {
+        prefetch_ahead(j, 4);
+        std::int64_t d = 0;
+        for (; d + 4 <= dim; d += 4) {
+          __m128 r0 = _mm_loadu_ps(rows[j] + d), r1 = _mm_loadu_ps(rows[j + 1] + d);
+          __m128 r2 = _mm_loadu_ps(rows[j + 2] + d), r3 = _mm_loadu_ps(rows[j + 3] + d);
+          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+          _mm_storeu_ps(dst + d * block_k + j, r0);
+          _mm_storeu_ps(dst + (d + 1) * block_k + j, r1);
+          _mm_storeu_ps(dst + (d + 2) * block_k + j, r2);
+          _mm_storeu_ps(dst + (d + 3) * block_k + j, r3);
+        }
+        for (; d < dim; ++d)
+          for (std::int64_t jj = j; jj < j + 4; ++jj) dst[d * block_k + jj] = rows[jj][d];
       }
-      for (; d < dim; ++d) {
-        dst[d * block_k + j] = rows[j][d];
-        dst[d * block_k + j + 1] = rows[j + 1][d];
+    } else {
+      for (; j + 2 <= count; j += 2) {
+        prefetch_ahead(j, 2);
+        std::int64_t d = 0;
+        for (; d + 2 <= dim; d += 2) {
+          const __m128d r0 = _mm_loadu_pd(rows[j] + d), r1 = _mm_loadu_pd(rows[j + 1] + d);
+          _mm_storeu_pd(dst + d * block_k + j, _mm_unpacklo_pd(r0, r1));
+          _mm_storeu_pd(dst + (d + 1) * block_k + j, _mm_unpackhi_pd(r0, r1));
+        }
+        for (; d < dim; ++d) {
+          dst[d * block_k + j] = rows[j][d];
+          dst[d * block_k + j + 1] = rows[j + 1][d];
+        }
       }
     }
-  }
 #endif
+  }
   for (; j < count; ++j)
-    for (std::int64_t d = 0; d < dim; ++d) dst[d * block_k + j] = rows[j][d];
+    for (std::int64_t d = 0; d < dim; ++d) dst[d * block_k + j] = widen<T>(rows[j][d]);
   if (count < block_k)
     for (std::int64_t d = 0; d < dim; ++d) std::fill(dst + d * block_k + count, dst + (d + 1) * block_k, T(0));
 }
@@ -80,8 +88,8 @@ inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round
   // Every byte a tile reads is written here (the workspace is reused, not zeroed): key
   // columns past the sequence end are 0 in K^T/V^T, and row padding (columns dim..dim_padded, and
   // whole rows past the end) is 0 in the row-major copies.
-  const T* k_rows[block_k];
-  const T* v_rows[block_k];
+  const std::remove_const_t<TK>* k_rows[block_k];
+  const std::remove_const_t<TV>* v_rows[block_k];
   for (std::int64_t j = 0; j < kc; ++j) {
     k_rows[j] = &k(b, k0 + j, hk, 0);
     v_rows[j] = &v(b, k0 + j, hk, 0);
@@ -100,8 +108,8 @@ inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round
   if (vt_out) transpose_rows(v_rows, kc, call.dim, vt_out + blk * call.dim * block_k);
   for (std::int64_t j = 0; j < block_k; ++j) {
     const bool real = j < kc;
-    const auto copy_row = [&](const T* src, T* dst) {
-      if (real) std::copy(src, src + call.dim, dst);
+    const auto copy_row = [&](const auto* src, T* dst) {
+      if (real) load_row(src, call.dim, dst);
       std::fill(dst + (real ? call.dim : 0), dst + dim_padded, T(0));
     };
     if (v_rows_out && j + prefetch_rows_ahead < kc) prefetch_row(v_rows[j + prefetch_rows_ahead], call.dim);

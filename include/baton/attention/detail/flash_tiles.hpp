@@ -26,6 +26,7 @@
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/detail/cpu_gemm.hpp>
+#include <baton/core/float16.hpp>
 #include <baton/core/simd.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
@@ -320,13 +321,55 @@ template <class TT>
   return &t(b, s, h, 0);
 }
 
+// ---- storage and compute types ----------------------------------------------------------
+// The kernels compute in compute_t<S> for storage S: float and double in themselves, bfloat16
+// in float. A bf16 value is widened when it is packed (the packed operands are always the
+// compute type) and an output is rounded to bf16 once, when its row is written.
+
+template <class S>
+struct compute_type {
+  using type = S;
+};
+template <>
+struct compute_type<bfloat16> {
+  using type = float;
+};
+template <class S>
+using compute_t = typename compute_type<std::remove_const_t<S>>::type;
+
+/// A stored value in compute type T (exact: bf16 is the top half of a float).
+template <class T, class S>
+BATON_ALWAYS_INLINE T widen(const S& x) noexcept {
+  if constexpr (std::is_same_v<std::remove_const_t<S>, bfloat16>)
+    return static_cast<T>(x.to_float());
+  else
+    return static_cast<T>(x);
+}
+/// A computed value rounded to storage S (to nearest even for bf16).
+template <class S, class T>
+BATON_ALWAYS_INLINE S narrow(T x) noexcept {
+  if constexpr (std::is_same_v<S, bfloat16>)
+    return bfloat16(static_cast<float>(x));
+  else
+    return static_cast<S>(x);
+}
+/// dst[0..n) = src[0..n) in the compute type: the packing's one load of a stored row.
+template <class S, class T>
+BATON_ALWAYS_INLINE void load_row(const S* src, std::int64_t n, T* dst) noexcept {
+  if constexpr (std::is_same_v<S, T>)
+    std::copy(src, src + n, dst);
+  else
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = widen<T>(src[i]);
+}
+
 /// Whether x[0..n) holds only finite values: an integer test of the exponent bits that the
 /// compiler vectorises (one pass over a packed row; never inside a tile loop).
 template <class T>
 BATON_ALWAYS_INLINE bool all_finite(const T* x, std::int64_t n) noexcept {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
-  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  constexpr U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || std::is_same_v<T, bfloat16>);
+  using U = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                               std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  constexpr U exponent = sizeof(T) == 2 ? U(0x7f80u) : sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
   U bad = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     U bits;
@@ -358,16 +401,27 @@ inline void mark_bad_pairs(const tile_extent<T>& t, std::int64_t qc, const unsig
 /// Writes NaN over a row of n elements (the non-finite rule's result).
 template <class TD>
 inline void write_nan_row(TD* dst, std::int64_t n) noexcept {
-  std::fill(dst, dst + n, std::numeric_limits<TD>::quiet_NaN());
+  if constexpr (std::is_same_v<TD, bfloat16>)
+    std::fill(dst, dst + n, narrow<TD>(std::numeric_limits<float>::quiet_NaN()));
+  else
+    std::fill(dst, dst + n, std::numeric_limits<TD>::quiet_NaN());
 }
 
-/// dst[d] = src[d] * factor (+ dst[d] when accumulating), d < n: the final write of a gradient.
+/// dst[d] = src[d] * factor (+ dst[d] when accumulating), d < n: the final write of a gradient
+/// (or an output), rounded once to the storage type (a bf16 sum is formed in the compute type).
 template <class TD, class T>
 inline void write_scaled_row(TD* dst, const T* src, T factor, std::int64_t n, bool accumulate) noexcept {
-  if (accumulate)
-    for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(dst[d] + src[d] * factor);
-  else
-    for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(src[d] * factor);
+  if constexpr (std::is_same_v<TD, T>) {
+    if (accumulate)
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(dst[d] + src[d] * factor);
+    else
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = static_cast<TD>(src[d] * factor);
+  } else {
+    if (accumulate)
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = narrow<TD>(widen<T>(dst[d]) + src[d] * factor);
+    else
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = narrow<TD>(src[d] * factor);
+  }
 }
 
 /// Calls body(kb, k0) for each key tile of query block qb that the mask does not classify

@@ -5,6 +5,7 @@
 // so slicing along dim 0 is a single memcpy and any other dim is one memcpy per outer block.
 #pragma once
 
+#include <baton/core/float16.hpp>
 #include <baton/core/sizes.hpp>
 #include <baton/payload/traits.hpp>
 
@@ -22,10 +23,12 @@
 
 namespace baton::detail::payload {
 
-// The element types baton's own tensors hold (host_tensor, cuda::device_tensor).
+// The element types baton's own tensors hold (host_tensor, cuda::device_tensor): bfloat16 is
+// storage (saved activations and messages of the model layer's bf16 storage), no arithmetic.
 template <class T>
 inline constexpr bool own_tensor_element_v = std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                                             std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
+                                             std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> ||
+                                             std::is_same_v<T, bfloat16>;
 
 // Number of elements of a shape, or a payload_error naming the problem (core/sizes.hpp).
 inline std::int64_t checked_element_count(std::span<const std::int64_t> shape, std::string_view what,

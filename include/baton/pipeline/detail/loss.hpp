@@ -4,6 +4,7 @@
 #pragma once
 
 #include <baton/comm/concepts.hpp>
+#include <baton/core/float16.hpp>
 #include <baton/payload/traits.hpp>
 #include <baton/payload/visit.hpp>
 #include <baton/pipeline/error.hpp>
@@ -58,13 +59,18 @@ void scale_payload(P& p, double factor) {
                     "baton pipeline: a loss gradient in memory the host cannot touch (a device tensor) needs "
                     "`static void scale(T&, double)` in its payload_traits (the loss scaling)");
       using value = typename payload_traits<leaf>::value_type;
-      static_assert(std::is_floating_point_v<value>,
+      static_assert(std::is_floating_point_v<value> || std::is_same_v<value, bfloat16>,
                     "baton pipeline: the loss gradient must hold floating-point tensors");
       auto bytes = tensor_mutable_bytes(t);
       auto* v = reinterpret_cast<value*>(bytes.data());
       const std::size_t count = bytes.size() / sizeof(value);
-      const auto f = static_cast<value>(factor);
-      for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+      if constexpr (std::is_same_v<value, bfloat16>) {  // storage: scaled in float, rounded once
+        const auto f = static_cast<float>(factor);
+        for (std::size_t i = 0; i < count; ++i) v[i] = bfloat16(v[i].to_float() * f);
+      } else {
+        const auto f = static_cast<value>(factor);
+        for (std::size_t i = 0; i < count; ++i) v[i] *= f;
+      }
     } else {
       static_assert(static_element_type<leaf>,
                     "baton pipeline: a loss gradient whose element type is known only at run time needs "
