@@ -31,7 +31,8 @@
 #
 # Options: --build-dir DIR (default build/gpu-run; removed and configured afresh),
 #          --jobs N (default: the CPU count), --keep (reuse DIR), --budget S (default 480),
-#          --quick (the benchmarks' small shapes).
+#          --quick (the benchmarks' small shapes), --scale K (every part's limit times K, for a
+#          machine slower than a GPU host: a --no-gpu run on 2 cores needs about 8).
 # Needs no network: cmake, ninja, g++ (and Catch2 for the tests; Debian packages, see
 # scripts/install-deps.sh, which this script does not call: the GPU machine is offline) and
 # CUDA under /usr/local/cuda, with NCCL there or in the nvidia-nccl Python wheel.
@@ -49,6 +50,7 @@ build_dir=build/gpu-run
 jobs=$(nproc 2>/dev/null || echo 8)
 fresh=1
 quick=0
+scale=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-gpu | --cpu | --dry-run) mode=cpu ;;
@@ -59,15 +61,18 @@ while [ $# -gt 0 ]; do
     --jobs=*) jobs="${1#*=}" ;;
     --budget) budget="$2"; shift ;;
     --budget=*) budget="${1#*=}" ;;
+    --scale) scale="$2"; shift ;;
+    --scale=*) scale="${1#*=}" ;;
     --keep) fresh=0 ;;
     --quick) quick=1 ;;
     --pack-deps) mode=pack ;;
-    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$budget" in '' | *[!0-9]*) echo "run.sh: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
+case "$scale" in '' | *[!0-9]*) echo "run.sh: --scale takes a whole number, got '$scale'" >&2; exit 2 ;; esac
 
 started=$(date +%s)
 deadline=$((started + budget))
@@ -87,7 +92,7 @@ part_note_file=$(mktemp)
 trap 'rm -f "$part_note_file"' EXIT
 run_part() {
   local name=$1; shift
-  local limit=${LIMITS[$name]:-60}
+  local limit=$(( ${LIMITS[$name]:-60} * scale ))
   local left=$((deadline - reserve - $(date +%s)))
   : > "$part_note_file"
   if [ "$left" -le 0 ]; then
