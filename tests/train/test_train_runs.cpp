@@ -210,7 +210,7 @@ TEST_CASE("train: a run driven to NaN stops on every rank at the first non-finit
 }
 
 TEST_CASE("train: the memory estimate covers the measured peak of saved activations", "[train][memory][threads][checkpoint]") {
-  // estimate_memory's activations walk each rank's program; the executor measures the bytes
+  // estimate_memory's peak_saved walks each rank's program; the executor measures the bytes
   // of the saved states alive at its peak. Both count the same tensors, so they agree to
   // within 1 % (measured: equal); the bound allows the estimate's rounding of uneven
   // microbatches and shards upwards.
@@ -236,7 +236,7 @@ TEST_CASE("train: the memory estimate covers the measured peak of saved activati
     });
     const auto estimate = train::estimate_memory(config, s.parallelism, s.schedule, sizeof(float));
     double most = 0;
-    for (const auto& e : estimate) most = std::max(most, e.activations);
+    for (const auto& e : estimate) most = std::max(most, e.peak_saved);
     INFO(s.name << ": estimated " << most << " bytes, measured " << measured[0]);
     CHECK(most >= 0.99 * static_cast<double>(measured[0]));
     CHECK(most <= 1.01 * static_cast<double>(measured[0]));
