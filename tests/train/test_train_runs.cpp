@@ -347,6 +347,10 @@ TEST_CASE("train: a metrics line is one JSON object with the step's figures", "[
                 "\"bubble\":0,\"peak_saved_bytes\":0,\"peak_host_bytes\":123456,\"minor_faults\":42,\"step_s\":0.5,\"data_s\":0.005,\"pipeline_s\":0.4,\"sync_s\":0.05,"
                 "\"optimizer_s\":0.04,\"report_s\":0.002,\"elapsed_s\":3,\"eval_loss\":2.25,\"stages\":[{\"stage\":0,\"F_s\":0.05,"
                 "\"B_s\":0,\"I_s\":0,\"W_s\":0},{\"stage\":1,\"F_s\":0,\"B_s\":0,\"I_s\":0,\"W_s\":0.05}]}");
+  // With the predicted peak (baton-train: estimate_memory's), it follows the measured one.
+  const std::string predicted = train::to_json_line({.step = 7, .report = &r, .stage_times = times, .num_stages = 2,
+                                                     .elapsed = 3, .predicted_peak_bytes = 120000.0});
+  CHECK(predicted.find("\"peak_host_bytes\":123456,\"predicted_peak_bytes\":120000,\"minor_faults\":42,") != std::string::npos);
 }
 
 TEST_CASE("train docs: a schedule, the guard, and the gradients after step", "[train][docs][lr-schedule][threads][checkpoint]") {
