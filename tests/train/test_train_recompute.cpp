@@ -396,4 +396,27 @@ TEST_CASE("train memory: per-stage policies, and one policy per stage or a confi
                     Catch::Contains("recompute = 7 is not a recompute policy"));
 }
 
+// docs/memory.md: a plan per pipeline rank, and per-stage policies.
+TEST_CASE("train memory docs: estimate_memory with one policy, and one per stage", "[train][memory][docs]") {
+  train::lm_config config = memory_config(recompute_policy::none);
+  const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
+  const baton::program schedule = generated<baton::zbv>(2);
+  std::string printed;
+  // [doc:memory_plan]
+  config.model.recompute = baton::nn::recompute_policy::selective;  // every stage
+  const std::vector<baton::train::memory_estimate> plan =
+      baton::train::estimate_memory(config, parallelism, schedule, sizeof(float));
+  for (std::size_t pp = 0; pp < plan.size(); ++pp)
+    printed += "pp rank " + std::to_string(pp) + ": " + plan[pp].text() + "\n";
+
+  // One policy per stage of the schedule: full on stage 0 only.
+  std::vector<baton::nn::recompute_policy> per_stage(4, baton::nn::recompute_policy::selective);
+  per_stage[0] = baton::nn::recompute_policy::full;
+  const auto mixed = baton::train::estimate_memory(config, parallelism, schedule, sizeof(float), per_stage);
+  // [/doc:memory_plan]
+  CHECK(printed.find("pp rank 1: ") != std::string::npos);
+  CHECK(mixed[0].peak_saved < plan[0].peak_saved);  // ZBV: pipeline rank 0 holds stage 0
+  CHECK(mixed[1].total() == plan[1].total());
+}
+
 }  // namespace train_recompute_test
