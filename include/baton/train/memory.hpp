@@ -106,7 +106,9 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
                                     " recompute policies given for the schedule's " + std::to_string(stages) +
                                     " stages; give one per stage");
   for (nn::recompute_policy p : stage_policies)
-    if (std::string problem = detail::nn::recompute_problem(p); !problem.empty()) throw config_error("model", problem);
+    if (p != nn::recompute_policy::none && p != nn::recompute_policy::selective && p != nn::recompute_policy::full)
+      throw config_error("model", "estimate_memory: recompute = " + std::to_string(static_cast<int>(p)) +
+                                      " is not a recompute policy; choose recompute_policy::none, selective or full");
   const double b = static_cast<double>(element_bytes);
   const double per_stage = static_cast<double>(config.layers / stages);
   const detail::train::token_sizes z(m);
