@@ -330,7 +330,9 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
 #if defined(BATON_TEST_SANITIZED)
-    if (i != 2 && i != 5) continue;  // ThreadSanitizer: the two context-parallel meshes (their threads interleave most)
+    // ThreadSanitizer (about 25 s a case on 2 cores): the ring mesh only. The meter's thread
+    // accesses are the grid's above too, every step of it; the ratios are the release build's.
+    if (i != 2) continue;
 #endif
     const memory_case& m = cases[i];
     INFO(m.name);
