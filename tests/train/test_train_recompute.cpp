@@ -281,12 +281,11 @@ struct memory_case {
   baton::program schedule;
   recompute_policy policy;
   bool in_double;
-  double min_activation_share;  // of the measured peak, on the rank with the most
 };
 
 train::lm_config memory_config(recompute_policy policy) {
   train::lm_config c;
-  c.model = {.d_model = 64, .heads = 4, .kv_heads = 2, .vocab = train::byte_corpus::vocab, .recompute = policy};
+  c.model = {.d_model = 32, .heads = 4, .kv_heads = 2, .vocab = train::byte_corpus::vocab, .recompute = policy};
   c.layers = 4;
   c.seq = 128;
   c.batch = 8;
@@ -321,16 +320,16 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
   const train::lm_parallelism pp2_ring2{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, shard_layout::zigzag};
   const train::lm_parallelism hybrid{{.pp = 1, .cp_ring = 2, .cp_ulysses = 2}, nn::cp_mode::hybrid, shard_layout::zigzag};
   const std::vector<memory_case> cases{
-      {"1F1B pp2, none, float", pp2, generated<baton::one_f_one_b>(2), recompute_policy::none, false, 0.4},
-      {"ZB1P pp2, full, double", pp2, generated<baton::zb1p>(2), recompute_policy::full, true, 0.2},
-      {"ZBV pp2 x cp2 ring, selective, float", pp2_ring2, generated<baton::zbv>(2), recompute_policy::selective, false, 0.4},
-      {"ZBV pp2 x cp2 ring, full, double", pp2_ring2, generated<baton::zbv>(2), recompute_policy::full, true, 0.2},
-      {"DualPipeV pp2, selective, double", pp2, generated<baton::dual_pipe_v>(2), recompute_policy::selective, true, 0.4},
-      {"GPipe cp4 hybrid 2 x 2, none, float", hybrid, generated<baton::gpipe>(1), recompute_policy::none, false, 0.4},
+      {"1F1B pp2, none, float", pp2, generated<baton::one_f_one_b>(2), recompute_policy::none, false},
+      {"ZB1P pp2, full, double", pp2, generated<baton::zb1p>(2), recompute_policy::full, true},
+      {"ZBV pp2 x cp2 ring, selective, float", pp2_ring2, generated<baton::zbv>(2), recompute_policy::selective, false},
+      {"ZBV pp2 x cp2 ring, full, double", pp2_ring2, generated<baton::zbv>(2), recompute_policy::full, true},
+      {"DualPipeV pp2, selective, double", pp2, generated<baton::dual_pipe_v>(2), recompute_policy::selective, true},
+      {"GPipe cp4 hybrid 2 x 2, none, float", hybrid, generated<baton::gpipe>(1), recompute_policy::none, false},
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
 #if defined(BATON_TEST_SANITIZED)
-    // ThreadSanitizer (about 25 s a case on 2 cores): the ring mesh only. The meter's thread
+    // ThreadSanitizer: the ring mesh only. The meter's thread
     // accesses are the grid's above too, every step of it; the ratios are the release build's.
     if (i != 2) continue;
 #endif
@@ -358,7 +357,7 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
       }
     }
     INFO("activations " << most_activations << " B of a measured peak of " << its_peak << " B");
-    CHECK(most_activations / its_peak >= m.min_activation_share);
+    CHECK(most_activations / its_peak >= 0.4);  // measured: 0.52 to 0.77
   }
 }
 
