@@ -52,6 +52,15 @@ int main(int argc, char** argv) {
   // the ranks are this process's threads; MPI: each process checks after MPI starts).
   train_lm::prepared prepared;
   std::FILE* metrics = nullptr;
+  if (o.plan_memory) {  // the plan of the whole mesh, whatever --comm: nothing starts
+    try {
+      prepared = train_lm::prepare(o, o.world_size(), o.world_size());
+    } catch (const train_lm::input_error& e) {
+      return refuse(e);
+    }
+    std::fputs(train_lm::memory_plan_text(o, prepared).c_str(), stdout);
+    return train_lm::exit_code::ok;
+  }
   if (o.comm == "local") {
     try {
       prepared = train_lm::prepare(o, o.world_size(), o.world_size());

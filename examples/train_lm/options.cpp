@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace train_lm {
@@ -56,6 +57,7 @@ baton::train::lm_config options::config() const {
   c.model.heads = heads;
   c.model.kv_heads = kv_heads;
   c.model.vocab = baton::train::byte_corpus::vocab;
+  c.model.recompute = recompute;
   c.layers = layers;
   c.seq = seq;
   c.batch = batch;
@@ -82,7 +84,7 @@ bool parse(int argc, char** argv, options& o) {
              "SIGINT / SIGTERM after finishing the step. See docs/training.md.");
   app.get_formatter()->column_width(40);
 
-  std::string cp_mode = "ring", layout = "zigzag", decay = "constant", betas = "0.9,0.999";
+  std::string cp_mode = "ring", layout = "zigzag", decay = "constant", betas = "0.9,0.999", recompute = "none";
   // Mesh and parallelism.
   auto* pp = cli::add_integer(app, "--pp", o.pp, 1, max_ranks, "pipeline ranks")->group("Mesh");
   cli::add_integer(app, "--dp", o.dp, 1, max_ranks, "data-parallel replicas")->group("Mesh");
@@ -113,6 +115,10 @@ bool parse(int argc, char** argv, options& o) {
   cli::add_choice(app, "--dtype", o.dtype, {"float", "double", "bf16"},
                   "element type (bf16: float weights and arithmetic, activations kept and sent in bf16)")->group("Model");
   cli::add_choice(app, "--backend", o.backend, {"kokkos", "reference"}, "attention kernels")->group("Model");
+  cli::add_choice(app, "--recompute", recompute, {"none", "selective", "full"},
+                  "what every block keeps for its backward: everything; the matrix products' outputs (the norms "
+                  "and SwiGLU's product are recomputed); its input only (the forward is recomputed). "
+                  "docs/memory.md")->group("Model");
   // Training.
   cli::add_integer<std::int64_t>(app, "--batch", o.batch, 1, max_size, "rows per step and data-parallel replica")
       ->group("Training");
@@ -143,6 +149,9 @@ bool parse(int argc, char** argv, options& o) {
   cli::add_text(app, "--data", o.data, "FILE", "training text (the last 10 % is held out)")->group("Training");
   app.add_flag("--packed", o.packed, "packed documents (paragraphs) with a document mask")->group("Training");
   // Checking and reporting.
+  auto* plan_memory = app.add_flag("--plan-memory", o.plan_memory,
+                                   "print each rank's predicted peak memory by category, then exit without "
+                                   "training (docs/memory.md)")->group("Reporting");
   app.add_flag("--check", o.check, "first compare one step with the same model on one rank; exit 4 beyond the "
                                    "tolerance")->group("Reporting");
   auto* check_tolerance = cli::add_number(app, "--check-tolerance", o.check_tolerance, "a finite number > 0",
@@ -274,6 +283,18 @@ bool parse(int argc, char** argv, options& o) {
   if ((save_every->count() > 0 || keep->count() > 0) && save->count() == 0)
     refuse(std::string(save_every->count() > 0 ? "--save-every" : "--keep") + " needs --save DIR",
            "--save DIR (or leave " + std::string(save_every->count() > 0 ? "--save-every" : "--keep") + " out)");
+  o.recompute = baton::nn::parse_recompute_policy(recompute);  // (CLI11 allowed only the three names)
+  if (plan_memory->count() > 0) {
+    // Flags that act during or after training would be silently ignored: refused.
+    const std::pair<const char*, bool> acting[] = {
+        {"--check", o.check},         {"--metrics", !o.metrics.empty()}, {"--trace", !o.trace.empty()},
+        {"--save", !o.save.empty()}, {"--resume", !o.resume.empty()},   {"--eval-every", o.eval_every > 0}};
+    for (const auto& [flag, given] : acting)
+      if (given)
+        refuse(std::string("--plan-memory prints the memory plan and exits without training, so ") + flag +
+                   " would do nothing",
+               std::string(flag) + " (leave it out), or leave --plan-memory out to train");
+  }
   (void)resume;
   (void)schedule;
   (void)ranks;
@@ -397,6 +418,7 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
   // end of the run adds (the gathered model for --generate, the one-rank model of --check).
   const std::size_t element = o.dtype == "double" ? sizeof(double) : sizeof(float);
   const auto per_pp = baton::train::estimate_memory(config, parallelism, out.schedule, element);
+  out.memory = per_pp;
   baton::train::memory_estimate total;
   if (ranks_here >= world_size) {  // every rank is here: each pipeline rank's, once per replica
     const double replicas = parallelism.mesh.dp * parallelism.mesh.cp_ring * parallelism.mesh.cp_ulysses;
@@ -405,12 +427,15 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
       total.gradients += e.gradients * replicas;
       total.optimizer += e.optimizer * replicas;
       total.activations += e.activations * replicas;
+      total.messages += e.messages * replicas;
+      total.logits += e.logits * replicas;
       total.workspace += e.workspace * replicas;
     }
   } else {  // some ranks are here (MPI on several machines): count the largest for each
     total = *std::max_element(per_pp.begin(), per_pp.end(),
                               [](const auto& a, const auto& b) { return a.total() < b.total(); });
-    for (double* x : {&total.parameters, &total.gradients, &total.optimizer, &total.activations, &total.workspace})
+    for (double* x : {&total.parameters, &total.gradients, &total.optimizer, &total.activations, &total.messages,
+                      &total.logits, &total.workspace})
       *x *= ranks_here;
   }
   double whole_model = 0;
@@ -428,13 +453,55 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
                 ranks_here, ranks_here == 1 ? "" : "s",
                 available ? (" of " + gib(*available) + " available").c_str() : " (available memory unknown)");
   out.memory_line = line;
-  if (available && total.total() > *available)
+  if (o.plan_memory && available && total.total() > *available) out.memory_line += " (more than available: training would be refused)";
+  if (available && total.total() > *available && !o.plan_memory)  // a plan is printed whether it fits or not
     throw input_error("this run needs an estimated " + total.text() + " for the " + std::to_string(ranks_here) +
                           " ranks on this machine, but it has " + gib(*available) +
                           " available (MemAvailable, /proc/meminfo)",
                       "--d-model, --layers, --seq or --batch (or more --microbatches: fewer activations in "
                       "flight), or spread the ranks over more machines (--comm mpi)");
   return out;
+}
+
+std::string memory_plan_text(const options& o, const prepared& p) {
+  const baton::mesh_shape m = o.mesh();
+  const baton::schedule_shape& shape = p.schedule.shape;
+  double largest = 0;
+  for (const auto& e : p.memory) largest = std::max(largest, e.total());
+  const bool in_gib = largest >= 1024.0 * 1024 * 1024;
+  const double unit = in_gib ? 1024.0 * 1024 * 1024 : 1024.0 * 1024;
+  const int cp = m.cp_ring * m.cp_ulysses;
+  const std::int64_t rows = (o.batch + shape.microbatches - 1) / shape.microbatches;
+  const std::int64_t shard = (o.seq + cp - 1) / cp;
+  std::string text;
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "memory plan: %s, schedule %s (%d stages on %d ranks, %d microbatches), %s, recompute %s\n"
+                "model: %lld layers, d_model %lld, %lld heads / %lld kv heads, seq %lld (%lld per cp rank), %lld rows "
+                "per microbatch\n",
+                m.text().c_str(), o.schedule.c_str(), shape.num_stages(), shape.ranks, shape.microbatches,
+                o.dtype.c_str(), std::string(baton::nn::to_string(o.recompute)).c_str(),
+                static_cast<long long>(o.layers), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
+                static_cast<long long>(o.kv_heads), static_cast<long long>(o.seq), static_cast<long long>(shard),
+                static_cast<long long>(rows));
+  text += line;
+  std::snprintf(line, sizeof line, "%-8s %10s %10s %10s %11s %10s %10s %10s %10s  (%s at each rank's peak)\n", "pp rank",
+                "parameters", "gradients", "AdamW", "activations", "messages", "logits", "workspace", "total",
+                in_gib ? "GiB" : "MiB");
+  text += line;
+  for (std::size_t r = 0; r < p.memory.size(); ++r) {
+    const auto& e = p.memory[r];
+    std::snprintf(line, sizeof line, "%-8zu %10.3f %10.3f %10.3f %11.3f %10.3f %10.3f %10.3f %10.3f\n", r,
+                  e.parameters / unit, e.gradients / unit, e.optimizer / unit, e.activations / unit, e.messages / unit,
+                  e.logits / unit, e.workspace / unit, e.total() / unit);
+    text += line;
+  }
+  const int replicas = m.dp * cp;
+  if (replicas > 1) {
+    std::snprintf(line, sizeof line, "each pp rank's %d dp x cp replicas hold as much\n", replicas);
+    text += line;
+  }
+  return text + p.memory_line + "\n";
 }
 
 }  // namespace train_lm

@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace train_lm {
 
@@ -43,6 +44,8 @@ struct options {
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 0;
   baton::train::lr_schedule lr_schedule{};  // total is set to steps
   std::string backend = "kokkos", comm = "local", dtype = "float";
+  baton::nn::recompute_policy recompute = baton::nn::recompute_policy::none;  // --recompute, every stage
+  bool plan_memory = false;  // --plan-memory: print each rank's predicted peak and exit
   std::uint64_t seed = 1;
   std::string data = "/usr/share/common-licenses/GPL-3";
   bool packed = false, check = false;
@@ -76,7 +79,11 @@ struct prepared {
   baton::program schedule;
   std::shared_ptr<const baton::train::byte_corpus> corpus;
   std::string memory_line;  // "memory: estimated ... of ... available"
+  std::vector<baton::train::memory_estimate> memory;  // each pipeline rank's peak (estimate_memory)
 };
+
+/// --plan-memory's report: each pipeline rank's predicted peak by category, and the machine's.
+std::string memory_plan_text(const options& o, const prepared& p);
 
 /// Everything that can be checked before the first rank starts work: the schedule (a training
 /// one), the configuration on `world_size` ranks, the data (long enough for the training and

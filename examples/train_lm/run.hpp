@@ -164,6 +164,7 @@ int run_rank(Comm& world, const options& o, const prepared& prep, std::FILE* met
       m.num_stages = stages;
       m.elapsed = elapsed;
       m.eval_loss = eval_loss;
+      if (!prep.memory.empty()) m.predicted_peak_bytes = prep.memory.front().total();  // world rank 0 is pp rank 0
       if (metrics != nullptr) {
         const std::string line = train::to_json_line(m) + "\n";
         std::fputs(line.c_str(), metrics);

@@ -4,6 +4,7 @@
 #include "catch.hpp"
 
 #include <baton/core/block_cache.hpp>
+#include <baton/core/workspace.hpp>
 #include <baton/payload/host_tensor.hpp>
 
 #include <cstddef>
@@ -137,4 +138,36 @@ TEST_CASE("core memory_meter: a thread's tensors are counted until freed, wherev
   CHECK(worker_meter->live() == 0);
   CHECK(worker_meter->peak() == 256 * 256 * 4);
   CHECK(baton::host_tensor_memory().live == before.live);
+}
+
+// The workspace pool (context-parallel buffers, attention packing) allocates through the block
+// cache: its buffers count in the meter of the thread that grew it, leased or kept, until the
+// pool frees them (issue 29: a rank's measured memory includes its workspaces).
+TEST_CASE("workspace_pool: its buffers, leased or kept for the next call, are metered", "[core][memory]") {
+  const auto meter = baton::detail::core::memory_meter::of_this_thread();
+  const std::int64_t before = meter->live();
+  {
+    baton::detail::core::workspace_pool pool;
+    {
+      auto a = pool.acquire(100000);
+      a.data()[99999] = std::byte{1};
+      CHECK(meter->live() == before + 100000);
+    }
+    CHECK(meter->live() == before + 100000);  // kept for the next call
+    {
+      auto b = pool.acquire(50000);  // fits in the kept buffer: nothing new
+      CHECK(meter->live() == before + 100000);
+      auto c = pool.acquire(200);  // a second lease at once: a second buffer
+      CHECK(meter->live() == before + 100200);
+    }
+    {
+      auto d = pool.acquire(300000);  // larger than any kept: the largest is replaced, not added to
+      CHECK(meter->live() == before + 300200);
+    }
+    pool.release();
+    CHECK(meter->live() == before);
+    auto e = pool.acquire(1000);
+    CHECK(meter->live() == before + 1000);
+  }
+  CHECK(meter->live() == before);  // the lease went back, and the pool's destructor freed it
 }

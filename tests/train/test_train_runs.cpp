@@ -210,7 +210,7 @@ TEST_CASE("train: a run driven to NaN stops on every rank at the first non-finit
 }
 
 TEST_CASE("train: the memory estimate covers the measured peak of saved activations", "[train][memory][threads][checkpoint]") {
-  // estimate_memory's activations walk each rank's program; the executor measures the bytes
+  // estimate_memory's peak_saved walks each rank's program; the executor measures the bytes
   // of the saved states alive at its peak. Both count the same tensors, so they agree to
   // within 1 % (measured: equal); the bound allows the estimate's rounding of uneven
   // microbatches and shards upwards.
@@ -236,7 +236,7 @@ TEST_CASE("train: the memory estimate covers the measured peak of saved activati
     });
     const auto estimate = train::estimate_memory(config, s.parallelism, s.schedule, sizeof(float));
     double most = 0;
-    for (const auto& e : estimate) most = std::max(most, e.activations);
+    for (const auto& e : estimate) most = std::max(most, e.peak_saved);
     INFO(s.name << ": estimated " << most << " bytes, measured " << measured[0]);
     CHECK(most >= 0.99 * static_cast<double>(measured[0]));
     CHECK(most <= 1.01 * static_cast<double>(measured[0]));
@@ -342,11 +342,15 @@ TEST_CASE("train: a metrics line is one JSON object with the step's figures", "[
   const std::vector<baton::action_time> times{{0, baton::action_kind::forward, 4, 0.2},
                                               {1, baton::action_kind::backward_weight, 2, 0.1}};
   const std::string line = train::to_json_line({.step = 7, .report = &r, .stage_times = times, .num_stages = 2,
-                                                .elapsed = 3, .eval_loss = 2.25});
+                                                .elapsed = 3, .eval_loss = 2.25, .predicted_peak_bytes = std::nullopt});
   CHECK(line == "{\"step\":7,\"loss\":2.5,\"lr\":0.001,\"tokens\":100,\"tokens_per_s\":200,\"grad_norm\":null,"
                 "\"bubble\":0,\"peak_saved_bytes\":0,\"peak_host_bytes\":123456,\"minor_faults\":42,\"step_s\":0.5,\"data_s\":0.005,\"pipeline_s\":0.4,\"sync_s\":0.05,"
                 "\"optimizer_s\":0.04,\"report_s\":0.002,\"elapsed_s\":3,\"eval_loss\":2.25,\"stages\":[{\"stage\":0,\"F_s\":0.05,"
                 "\"B_s\":0,\"I_s\":0,\"W_s\":0},{\"stage\":1,\"F_s\":0,\"B_s\":0,\"I_s\":0,\"W_s\":0.05}]}");
+  // With the predicted peak (baton-train: estimate_memory's), it follows the measured one.
+  const std::string predicted = train::to_json_line({.step = 7, .report = &r, .stage_times = times, .num_stages = 2,
+                                                     .elapsed = 3, .eval_loss = std::nullopt, .predicted_peak_bytes = 120000.0});
+  CHECK(predicted.find("\"peak_host_bytes\":123456,\"predicted_peak_bytes\":120000,\"minor_faults\":42,") != std::string::npos);
 }
 
 TEST_CASE("train docs: a schedule, the guard, and the gradients after step", "[train][docs][lr-schedule][threads][checkpoint]") {

@@ -7,7 +7,13 @@
 // may call at once: each lease is a distinct buffer (the pool grows to the number of
 // concurrent calls). Nothing in a leased buffer is assumed: callers write every byte they
 // read.
+//
+// The buffers are cached_arrays (core/block_cache.hpp): the memory meter of the thread that
+// grew the pool counts them, leased or idle, for as long as the pool keeps them — a rank's
+// measured memory includes its context-parallel and attention workspaces.
 #pragma once
+
+#include <baton/core/block_cache.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -21,8 +27,9 @@ namespace baton::detail::core {
 
 class workspace_pool {
   struct buffer {
-    std::byte* data = nullptr;
-    std::size_t capacity = 0;
+    cached_array<std::byte> storage;
+    std::byte* data() const noexcept { return storage.get(); }
+    std::size_t capacity() const noexcept { return storage.size(); }
   };
 
  public:
@@ -36,16 +43,16 @@ class workspace_pool {
    public:
     lease(const lease&) = delete;
     lease& operator=(const lease&) = delete;
-    lease(lease&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)), buf_(std::exchange(other.buf_, {})) {}
+    lease(lease&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)), buf_(std::move(other.buf_)) {}
     lease& operator=(lease&&) = delete;
     ~lease() {
-      if (pool_) pool_->give_back(buf_);
+      if (pool_) pool_->give_back(std::move(buf_));
     }
-    [[nodiscard]] std::byte* data() const noexcept { return buf_.data; }
+    [[nodiscard]] std::byte* data() const noexcept { return buf_.data(); }
 
    private:
     friend class workspace_pool;
-    lease(workspace_pool* pool, buffer b) noexcept : pool_(pool), buf_(b) {}
+    lease(workspace_pool* pool, buffer b) noexcept : pool_(pool), buf_(std::move(b)) {}
     workspace_pool* pool_;
     buffer buf_;
   };
@@ -57,21 +64,20 @@ class workspace_pool {
       // The smallest free buffer that fits; else the largest, to be replaced by a bigger one.
       auto best = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it)
-        if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) best = it;
+        if (it->capacity() >= bytes && (best == free_.end() || it->capacity() < best->capacity())) best = it;
       if (best == free_.end() && !free_.empty())
         best = std::max_element(free_.begin(), free_.end(),
-                                [](const buffer& a, const buffer& c) { return a.capacity < c.capacity; });
+                                [](const buffer& a, const buffer& c) { return a.capacity() < c.capacity(); });
       if (best != free_.end()) {
-        b = *best;
+        b = std::move(*best);
         free_.erase(best);
       }
     }
-    if (b.capacity < bytes) {
-      deallocate(b);
-      b.capacity = std::max<std::size_t>(bytes, 64);
-      b.data = static_cast<std::byte*>(::operator new(b.capacity, std::align_val_t{64}));
+    if (b.capacity() < bytes) {
+      b.storage = cached_array<std::byte>();  // free first: the peak is the new size, not old + new
+      b.storage = cached_array<std::byte>(std::max<std::size_t>(bytes, 64));
     }
-    return lease(this, b);
+    return lease(this, std::move(b));
   }
 
   /// Frees every buffer not currently leased.
@@ -81,21 +87,16 @@ class workspace_pool {
       std::lock_guard lock(mutex_);
       drop.swap(free_);
     }
-    for (auto& b : drop) deallocate(b);
   }
 
  private:
-  void give_back(buffer b) noexcept {
+  void give_back(buffer&& b) noexcept {
     try {
       std::lock_guard lock(mutex_);
-      free_.push_back(b);
+      free_.push_back(std::move(b));
     } catch (...) {
-      deallocate(b);
+      b.storage = cached_array<std::byte>();
     }
-  }
-  static void deallocate(buffer& b) noexcept {
-    if (b.data) ::operator delete(static_cast<void*>(b.data), std::align_val_t{64});
-    b = {};
   }
 
   std::mutex mutex_;

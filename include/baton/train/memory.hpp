@@ -1,7 +1,8 @@
 // baton/train/memory.hpp — how much memory a training run will take, estimated from its
-// configuration and schedule before anything is allocated (estimate_memory), and how much the
-// machine has (available_memory), so that a run that cannot fit is refused at once instead of
-// allocating for minutes and ending in std::bad_alloc.
+// configuration, schedule and recompute policies before anything is allocated
+// (estimate_memory; the model is docs/memory.md), and how much the machine has
+// (available_memory), so that a run that cannot fit is refused at once instead of allocating
+// for minutes and ending in std::bad_alloc.
 #pragma once
 
 #include <baton/cp/sharding.hpp>
@@ -10,6 +11,7 @@
 #include <baton/schedule/action.hpp>
 #include <baton/schedule/program.hpp>
 #include <baton/train/config.hpp>
+#include <baton/train/detail/memory_model.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,49 +35,61 @@ inline double block_weights(const baton::nn::transformer_config& m) {
   return 2 * d + d * (h + 2 * kv) * hd + bias + h * hd * d + 3 * d * f;
 }
 
-// Elements a block saves per token after its forward (the saved states of nn/block.hpp: each
-// norm's normalised input and 1 / rms; attention's input, q, k, v, output and log-sum-exp per
-// head; the MLP's input, gate, up and their product).
-inline double block_saved_per_token(const baton::nn::transformer_config& m) {
-  const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.head_dim);
-  const double h = static_cast<double>(m.heads), kv = static_cast<double>(m.kv_heads), f = static_cast<double>(m.ffn_hidden);
-  return 2 * (d + 1) + d + (2 * h + 2 * kv) * hd + h + d + 3 * f;
-}
-
 }  // namespace baton::detail::train
 
 namespace baton::train {
 
-/// The bytes one rank of a mesh will hold at its peak, by what holds them. Counted in double:
-/// an absurd configuration gives an absurd number, not an overflow.
+/// The bytes one rank of a mesh holds at its peak, by what holds them (docs/memory.md). The
+/// categories are their values at the moment of the peak, so they sum to it. Counted in
+/// double: an absurd configuration gives an absurd number, not an overflow.
 struct memory_estimate {
   double parameters = 0;   ///< this rank's stages' weights
   double gradients = 0;    ///< one gradient per weight
   double optimizer = 0;    ///< AdamW's two moments per weight
-  double activations = 0;  ///< saved states of the microbatch-stages in flight at the schedule's peak
-  double workspace = 0;    ///< transient buffers: logits and their gradient, backward scratch, messages
-  double total() const noexcept { return parameters + gradients + optimizer + activations + workspace; }
+  /// Saved states of the microbatch-stages in flight: a forward's (by recompute policy), grown
+  /// by backward_input to what backward_weight reads, until W (or B) frees them.
+  double activations = 0;
+  /// Between stages: each microbatch-stage's input, held until its saved state is freed; the
+  /// outputs and input gradients not yet passed on; the receive pools; the token ids.
+  double messages = 0;
+  /// The last stage's logits: their gradient from the loss to the stage's backward (and the
+  /// head's copy of it until W), the logits themselves while the loss is computed.
+  double logits = 0;
+  /// Context-parallel buffers (the ring's K/V blocks and accumulators, Ulysses' gathered
+  /// tensors), kept between calls, and the temporaries of the action at the peak.
+  double workspace = 0;
+  /// Not part of total(): the most bytes of forward-saved states alive at once, what the
+  /// pipeline executor reports as peak_saved_bytes.
+  double peak_saved = 0;
 
-  /// "1.21 GiB (parameters 0.30, gradients 0.30, AdamW 0.61, activations 0.01, workspaces 0.01)"
+  double total() const noexcept { return parameters + gradients + optimizer + activations + messages + logits + workspace; }
+
+  /// "1.21 GiB (parameters 0.30, gradients 0.30, AdamW 0.61, activations 0.01, messages 0.00, logits 0.00, workspaces 0.01)"
   std::string text() const {
     const auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
-    char out[200];
+    char out[260];
     std::snprintf(out, sizeof out,
-                  "%.3g GiB (parameters %.3g, gradients %.3g, AdamW %.3g, activations %.3g, workspaces %.3g)",
-                  gib(total()), gib(parameters), gib(gradients), gib(optimizer), gib(activations), gib(workspace));
+                  "%.3g GiB (parameters %.3g, gradients %.3g, AdamW %.3g, activations %.3g, messages %.3g, logits %.3g, "
+                  "workspaces %.3g)",
+                  gib(total()), gib(parameters), gib(gradients), gib(optimizer), gib(activations), gib(messages),
+                  gib(logits), gib(workspace));
     return out;
   }
 };
 
-
 /// The memory of every pipeline rank (index: pp coordinate) of training `config` under
-/// `parallelism` with `schedule`, for element type size `element_bytes`, per rank of the mesh
-/// (every dp and cp replica of a pp rank holds as much). Activations follow the schedule: each
-/// rank's program is walked in order, a forward adds its microbatch-stage's saved state, a
-/// full backward or a weight-gradient action frees it, and the peak is kept. Throws
-/// config_error when the configuration is not valid (the model's sizes, the layers per stage).
+/// `parallelism` with `schedule`, for element type size `element_bytes`, stage s keeping what
+/// `stage_policies[s]` says (one per stage of the schedule), per rank of the mesh (every dp
+/// and cp replica of a pp rank holds as much). Each rank's program is walked in order: a
+/// forward adds its microbatch-stage's saved state, input and output; backward_input grows the
+/// state to what backward_weight reads; W or a full backward frees it; the peak is the largest
+/// total before, during or after an action (docs/memory.md gives every term). A step after the
+/// first: the receive pools and context-parallel buffers are at their size from its start.
+/// Throws config_error when the configuration is not valid (the model's sizes, the layers per
+/// stage, the number of policies).
 inline std::vector<memory_estimate> estimate_memory(const lm_config& config, const lm_parallelism& parallelism,
-                                                    const program& schedule, std::size_t element_bytes) {
+                                                    const program& schedule, std::size_t element_bytes,
+                                                    std::span<const nn::recompute_policy> stage_policies) {
   nn::transformer_config m;
   try {
     m = config.model.resolved();
@@ -86,71 +101,234 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
   if (stages < 1 || config.layers < stages || config.layers % stages != 0)
     throw config_error("layers", std::to_string(config.layers) + " layers cannot be split evenly into the schedule's " +
                                      std::to_string(stages) + " stages");
-  const double bytes = static_cast<double>(element_bytes);
+  if (static_cast<int>(stage_policies.size()) != stages)
+    throw config_error("model", "estimate_memory: " + std::to_string(stage_policies.size()) +
+                                    " recompute policies given for the schedule's " + std::to_string(stages) +
+                                    " stages; give one per stage");
+  for (nn::recompute_policy p : stage_policies)
+    if (p != nn::recompute_policy::none && p != nn::recompute_policy::selective && p != nn::recompute_policy::full)
+      throw config_error("model", "estimate_memory: recompute = " + std::to_string(static_cast<int>(p)) +
+                                      " is not a recompute policy; choose recompute_policy::none, selective or full");
+  const double b = static_cast<double>(element_bytes);
   const double per_stage = static_cast<double>(config.layers / stages);
-  const double d = static_cast<double>(m.d_model), vocab = static_cast<double>(m.vocab);
+  const detail::train::token_sizes z(m);
+  const double d = z.d, vocab = z.vocab;
 
   // Tokens of one microbatch on one rank: its rows (the largest microbatch) times its shard.
-  const int cp = parallelism.mesh.cp_ring * parallelism.mesh.cp_ulysses;
-  const double seq_local = parallelism.cp == nn::cp_mode::none || cp <= 1
-                               ? static_cast<double>(config.seq)
-                               : static_cast<double>((config.seq + cp - 1) / cp);
+  const mesh_shape& mesh = parallelism.mesh;
+  const bool sharded = parallelism.cp != nn::cp_mode::none && mesh.cp_ring * mesh.cp_ulysses > 1;
+  const int cp = sharded ? mesh.cp_ring * mesh.cp_ulysses : 1;
+  const double seq = static_cast<double>(config.seq);
+  const double seq_local = static_cast<double>((config.seq + cp - 1) / cp);
   const int microbatches = std::max(1, shape.microbatches);
   const double rows = static_cast<double>((config.batch + microbatches - 1) / microbatches);
-  const double tokens = rows * seq_local;
+  const double n = rows * seq_local;
+  const double hidden = n * d * b;  // a stage's input or output, or its gradient
+  const double positions = seq_local * 8;
 
+  const auto policy = [&](int s) { return stage_policies[static_cast<std::size_t>(s)]; };
   const auto stage_weights = [&](int s) {
     double w = per_stage * detail::train::block_weights(m);
     if (s == 0) w += vocab * d;                   // the embedding
     if (s == stages - 1) w += d + d * vocab;      // the final norm and the untied LM head
     return w;
   };
-  const auto stage_saved = [&](int s) {  // bytes one microbatch-stage keeps from F to its (W or B)
-    double e = per_stage * (detail::train::block_saved_per_token(m) * tokens * bytes + seq_local * 8);  // + positions
-    if (s == 0) e += tokens * 8;                             // the token ids
-    if (s == stages - 1) e += (2 * d + 1) * tokens * bytes;  // the head's norm and its linear's input
+  // A microbatch-stage's saved state after its forward, and after its backward_input.
+  const auto forward_state = [&](int s) {
+    double e = per_stage * (z.block_forward(policy(s)) * n * b + positions);
+    if (s == 0) e += n * 8;                             // the embedding's token ids
+    if (s == stages - 1) e += (2 * d + 1) * n * b;      // the head's norm (x̂, 1/rms) and its linear's input
     return e;
   };
-  const double logits = vocab * tokens * bytes;  // one microbatch's logits, or their gradient
+  const auto input_state = [&](int s) {
+    double e = per_stage * (z.block_after_input() * n * b + positions);
+    if (s == 0) e += n * 8 + n * d * b;                      // + the embedding's dy
+    if (s == stages - 1) e += (3 * d + 1 + vocab) * n * b;   // + the norm's dy and the linear's dy (dlogits)
+    return e;
+  };
+
+  // Context-parallel buffers, kept between calls (their pool and Ulysses' workspaces are
+  // metered like tensors).
+  const auto cp_workspace = [&](int blocks_here) {
+    if (!sharded) return 0.0;
+    const int ring = parallelism.cp == nn::cp_mode::ulysses ? 1 : mesh.cp_ring;
+    const int ulysses = parallelism.cp == nn::cp_mode::ring ? 1 : mesh.cp_ulysses;
+    const auto split = [](std::int64_t heads, int u) { return static_cast<double>((heads + u - 1) / u); };
+    // After the Ulysses exchange a rank attends over the ring shard's tokens for its heads.
+    const double ring_tokens = rows * static_cast<double>((config.seq + ring - 1) / ring);
+    const double hd = static_cast<double>(m.head_dim);
+    const double q_elems = ring_tokens * split(m.heads, ulysses) * hd, kv_elems = ring_tokens * split(m.kv_heads, ulysses) * hd;
+    const double lse_elems = ring_tokens * split(m.heads, ulysses);
+    double bytes = 0;
+    if (ring > 1)
+      bytes += b * detail::train::pool_bytes(detail::train::ring_forward_leases(ring, kv_elems, q_elems, lse_elems),
+                                             detail::train::ring_backward_leases(ring, kv_elems));
+    if (ulysses > 1) {
+      // Per block (ulysses_workspace): q, O, dO, dq and k, v, dk, dv gathered, the LSE, and the
+      // exchange's send and receive scratch (q, k and v of this rank's shard at once).
+      const double exchange = n * (z.q + 2 * z.k);
+      bytes += blocks_here * b * (4 * q_elems + 4 * kv_elems + lse_elems + 2 * exchange);
+    }
+    return bytes;
+  };
 
   std::vector<memory_estimate> out(static_cast<std::size_t>(shape.ranks));
   for (int r = 0; r < shape.ranks && r < static_cast<int>(schedule.ranks.size()); ++r) {
-    memory_estimate& e = out[static_cast<std::size_t>(r)];
-    double largest_stage = 0;
+    memory_estimate fixed;
+    int blocks_here = 0;
+    bool first_here = false, last_here = false;
     for (int s = 0; s < stages; ++s) {
       if (stage_rank(shape, s) != r) continue;
-      e.parameters += stage_weights(s) * bytes;
-      largest_stage = std::max(largest_stage, stage_saved(s));
+      fixed.parameters += stage_weights(s) * b;
+      blocks_here += static_cast<int>(per_stage);
+      first_here = first_here || s == 0;
+      last_here = last_here || s == stages - 1;
     }
-    e.gradients = e.parameters;
-    e.optimizer = 2 * e.parameters;
-    double live = 0, peak = 0;
-    int live_count = 0, peak_count = 0, live_last = 0, peak_last = 0;
-    for (const action& a : schedule.ranks[static_cast<std::size_t>(r)]) {
-      if (a.stage < 0 || a.stage >= stages) continue;
-      const int delta = a.kind == action_kind::forward ? 1
-                        : (a.kind == action_kind::backward || a.kind == action_kind::backward_weight) ? -1
-                                                                                                     : 0;
-      live += delta * stage_saved(a.stage);
-      live_count += delta;
-      // The last stage's loss gradient (the logits' size) lives from its F to its B or I.
-      if (a.stage == stages - 1) {
-        if (a.kind == action_kind::forward) ++live_last;
-        if (a.kind == action_kind::backward || a.kind == action_kind::backward_input) --live_last;
+    fixed.gradients = fixed.parameters;
+    fixed.optimizer = 2 * fixed.parameters;
+    fixed.workspace = cp_workspace(blocks_here);
+    // The step's token ids: the global batch (tokens and targets, every rank), this rank's rows
+    // of it, the microbatches of the first stage's input and of the loss's targets.
+    const double ids = 8 * static_cast<double>(config.batch) * seq_local;
+    fixed.messages = 2 * 8 * static_cast<double>(mesh.dp * config.batch) * seq + 2 * ids + (first_here ? ids : 0) +
+                     (last_here ? ids : 0);
+
+    // Per microbatch-stage: what the walk holds.
+    const auto idx = [&](int s, int mb) { return static_cast<std::size_t>(s) * static_cast<std::size_t>(microbatches) + static_cast<std::size_t>(mb); };
+    const std::size_t cells = static_cast<std::size_t>(stages) * static_cast<std::size_t>(microbatches);
+    const std::vector<action>& actions = schedule.ranks[static_cast<std::size_t>(r)];
+    const auto on_rank = [&](int s) { return s >= 0 && s < stages && stage_rank(shape, s) == r; };
+
+    // Two passes: the first finds how many receive buffers each pool grows to, the second
+    // walks with the pools at that size from the start (the steady state of every later step).
+    double pool_in = 0, pool_grad = 0;
+    memory_estimate best;
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<double> state(cells, 0), input(cells, 0), output(cells, 0), input_grad(cells, 0), loss_grad(cells, 0);
+      std::vector<char> pooled(cells, 0);
+      double saved = 0, saved_forward = 0, peak_saved = 0, loose = 0, held_logits = 0;
+      int in_use_in = 0, in_use_grad = 0, most_in = 0, most_grad = 0;
+      best = fixed;
+      const auto consider = [&](double extra_activations, double extra_logits, double extra_workspace) {
+        memory_estimate now = fixed;
+        now.activations = saved + extra_activations;
+        now.messages += loose + (pool_in + pool_grad) * hidden;
+        now.logits = held_logits + extra_logits;
+        now.workspace += extra_workspace;
+        now.peak_saved = 0;
+        if (now.total() > best.total()) best = now;
+      };
+      for (const action& a : actions) {
+        const int s = a.stage, mb = a.microbatch;
+        if (s < 0 || s >= stages || mb < 0 || mb >= microbatches) continue;
+        const std::size_t c = idx(s, mb);
+        const bool last = s == stages - 1;
+        switch (a.kind) {
+          case action_kind::forward: {
+            // The input: the previous stage's output on this rank, or a received buffer.
+            if (s > 0) {
+              if (on_rank(s - 1)) {
+                loose -= output[idx(s - 1, mb)];
+                output[idx(s - 1, mb)] = 0;
+                input[c] = hidden;
+                loose += hidden;
+              } else {
+                pooled[c] = 1;
+                most_in = std::max(most_in, ++in_use_in);
+              }
+            }
+            const double kept = forward_state(s);
+            const double extra = z.forward_extra(policy(s)) * n * b;
+            consider(kept, 0, extra);  // the last block's largest moment, every block before it kept
+            if (last) {
+              consider(kept, 2 * n * vocab * b, 0);  // the loss: logits and their gradient
+              loss_grad[c] = n * vocab * b;
+              held_logits += loss_grad[c];
+            } else if (on_rank(s + 1)) {
+              output[c] = hidden;
+              loose += hidden;
+            } else {
+              consider(kept, 0, hidden);  // the output until it is sent
+            }
+            state[c] = kept;
+            saved += kept;
+            saved_forward += kept;
+            peak_saved = std::max(peak_saved, saved_forward);
+            break;
+          }
+          case action_kind::backward:
+          case action_kind::backward_input: {
+            // The output gradient: the loss's, the next stage's on this rank, or received.
+            bool grad_pooled = false;
+            if (!last) {
+              if (on_rank(s + 1)) {
+                loose -= input_grad[idx(s + 1, mb)];
+                input_grad[idx(s + 1, mb)] = 0;
+                loose += hidden;  // now this stage's dy, freed below
+              } else {
+                grad_pooled = true;
+                most_grad = std::max(most_grad, ++in_use_grad);
+              }
+            }
+            const double grown = input_state(s);
+            saved += grown - state[c];
+            saved_forward -= state[c];
+            state[c] = grown;
+            // The end of backward_input: every block grown, its temporaries and the result dx.
+            consider(0, 0, z.backward_temporaries() * n * b + (s > 0 ? hidden : 0));
+            if (last) {
+              held_logits -= loss_grad[c];
+              loss_grad[c] = 0;
+            } else if (grad_pooled) {
+              --in_use_grad;
+            } else {
+              loose -= hidden;
+            }
+            if (s > 0) {
+              if (on_rank(s - 1)) {
+                input_grad[c] = hidden;
+                loose += hidden;
+              } else {
+                consider(0, 0, hidden);  // dx until it is sent
+              }
+            }
+            if (a.kind == action_kind::backward) {
+              saved -= state[c];
+              state[c] = 0;
+              if (pooled[c]) --in_use_in;
+              loose -= input[c];
+              input[c] = 0;
+              pooled[c] = 0;
+            }
+            break;
+          }
+          case action_kind::backward_weight: {
+            saved -= state[c];
+            state[c] = 0;
+            if (pooled[c]) --in_use_in;
+            loose -= input[c];
+            input[c] = 0;
+            pooled[c] = 0;
+            break;
+          }
+          default: break;
+        }
       }
-      peak = std::max(peak, live);
-      peak_count = std::max(peak_count, live_count);
-      peak_last = std::max(peak_last, live_last);
+      pool_in = most_in;
+      pool_grad = most_grad;
+      best.peak_saved = peak_saved;
     }
-    e.activations = peak;
-    // Transients: the backward of the largest microbatch-stage allocates about as much again
-    // (a gradient of each saved tensor); the logits' gradients in flight, and the logits and
-    // their softmax of the forward being computed; one activation and one gradient message
-    // buffer per microbatch in flight.
-    e.workspace = largest_stage + static_cast<double>(peak_count) * 2 * d * tokens * bytes;
-    if (stage_rank(shape, stages - 1) == r) e.workspace += static_cast<double>(peak_last + 2) * logits;
+    out[static_cast<std::size_t>(r)] = best;
   }
   return out;
+}
+
+/// The same with every stage keeping what `config.model.recompute` says.
+inline std::vector<memory_estimate> estimate_memory(const lm_config& config, const lm_parallelism& parallelism,
+                                                    const program& schedule, std::size_t element_bytes) {
+  const std::vector<nn::recompute_policy> policies(static_cast<std::size_t>(std::max(0, schedule.shape.num_stages())),
+                                                   config.model.recompute);
+  return estimate_memory(config, parallelism, schedule, element_bytes, policies);
 }
 
 /// MemAvailable of /proc/meminfo in bytes (what the kernel can give without swapping), or

@@ -37,12 +37,15 @@ struct step_metrics {
   int num_stages = 0;
   double elapsed = 0;
   std::optional<double> eval_loss;
+  /// The writing rank's peak as estimate_memory predicts it (train/memory.hpp), beside the
+  /// measured peak_host_bytes.
+  std::optional<double> predicted_peak_bytes;
 };
 
 /// The step as one line of JSON, no newline inside, keys in this order:
 ///
 ///   step, loss, lr, tokens, tokens_per_s, grad_norm, bubble, peak_saved_bytes,
-///   peak_host_bytes, minor_faults (world rank 0's own),
+///   peak_host_bytes, [predicted_peak_bytes], minor_faults (world rank 0's own),
 ///   step_s, data_s, pipeline_s, sync_s (gradient all-reduce), optimizer_s (clipping and
 ///   AdamW), report_s, elapsed_s, [eval_loss], stages: [{stage, F_s, B_s, I_s, W_s}, ...]
 ///
@@ -61,6 +64,7 @@ inline std::string to_json_line(const step_metrics& m) {
                     ",\"grad_norm\":" + json_number(r.grad_norm) + ",\"bubble\":" + json_number(r.bubble_fraction) +
                     ",\"peak_saved_bytes\":" + std::to_string(r.peak_saved_bytes) +
                     ",\"peak_host_bytes\":" + std::to_string(r.peak_host_bytes) +
+                    (m.predicted_peak_bytes ? ",\"predicted_peak_bytes\":" + json_number(*m.predicted_peak_bytes) : std::string()) +
                     ",\"minor_faults\":" + std::to_string(r.minor_faults) + ",\"step_s\":" + json_number(r.seconds) +
                     ",\"data_s\":" + json_number(r.data_seconds) + ",\"pipeline_s\":" + json_number(r.own_pipeline_seconds) +
                     ",\"sync_s\":" + json_number(r.sync_seconds) + ",\"optimizer_s\":" + json_number(r.optimizer_seconds) +

@@ -1,0 +1,89 @@
+// baton/train/detail/memory_model.hpp — the bytes of each piece of a training step on one rank,
+// read off the model layer's saved states (nn/block.hpp, nn/attention.hpp, nn/swiglu.hpp,
+// nn/rms_norm.hpp, nn/head.hpp), the executor's per-microbatch state
+// (pipeline/detail/microbatch_state.hpp) and the context-parallel buffers (cp/detail/ring_core.hpp,
+// cp/ulysses.hpp); estimate_memory (train/memory.hpp) walks a rank's program with them.
+#pragma once
+
+#include <baton/nn/config.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace baton::detail::train {
+
+// Per-token sizes of one model, in elements.
+struct token_sizes {
+  double d = 0, q = 0, k = 0, f = 0, h = 0, vocab = 0;
+  explicit token_sizes(const baton::nn::transformer_config& m)
+      : d(static_cast<double>(m.d_model)), q(static_cast<double>(m.heads * m.head_dim)),
+        k(static_cast<double>(m.kv_heads * m.head_dim)), f(static_cast<double>(m.ffn_hidden)),
+        h(static_cast<double>(m.heads)), vocab(static_cast<double>(m.vocab)) {}
+
+  // What a block keeps from its forward to its backward_input, per token (transformer_block::
+  // saved): norms x̂ (d) and 1/rms (1) each; attention x (d), q, k, v, O, LSE (one per head);
+  // MLP x (d), gate, up, product (f each). selective drops the norms' outputs (attention's and
+  // the MLP's x) and the product; full keeps the block's input only.
+  double block_forward(baton::nn::recompute_policy p) const {
+    const double none = 2 * (d + 1) + d + 2 * q + 2 * k + h + d + 3 * f;
+    switch (p) {
+      case baton::nn::recompute_policy::none: return none;
+      case baton::nn::recompute_policy::selective: return none - 2 * d - f;
+      case baton::nn::recompute_policy::full: return d;
+    }
+    return none;
+  }
+  // What backward_input leaves for backward_weight, whatever the policy: norms x̂, 1/rms, dy;
+  // attention x, O, dy, dq, dk, dv (q, k, v and the LSE are freed); MLP x, product, dy and the
+  // gate's and up's gradients (written over the pre-activations).
+  double block_after_input() const { return 2 * (2 * d + 1) + (2 * d + 2 * q + 2 * k) + (2 * d + 3 * f); }
+
+  // The part of a block's full (none) state alive beyond what `p` keeps, at the two moments of
+  // its forward that hold the most: inside the attention (the norm's state and the attention's)
+  // and when the MLP's output is made (the MLP norm's state and the MLP's).
+  double forward_extra(baton::nn::recompute_policy p) const {
+    using baton::nn::recompute_policy;
+    const double attention = p == recompute_policy::full ? (d + 1) + (d + 2 * q + 2 * k + h)
+                             : p == recompute_policy::selective ? d : 0;
+    const double mlp = p == recompute_policy::full ? (d + 1) + (d + 3 * f)
+                       : p == recompute_policy::selective ? d + f : 0;
+    // Temporaries: at the attention the previous block's output (d); at the MLP's output that,
+    // the residual stream h and the output y (3 d).
+    return std::max(attention + d, mlp + 3 * d);
+  }
+  // Temporaries of a block's backward_input at its largest moment: the incoming gradient (d),
+  // the result dx (d) and the MLP's product gradient (f) or the attention's output gradient (q).
+  double backward_temporaries() const { return 2 * d + std::max(f, q); }
+};
+
+// The bytes a workspace_pool (core/workspace.hpp) grows to when calls lease `a`, and other
+// calls lease `b`, one call at a time: it hands a lease the smallest free buffer that fits and
+// otherwise replaces the largest, so it ends with about one buffer per rank of the two lease
+// lists in decreasing order, as large as the larger of the two.
+inline double pool_bytes(std::vector<double> a, std::vector<double> b) {
+  std::sort(a.begin(), a.end(), std::greater<>());
+  std::sort(b.begin(), b.end(), std::greater<>());
+  double sum = 0;
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i)
+    sum += std::max(i < a.size() ? a[i] : 0.0, i < b.size() ? b[i] : 0.0);
+  return sum;
+}
+
+// Ring attention's leases of one call (ring_forward, ring_backward for float or double, where
+// the accumulators are the caller's tensors): K/V blocks in flight (2 x capacity each; a second
+// once the ring has more than 2 ranks), the forward's block output and LSE for the merge, the
+// backward's three dK/dV accumulators. In elements of `q_tokens` x per-token sizes.
+inline std::vector<double> ring_forward_leases(int ring, double kv_capacity, double q_elems, double lse_elems) {
+  std::vector<double> l{2 * kv_capacity, q_elems, lse_elems};
+  if (ring > 2) l.push_back(2 * kv_capacity);
+  return l;
+}
+inline std::vector<double> ring_backward_leases(int ring, double kv_capacity) {
+  std::vector<double> l(4, 2 * kv_capacity);
+  if (ring > 2) l.push_back(2 * kv_capacity);
+  return l;
+}
+
+}  // namespace baton::detail::train
