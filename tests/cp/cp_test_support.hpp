@@ -10,6 +10,7 @@
 #include <baton/cp.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -186,6 +187,84 @@ tensors<T> run_cp(const config& c, const problem<T>& p, const Mask& mask, double
   return run_cp_sharded<T>(c, sharding, p, mask, scale, std::move(backend));
 }
 
+// Wraps a backend and adds the (query rows x key rows) area of every forward and backward
+// call to this rank's slot of `areas` (each rank writes its own slot).
+template <class Inner>
+struct area_summing_backend {
+  Inner inner;
+  std::vector<std::int64_t>* areas = nullptr;
+  int rank = 0;
+
+  template <class Q, class K, class V, class M, class O, class L>
+  void forward(Q q, K k, V v, const M& mask, O out, L lse, const baton::attention_params& p) const {
+    (*areas)[static_cast<std::size_t>(rank)] += q.extent(1) * k.extent(1);
+    inner.forward(q, k, v, mask, out, lse, p);
+  }
+  template <class Q, class K, class V, class O, class L, class D, class M, class G1, class G2, class G3>
+  void backward(Q q, K k, V v, O out, L lse, D dout, const M& mask, G1 dq, G2 dk, G3 dv,
+                const baton::attention_params& p) const {
+    (*areas)[static_cast<std::size_t>(rank)] += q.extent(1) * k.extent(1);
+    inner.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, p);
+  }
+};
+
+// Ring attention through its core (detail::cp::ring_forward / ring_backward) on the local
+// world, with the trimming of its block calls set by `trim` (detail::cp::trim_tile, or 0 for
+// calls as the piece planner makes them); returns the results in full order and adds each
+// rank's backend call area (forward + backward) to `area`.
+template <class T, class Mask, class Backend>
+tensors<T> run_ring_core(const baton::sequence_sharding& sharding, const problem<T>& p, const Mask& mask,
+                         const Backend& backend, std::int64_t trim, std::int64_t& area) {
+  using L = baton::lse_t<T>;
+  const dims& d = p.d;
+  const int R = sharding.degree();
+  tensors<T> result(d);
+  std::vector<std::int64_t> areas(static_cast<std::size_t>(R), 0);
+  baton::run_local(R, [&](baton::local_communicator& comm) {
+    const int me = comm.rank();
+    baton::detail::cp::ring_geometry g;
+    for (int r = 0; r < R; ++r) g.pieces.push_back(sharding.pieces(r));
+    g.batch = d.batch;
+    g.heads_q = d.heads_q;
+    g.heads_kv = d.heads_kv;
+    g.dim = d.dim;
+    area_summing_backend<Backend> counted{backend, &areas, me};
+    baton::host_memory mem;
+    const std::int64_t sl = sharding.local_len(me);
+    const rank_inputs<T> in = shard_inputs(sharding, me, p);
+    std::vector<T> out(in.q.size()), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
+    std::vector<L> lse(static_cast<std::size_t>(d.batch * d.heads_q * sl));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d.dim));
+    const auto q = cview4(in.q, d.batch, sl, d.heads_q, d.dim), k = cview4(in.k, d.batch, sl, d.heads_kv, d.dim),
+               v = cview4(in.v, d.batch, sl, d.heads_kv, d.dim);
+    baton::detail::cp::ring_forward<T>(comm, counted, mem, g, q, k, v, mask, view4(out, d.batch, sl, d.heads_q, d.dim),
+                                       baton::make_tensor_view(lse.data(), {d.batch, d.heads_q, sl}), scale, trim);
+    baton::detail::cp::ring_backward<T>(
+        comm, counted, mem, g, q, k, v, cview4(out, d.batch, sl, d.heads_q, d.dim),
+        baton::make_tensor_view(static_cast<const L*>(lse.data()), {d.batch, d.heads_q, sl}),
+        cview4(in.dout, d.batch, sl, d.heads_q, d.dim), mask, view4(dq, d.batch, sl, d.heads_q, d.dim),
+        view4(dk, d.batch, sl, d.heads_kv, d.dim), view4(dv, d.batch, sl, d.heads_kv, d.dim), scale, trim);
+    baton::unshard_sequence<T>(sharding, me, out, in.qshape, 1, result.out);
+    baton::unshard_sequence<L>(sharding, me, lse, in.lshape, 2, result.lse);
+    baton::unshard_sequence<T>(sharding, me, dq, in.qshape, 1, result.dq);
+    baton::unshard_sequence<T>(sharding, me, dk, in.kvshape, 1, result.dk);
+    baton::unshard_sequence<T>(sharding, me, dv, in.kvshape, 1, result.dv);
+  });
+  for (const std::int64_t a : areas) area += a;
+  return result;
+}
+
+// True when every element has the same bits (so -inf == -inf and NaN == NaN).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+template <class T>
+bool same_bits(const tensors<T>& a, const tensors<T>& b) {
+  return same_bits(a.out, b.out) && same_bits(a.lse, b.lse) && same_bits(a.dq, b.dq) && same_bits(a.dk, b.dk) &&
+         same_bits(a.dv, b.dv);
+}
+
 // Relative L2 error ||got - want|| / ||want||, in long double. Entries where want is -inf
 // (an LSE row that attends to nothing) must be -inf in got too and are left out of the sums.
 template <class T>
@@ -220,6 +299,51 @@ template <class T>
 errors compare(const tensors<T>& got, const tensors<T>& want) {
   return {rel_l2(got.out, want.out), rel_l2(got.lse, want.lse), rel_l2(got.dq, want.dq), rel_l2(got.dk, want.dk),
           rel_l2(got.dv, want.dv)};
+}
+
+// The ring with its block calls trimmed to the tiles the mask leaves non-empty against the
+// same ring untrimmed, and both against the oracle, on a document mask with and without
+// causality. The documents (70, 200, 10, 64, 40 tokens) have edges inside shards and
+// within tiles of every sharding: contiguous and zigzag over 2 ranks, striped over 3 (each
+// tile of 64 rows spans 192 positions), and a balanced sharding over 2 (blocks of 32). Under
+// the plain document mask some (rank, step) blocks are empty. Trimming only drops rows and
+// keys that meet no non-empty tile, in whole tiles from each call's corner, so the results
+// must have the same bits; the backend call area must shrink on these masks (else the test
+// would not exercise the trim).
+template <class T, class Backend>
+void check_trimmed_ring(const Backend& backend) {
+  const dims d{.batch = 1, .seq = 384, .heads_q = 2, .heads_kv = 1, .dim = 4};
+  std::vector<std::int64_t> ids;
+  const std::int64_t lengths[] = {70, 200, 10, 64, 40};
+  for (std::int64_t doc = 0; doc < 5; ++doc) ids.insert(ids.end(), static_cast<std::size_t>(lengths[doc]), doc);
+  const baton::document_mask documents(ids);
+  const auto check = [&](const auto& mask, const char* mask_name) {
+    const problem<T> p = make_problem<T>(d, mask, 83);
+    const std::vector<std::pair<const char*, baton::sequence_sharding>> shardings{
+        {"contiguous 2", baton::sequence_sharding(baton::shard_layout::contiguous, d.seq, 2)},
+        {"zigzag 2", baton::sequence_sharding(baton::shard_layout::zigzag, d.seq, 2)},
+        {"striped 3", baton::sequence_sharding(baton::shard_layout::striped, d.seq, 3)},
+        {"balanced 2", baton::balanced_sharding(mask, d.seq, 2, 32).sharding()}};
+    std::int64_t all_trimmed = 0, all_full = 0;
+    for (const auto& [name, sharding] : shardings) {
+      std::int64_t trimmed_area = 0, full_area = 0;
+      const tensors<T> trimmed = run_ring_core<T>(sharding, p, mask, backend, baton::detail::cp::trim_tile, trimmed_area);
+      const tensors<T> full = run_ring_core<T>(sharding, p, mask, backend, 0, full_area);
+      const errors e = compare(trimmed, p.reference);
+      INFO(mask_name << ", " << name << ": call area " << trimmed_area << " trimmed, " << full_area
+                     << " untrimmed; trimmed vs oracle rel L2 out " << e.out << " lse " << e.lse << " dq " << e.dq
+                     << " dk " << e.dk << " dv " << e.dv);
+      CHECK(same_bits(trimmed, full));
+      CHECK(e.max() <= tolerance<T>());
+      CHECK(trimmed_area <= full_area);
+      all_trimmed += trimmed_area;
+      all_full += full_area;
+    }
+    INFO(mask_name << ": call area " << all_trimmed << " trimmed, " << all_full << " untrimmed");
+    CHECK(all_trimmed < all_full);
+  };
+  check(baton::intersect(documents, baton::causal_mask{}), "causal documents");
+  check(documents, "documents");
 }
 
 // Calls f(mask, name) for each mask of the attention core, built over a sequence of `seq`.

@@ -166,6 +166,12 @@ TEST_CASE("zigzag ring under a causal mask: every step after the first is half a
   REQUIRE(c_totals[R - 1] == R * L * L);
 }
 
+// (float only: the reference backend computes in double whatever T, so T changes only the
+// storage; test_cp_kokkos.cpp runs both types through the flash backend.)
+TEST_CASE("ring: block calls trimmed to the mask's non-empty tiles give the untrimmed bits, every layout", "[cp][ring]") {
+  check_trimmed_ring<float>(baton::reference_attention{});
+}
+
 TEST_CASE("determinism: two runs give bitwise identical outputs and gradients", "[cp]") {
   const dims d{};
   const baton::causal_mask mask;
