@@ -11,6 +11,7 @@
 // error of order 1.
 #include "catch.hpp"
 #include "cp_test_support.hpp"
+#include "cp_trim_check.hpp"
 
 #include <baton/attention/kokkos.hpp>
 

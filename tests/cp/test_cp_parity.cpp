@@ -6,6 +6,7 @@
 // gradient route gives errors of order 1 (seed 001 saw 1.5 to 7).
 #include "catch.hpp"
 #include "cp_test_support.hpp"
+#include "cp_trim_check.hpp"
 
 #include <array>
 #include <cstring>
