@@ -10,6 +10,7 @@
 #include <baton/cp.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -184,6 +185,84 @@ tensors<T> run_cp(const config& c, const problem<T>& p, const Mask& mask, double
       c.m == mode::hybrid ? baton::sequence_sharding(c.layout, p.d.seq, c.degree, c.inner_degree)
                           : baton::sequence_sharding(c.layout, p.d.seq, c.degree);
   return run_cp_sharded<T>(c, sharding, p, mask, scale, std::move(backend));
+}
+
+// Wraps a backend and adds the (query rows x key rows) area of every forward and backward
+// call to this rank's slot of `areas` (each rank writes its own slot).
+template <class Inner>
+struct area_summing_backend {
+  Inner inner;
+  std::vector<std::int64_t>* areas = nullptr;
+  int rank = 0;
+
+  template <class Q, class K, class V, class M, class O, class L>
+  void forward(Q q, K k, V v, const M& mask, O out, L lse, const baton::attention_params& p) const {
+    (*areas)[static_cast<std::size_t>(rank)] += q.extent(1) * k.extent(1);
+    inner.forward(q, k, v, mask, out, lse, p);
+  }
+  template <class Q, class K, class V, class O, class L, class D, class M, class G1, class G2, class G3>
+  void backward(Q q, K k, V v, O out, L lse, D dout, const M& mask, G1 dq, G2 dk, G3 dv,
+                const baton::attention_params& p) const {
+    (*areas)[static_cast<std::size_t>(rank)] += q.extent(1) * k.extent(1);
+    inner.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, p);
+  }
+};
+
+// Ring attention through its core (detail::cp::ring_forward / ring_backward) on the local
+// world, with the trimming of its block calls set by `trim` (detail::cp::trim_tile, or 0 for
+// calls as the piece planner makes them); returns the results in full order and adds each
+// rank's backend call area (forward + backward) to `area`.
+template <class T, class Mask, class Backend>
+tensors<T> run_ring_core(const baton::sequence_sharding& sharding, const problem<T>& p, const Mask& mask,
+                         const Backend& backend, std::int64_t trim, std::int64_t& area) {
+  using L = baton::lse_t<T>;
+  const dims& d = p.d;
+  const int R = sharding.degree();
+  tensors<T> result(d);
+  std::vector<std::int64_t> areas(static_cast<std::size_t>(R), 0);
+  baton::run_local(R, [&](baton::local_communicator& comm) {
+    const int me = comm.rank();
+    baton::detail::cp::ring_geometry g;
+    for (int r = 0; r < R; ++r) g.pieces.push_back(sharding.pieces(r));
+    g.batch = d.batch;
+    g.heads_q = d.heads_q;
+    g.heads_kv = d.heads_kv;
+    g.dim = d.dim;
+    area_summing_backend<Backend> counted{backend, &areas, me};
+    baton::host_memory mem;
+    const std::int64_t sl = sharding.local_len(me);
+    const rank_inputs<T> in = shard_inputs(sharding, me, p);
+    std::vector<T> out(in.q.size()), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
+    std::vector<L> lse(static_cast<std::size_t>(d.batch * d.heads_q * sl));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d.dim));
+    const auto q = cview4(in.q, d.batch, sl, d.heads_q, d.dim), k = cview4(in.k, d.batch, sl, d.heads_kv, d.dim),
+               v = cview4(in.v, d.batch, sl, d.heads_kv, d.dim);
+    baton::detail::cp::ring_forward<T>(comm, counted, mem, g, q, k, v, mask, view4(out, d.batch, sl, d.heads_q, d.dim),
+                                       baton::make_tensor_view(lse.data(), {d.batch, d.heads_q, sl}), scale, trim);
+    baton::detail::cp::ring_backward<T>(
+        comm, counted, mem, g, q, k, v, cview4(out, d.batch, sl, d.heads_q, d.dim),
+        baton::make_tensor_view(static_cast<const L*>(lse.data()), {d.batch, d.heads_q, sl}),
+        cview4(in.dout, d.batch, sl, d.heads_q, d.dim), mask, view4(dq, d.batch, sl, d.heads_q, d.dim),
+        view4(dk, d.batch, sl, d.heads_kv, d.dim), view4(dv, d.batch, sl, d.heads_kv, d.dim), scale, trim);
+    baton::unshard_sequence<T>(sharding, me, out, in.qshape, 1, result.out);
+    baton::unshard_sequence<L>(sharding, me, lse, in.lshape, 2, result.lse);
+    baton::unshard_sequence<T>(sharding, me, dq, in.qshape, 1, result.dq);
+    baton::unshard_sequence<T>(sharding, me, dk, in.kvshape, 1, result.dk);
+    baton::unshard_sequence<T>(sharding, me, dv, in.kvshape, 1, result.dv);
+  });
+  for (const std::int64_t a : areas) area += a;
+  return result;
+}
+
+// True when every element has the same bits (so -inf == -inf and NaN == NaN).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+template <class T>
+bool same_bits(const tensors<T>& a, const tensors<T>& b) {
+  return same_bits(a.out, b.out) && same_bits(a.lse, b.lse) && same_bits(a.dq, b.dq) && same_bits(a.dk, b.dk) &&
+         same_bits(a.dv, b.dv);
 }
 
 // Relative L2 error ||got - want|| / ||want||, in long double. Entries where want is -inf

@@ -11,6 +11,7 @@
 // error of order 1.
 #include "catch.hpp"
 #include "cp_test_support.hpp"
+#include "cp_trim_check.hpp"
 
 #include <baton/attention/kokkos.hpp>
 
@@ -34,4 +35,12 @@ TEMPLATE_TEST_CASE("CP over kokkos_attention matches the reference: ring, Ulysse
       CHECK(e.max() <= tolerance<TestType>());
     }
   });
+}
+
+// The ring's trimmed block calls (whole 64 x 64 tiles from each call's corner: this backend's
+// tiles) give the untrimmed calls' bits with the flash backend too, whose tiles and online
+// softmax order a trim that is not tile-aligned would change.
+TEMPLATE_TEST_CASE("ring over kokkos_attention: trimmed block calls give the untrimmed bits", "[cp][kokkos][ring]",
+                   float, double) {
+  check_trimmed_ring<TestType>(baton::kokkos_attention{});
 }

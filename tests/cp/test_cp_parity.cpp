@@ -6,6 +6,7 @@
 // gradient route gives errors of order 1 (seed 001 saw 1.5 to 7).
 #include "catch.hpp"
 #include "cp_test_support.hpp"
+#include "cp_trim_check.hpp"
 
 #include <array>
 #include <cstring>
@@ -164,6 +165,12 @@ TEST_CASE("zigzag ring under a causal mask: every step after the first is half a
   const auto [c_areas, c_totals] = per_rank_total(shard_layout::contiguous);
   REQUIRE(c_totals[0] == L * L);
   REQUIRE(c_totals[R - 1] == R * L * L);
+}
+
+// (float only: the reference backend computes in double whatever T, so T changes only the
+// storage; test_cp_kokkos.cpp runs both types through the flash backend.)
+TEST_CASE("ring: block calls trimmed to the mask's non-empty tiles give the untrimmed bits, every layout", "[cp][ring]") {
+  check_trimmed_ring<float>(baton::reference_attention{});
 }
 
 TEST_CASE("determinism: two runs give bitwise identical outputs and gradients", "[cp]") {

@@ -303,7 +303,7 @@ inline attention_params call_params(std::span<const shard_piece> q_pieces, std::
 template <class T, class Ring, class Backend, class Mask, class M>
 void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, tensor_view<const T, 4> q,
                   tensor_view<const T, 4> k, tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out,
-                  tensor_view<lse_t<T>, 3> lse, double softmax_scale) {
+                  tensor_view<lse_t<T>, 3> lse, double softmax_scale, std::int64_t trim = trim_tile) {
   using A = cp_accumulator_t<T>;
   using L = lse_t<T>;
   const int me = ring.rank();
@@ -364,8 +364,9 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
 
   walk_ring<T>(ring, blocks, g, active, [&](std::size_t, int owner, const auto& kb, const auto& vb) {
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
-    for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
-      const attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
+    for (block_call c : plan_step(mask, my_pieces, k_pieces)) {
+      attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
+      if (!trim_call(mask, c, params, trim)) continue;
       const auto call = [&](tensor_view<T, 4> ob, tensor_view<L, 3> lb) {
         backend.forward(q.slice(1, c.q_offset, c.q_count), kb.slice(1, c.k_offset, c.k_count),
                         vb.slice(1, c.k_offset, c.k_count), mask, ob, lb, params);
@@ -399,7 +400,8 @@ template <class T, class Ring, class Backend, class Mask, class M>
 void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, tensor_view<const T, 4> q,
                    tensor_view<const T, 4> k, tensor_view<const T, 4> v, tensor_view<const T, 4> out,
                    tensor_view<const lse_t<T>, 3> lse, tensor_view<const T, 4> dout, const Mask& mask,
-                   tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv, double softmax_scale) {
+                   tensor_view<T, 4> dq, tensor_view<T, 4> dk, tensor_view<T, 4> dv, double softmax_scale,
+                   std::int64_t trim = trim_tile) {
   using A = cp_accumulator_t<T>;
   const int me = ring.rank();
   const ring_schedule schedule{ring.size()};
@@ -438,8 +440,9 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
     const std::int64_t kl = g.len(owner);
     const tensor_view<A, 4> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
-    for (const block_call& c : plan_step(mask, my_pieces, k_pieces)) {
+    for (block_call c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
+      if (!trim_call(mask, c, params, trim)) continue;
       // The K/V of THIS step, and the final merged out / lse (never anything from step 0).
       const auto call = [&](tensor_view<T, 4> gq, tensor_view<T, 4> gk, tensor_view<T, 4> gv) {
         backend.backward(q.slice(1, c.q_offset, c.q_count), kb.slice(1, c.k_offset, c.k_count),

@@ -1,10 +1,14 @@
 // baton/cp/detail/ring_plan.hpp — the ring's bookkeeping: which rank's K/V block a rank holds
 // at each step, how far what it holds is from its owner, and which (query piece, key piece)
-// rectangles of a step are worth computing under a mask.
+// rectangles of a step are worth computing under a mask, and how far each can be trimmed.
 #pragma once
 
+#include <baton/attention/backend.hpp>
+#include <baton/attention/masks.hpp>
+#include <baton/attention/positions.hpp>
 #include <baton/cp/sharding.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -91,6 +95,57 @@ inline bool is_contiguous_range(std::span<const shard_piece> pieces, std::size_t
     if (pieces[p].first != next || (pieces[p].count > 1 && pieces[p].stride != 1)) return false;
     next = pieces[p].first + pieces[p].count;
   }
+  return true;
+}
+
+// Calls are trimmed in whole tiles of this many rows and keys, counted from the call's first
+// row and key: the CPU flash backends' tiles (64 x 64). A trimmed call's tiles then hold the
+// rows and keys the untrimmed call's tiles held, so the backend does the same arithmetic on
+// them and the results keep their bits.
+inline constexpr std::int64_t trim_tile = 64;
+
+// Positions [offset, offset + count) of `p` (a sized range or list).
+inline positions sub_positions(const positions& p, std::int64_t offset, std::int64_t count) {
+  return p.is_range() ? positions(p.range_begin() + offset, count)
+                      : positions(p.indices().subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)));
+}
+
+// Narrows call c (and its positions in params) to the tiles of `tile` rows x `tile` keys from
+// its corner that bound every tile the mask leaves non-empty; false when there is none. The
+// piece planner decides per (query piece, key piece); under a document mask a call's
+// rectangle then still holds whole row and key panels that meet only empty tiles — the
+// backend skips their compute but would pack those keys (and, in the backward, those
+// queries) and walk those rows. A row cut off gets nothing from this block, exactly as the
+// backend would have given it (forward: out 0, lse -inf, which merges as a no-op; backward:
+// zero dq), and a key cut off gets zero dK/dV. tile <= 0: no trimming.
+template <class Mask>
+bool trim_call(const Mask& mask, block_call& c, attention_params& params, std::int64_t tile) {
+  if (tile <= 0 || (c.q_count <= tile && c.k_count <= tile)) return true;
+  const positions qpos = params.q_pos, kpos = params.k_pos;
+  const std::int64_t nq = (c.q_count + tile - 1) / tile, nk = (c.k_count + tile - 1) / tile;
+  std::vector<position_block> kb(static_cast<std::size_t>(nk));
+  for (std::int64_t j = 0; j < nk; ++j)
+    kb[static_cast<std::size_t>(j)] = position_block(kpos, j * tile, std::min(tile, c.k_count - j * tile));
+  std::int64_t q_lo = nq, q_hi = 0, k_lo = nk, k_hi = 0;  // tiles [lo, hi)
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const position_block qb(qpos, i * tile, std::min(tile, c.q_count - i * tile));
+    for (std::int64_t j = 0; j < nk; ++j) {
+      if (mask.classify(qb, kb[static_cast<std::size_t>(j)]) == block_kind::empty) continue;
+      q_lo = std::min(q_lo, i);
+      q_hi = i + 1;
+      k_lo = std::min(k_lo, j);
+      k_hi = std::max(k_hi, j + 1);
+    }
+  }
+  if (q_hi == 0) return false;
+  const std::int64_t q0 = q_lo * tile, q1 = std::min(q_hi * tile, c.q_count);
+  const std::int64_t k0 = k_lo * tile, k1 = std::min(k_hi * tile, c.k_count);
+  params.q_pos = sub_positions(qpos, q0, q1 - q0);
+  params.k_pos = sub_positions(kpos, k0, k1 - k0);
+  c.q_offset += q0;
+  c.q_count = q1 - q0;
+  c.k_offset += k0;
+  c.k_count = k1 - k0;
   return true;
 }
 
