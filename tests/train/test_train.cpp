@@ -291,7 +291,13 @@ TEST_CASE("train: measured timings, memory and bubble are reported", "[train]") 
 TEST_CASE("train: each rank's measured memory and page faults per step", "[train][memory]") {
   const scenario s{"pp2 x cp2 ZBV", {{.pp = 2, .cp_ring = 2}, cp_mode::ring, shard_layout::zigzag},
                    schedule_of<baton::zbv>(2)};
-  const auto config = small_config<float>(8);
+  // Wider than the other cases' model, so that a first step faults in hundreds of pages: the
+  // few faults any step makes outside the cache (a thread's stack, the kernel's bookkeeping; 6
+  // were seen against 57) must not decide the check. The sequence stays short: the reference
+  // attention's scratch is a std::vector per call, outside the cache (at seq 128 its
+  // S x S doubles pass malloc's mmap threshold and fault every step).
+  auto config = small_config<float>(8);
+  config.model.d_model = 128;
   struct rank_figures {
     std::int64_t parameter_bytes = 0;
     std::vector<train::lm_step_report> steps;
