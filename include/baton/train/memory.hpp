@@ -218,6 +218,15 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
         now.peak_saved = 0;
         if (now.total() > best.total()) best = now;
       };
+      // W (or a full backward) ends a microbatch-stage: its state and its input go.
+      const auto free_state = [&](std::size_t c) {
+        saved -= state[c];
+        state[c] = 0;
+        if (pooled[c]) --in_use_in;
+        loose -= input[c];
+        input[c] = 0;
+        pooled[c] = 0;
+      };
       for (const action& a : actions) {
         const int s = a.stage, mb = a.microbatch;
         if (s < 0 || s >= stages || mb < 0 || mb >= microbatches) continue;
@@ -292,25 +301,10 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
                 consider(0, 0, hidden);  // dx until it is sent
               }
             }
-            if (a.kind == action_kind::backward) {
-              saved -= state[c];
-              state[c] = 0;
-              if (pooled[c]) --in_use_in;
-              loose -= input[c];
-              input[c] = 0;
-              pooled[c] = 0;
-            }
+            if (a.kind == action_kind::backward) free_state(c);
             break;
           }
-          case action_kind::backward_weight: {
-            saved -= state[c];
-            state[c] = 0;
-            if (pooled[c]) --in_use_in;
-            loose -= input[c];
-            input[c] = 0;
-            pooled[c] = 0;
-            break;
-          }
+          case action_kind::backward_weight: free_state(c); break;
           default: break;
         }
       }
