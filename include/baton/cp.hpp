@@ -9,12 +9,15 @@
 //   ulysses_attention                                                     (cp/ulysses.hpp)
 //   hybrid_attention, cp_mesh, make_cp_mesh                               (cp/hybrid.hpp)
 //   cp_params                                                             (cp/params.hpp)
+//   cp::choose, cp::calibrate, cp_costs (which split is fastest here)     (cp/choose.hpp, cp/choose_calibrate.hpp)
 //   host_memory, cp_memory_space, cp_memory_space_of (memory spaces)       (cp/memory.hpp)
 //   cuda_device_memory (device buffers; include it yourself: needs CUDA)  (cp/cuda.hpp)
 //   cp_error                                                              (cp/error.hpp)
 #pragma once
 
 #include <baton/cp/balance.hpp>
+#include <baton/cp/choose.hpp>
+#include <baton/cp/choose_calibrate.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/hybrid.hpp>
 #include <baton/cp/memory.hpp>

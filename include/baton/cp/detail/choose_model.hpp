@@ -1,0 +1,85 @@
+// baton/cp/detail/choose_model.hpp — the work and the bytes of one CP split, counted the way
+// the ring and Ulysses code spends them: the ring's block calls per (rank, step), planned and
+// trimmed by the same functions the ring runs (plan_step, trim_call), then cut into the CPU
+// flash backend's 64 x 64 tiles from each call's corner and classified by the mask.
+#pragma once
+
+#include <baton/attention/masks.hpp>
+#include <baton/attention/positions.hpp>
+#include <baton/cp/detail/ring_core.hpp>
+#include <baton/cp/detail/ring_plan.hpp>
+#include <baton/cp/detail/ulysses_layout.hpp>
+#include <baton/cp/detail/views.hpp>
+#include <baton/cp/sharding.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace baton::detail::cp {
+
+// Tiles of one (rank, step) or one call, by class (an empty tile inside a call is skipped by
+// the kernel but its rows and keys are still packed and walked), weighted by their area (an edge tile of 32 x 64 counts
+// 0.5), so a shard that 64 does not divide costs what its elements cost.
+struct tile_count {
+  double full = 0, partial = 0, empty = 0;
+  std::int64_t calls = 0;
+  tile_count& operator+=(const tile_count& o) {
+    full += o.full;
+    partial += o.partial;
+    empty += o.empty;
+    calls += o.calls;
+    return *this;
+  }
+};
+
+template <class Mask>
+tile_count count_call_tiles(const Mask& mask, const positions& qpos, const positions& kpos, std::int64_t nq,
+                            std::int64_t nk) {
+  tile_count t;
+  t.calls = 1;
+  const std::int64_t tile = trim_tile;
+  std::vector<position_block> kb;
+  for (std::int64_t j = 0; j < nk; j += tile) kb.emplace_back(kpos, j, std::min(tile, nk - j));
+  for (std::int64_t i = 0; i < nq; i += tile) {
+    const std::int64_t rows = std::min(tile, nq - i);
+    const position_block qb(qpos, i, rows);
+    for (const position_block& k : kb) {
+      const double area = static_cast<double>(rows * k.size()) / static_cast<double>(tile * tile);
+      switch (mask.classify(qb, k)) {
+        case block_kind::full: t.full += area; break;
+        case block_kind::partial: t.partial += area; break;
+        case block_kind::empty: t.empty += area; break;
+      }
+    }
+  }
+  return t;
+}
+
+// The tiles rank `me` of a ring over `groups` computes at ring step `step` (one head, one batch
+// entry): the step's planned calls, each trimmed as the ring trims it.
+template <class Mask>
+tile_count ring_step_tiles(const Mask& mask, const std::vector<std::vector<shard_piece>>& groups, int me, int step) {
+  const ring_schedule schedule{static_cast<int>(groups.size())};
+  const auto& q = groups[static_cast<std::size_t>(me)];
+  const auto& k = groups[static_cast<std::size_t>(schedule.kv_owner(me, step))];
+  tile_count total;
+  for (block_call c : plan_step(mask, std::span<const shard_piece>(q), std::span<const shard_piece>(k))) {
+    std::vector<std::int64_t> q_store, k_store;
+    attention_params params = call_params(q, k, c, 0.0, q_store, k_store);
+    if (!trim_call(mask, c, params, trim_tile)) continue;
+    total += count_call_tiles(mask, params.q_pos, params.k_pos, c.q_count, c.k_count);
+  }
+  return total;
+}
+
+// The ring steps some group needs (as active_ring_steps decides for the ring itself).
+template <class Mask>
+std::vector<int> needed_steps(const Mask& mask, const std::vector<std::vector<shard_piece>>& groups) {
+  ring_geometry g;
+  g.pieces = groups;
+  return active_ring_steps(mask, g);
+}
+
+}  // namespace baton::detail::cp

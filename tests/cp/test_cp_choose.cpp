@@ -1,0 +1,206 @@
+// baton::cp::choose (the CP mode chooser's cost model) on hand-computed cases, its refusal of
+// bad input, and baton::cp::calibrate on two thread ranks (every rank the same costs).
+#include "catch.hpp"
+
+#include <baton/attention.hpp>
+#include <baton/comm/local.hpp>
+#include <baton/cp/choose.hpp>
+#include <baton/cp/choose_calibrate.hpp>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The costs of the hand computations: a full tile 1 s, a partial one 3 s, 1 ms per byte shifted,
+// 2 ms per byte exchanged, nothing else.
+baton::cp_costs hand_costs() {
+  baton::cp_costs c;
+  c.full_tile_forward = 1;
+  c.partial_tile_forward = 3;
+  c.full_tile_backward = 2;
+  c.partial_tile_backward = 6;
+  c.link_per_byte = 0.001;
+  c.all_to_all_per_byte = 0.002;
+  return c;
+}
+
+const baton::cp_mode_prediction& find(const baton::cp_choice& c, const std::string& name) {
+  for (const auto& p : c.candidates)
+    if (p.name() == name) return p;
+  FAIL("no candidate " << name);
+  return c.best;
+}
+
+}  // namespace
+
+TEST_CASE("cp::choose: hand-computed ring and Ulysses times, forward", "[cp][choose]") {
+  // S = 128 over 2 ranks, contiguous: one 64 x 64 tile per (rank, step); 2 heads, dim 1,
+  // 4-byte elements, so a K or V block of a rank is 64 x 2 x 4 = 512 bytes.
+  const baton::cp_choose_mesh mesh{2, baton::shard_layout::contiguous};
+  const baton::cp_choose_shape shape{1, 128, 2, 2, 1, 4, false};
+  baton::cp_costs costs = hand_costs();
+
+  SECTION("no mask") {
+    const baton::cp_choice c = baton::cp::choose(mesh, shape, baton::no_mask{}, costs);
+    REQUIRE(c.candidates.size() == 2);
+    // Ring: 2 steps x (2 heads x 1 full tile) = 4 s; one hop of K and V, 1024 bytes = 1.024 s.
+    CHECK(find(c, "ring2").compute == Approx(4.0));
+    CHECK(find(c, "ring2").seconds == Approx(5.024));
+    // Ulysses: 1 head x 4 full tiles = 4 s; q, k, v in and out back, 4 x 512 bytes, half
+    // off-rank, at 2 ms a byte = 2.048 s.
+    CHECK(find(c, "ulysses2").compute == Approx(4.0));
+    CHECK(find(c, "ulysses2").seconds == Approx(6.048));
+    CHECK(c.best.name() == "ring2");
+  }
+  SECTION("causal, the ring's transfer hidden (overlap 1)") {
+    costs.overlap = 1;
+    const baton::cp_choice c = baton::cp::choose(mesh, shape, baton::causal_mask{}, costs);
+    // Ring step 0: a diagonal (partial) tile on each rank, 2 x 3 = 6 s; step 1: rank 1 one full
+    // tile (2 s), rank 0 nothing, and the step waits for rank 1. The 1.024 s hop hides under 6 s.
+    CHECK(find(c, "ring2").compute == Approx(8.0));
+    CHECK(find(c, "ring2").communication == Approx(1.024));
+    CHECK(find(c, "ring2").seconds == Approx(8.0));
+    // Ulysses: 2 partial + 1 full tile of one head = 7 s, plus 2.048 s exchange.
+    CHECK(find(c, "ulysses2").seconds == Approx(9.048));
+    CHECK(c.best.name() == "ring2");
+    costs.all_to_all_per_byte = 0;  // a free exchange makes Ulysses' better balance win
+    CHECK(baton::cp::choose(mesh, shape, baton::causal_mask{}, costs).best.name() == "ulysses2");
+  }
+}
+
+TEST_CASE("cp::choose: zigzag tiles, edge tiles, the backward and the legal splits", "[cp][choose]") {
+  baton::cp_costs costs = hand_costs();
+  costs.partial_tile_forward = 10;
+  costs.link_per_byte = 0;
+  SECTION("zigzag under a causal mask: the ring's planned calls") {
+    // S = 256, 2 ranks, chunks of 64: rank 0 holds chunks 0 and 3. Step 0: 2 partial + 1 full
+    // = 21 s on each rank; step 1: two full tiles on each = 2 s.
+    const baton::cp_choice c = baton::cp::choose(baton::cp_choose_mesh{2, baton::shard_layout::zigzag},
+                                                 baton::cp_choose_shape{1, 256, 1, 1, 1, 4, false}, baton::causal_mask{}, costs);
+    REQUIRE(c.candidates.size() == 1);  // one head cannot be split over 2 Ulysses ranks
+    CHECK(c.best.name() == "ring2");
+    CHECK(c.best.compute == Approx(23.0));
+  }
+  SECTION("a tile at the edge costs its area; a call its fixed cost") {
+    costs.per_call = 0.5;
+    // One rank, S = 96: tiles of 64x64, 64x32, 32x64 and 32x32 = 2.25 full tiles, one call.
+    const baton::cp_choice c = baton::cp::choose(baton::cp_choose_mesh{1}, baton::cp_choose_shape{1, 96, 1, 1, 1, 4, false},
+                                                 baton::no_mask{}, costs);
+    CHECK(c.best.seconds == Approx(2.75));
+  }
+  SECTION("an empty tile inside a call costs what the calibration says; the ring trims it away") {
+    costs.empty_tile_forward = 100;
+    // One rank, S = 128, documents [0, 64) and [64, 128): Ulysses' one call over the sequence
+    // holds 2 full and 2 empty tiles (2 + 200 s).
+    const baton::document_mask docs([] {
+      std::vector<std::int64_t> ids(128, 0);
+      for (std::size_t i = 64; i < 128; ++i) ids[i] = 1;
+      return ids;
+    }());
+    const baton::cp_choose_shape one_head{1, 128, 1, 1, 1, 4, false};
+    CHECK(baton::cp::choose(baton::cp_choose_mesh{1}, one_head, docs, costs).best.seconds == Approx(202.0));
+    // A ring of 2 over contiguous shards computes only the diagonal: step 1 is empty for
+    // every rank and skipped, no transfer (link cost 0 here anyway).
+    const baton::cp_choice ring = baton::cp::choose(baton::cp_choose_mesh{2, baton::shard_layout::contiguous}, one_head, docs, costs);
+    CHECK(ring.best.name() == "ring2");
+    CHECK(ring.best.seconds == Approx(1.0));
+  }
+  SECTION("forward + backward of the ring") {
+    // The forward as in the first case (5.024 s); the backward: 2 steps x 2 heads x 2 s = 8 s,
+    // K/V hop 1.024 s, dK/dV one step behind 1.024 s (fp32, 1024 bytes), their return 1.024 s.
+    const baton::cp_choice c = baton::cp::choose(baton::cp_choose_mesh{2, baton::shard_layout::contiguous},
+                                                 baton::cp_choose_shape{1, 128, 2, 2, 1, 4, true}, baton::no_mask{}, hand_costs());
+    CHECK(find(c, "ring2").seconds == Approx(5.024 + 8 + 3 * 1.024));
+  }
+  SECTION("legal splits follow the heads") {
+    const auto s1 = baton::cp::legal_splits(baton::cp_choose_mesh{4}, baton::cp_choose_shape{1, 64, 6, 2, 8});
+    CHECK(s1 == std::vector<std::pair<int, int>>{{4, 1}, {2, 2}});
+    const auto s2 = baton::cp::legal_splits(baton::cp_choose_mesh{4}, baton::cp_choose_shape{1, 64, 8, 2, 8});
+    CHECK(s2 == std::vector<std::pair<int, int>>{{4, 1}, {2, 2}, {1, 4}});  // kv heads replicated at 4
+  }
+}
+
+TEST_CASE("cp::choose and cp::calibrate refuse bad input", "[cp][choose]") {
+  const baton::cp_costs good = hand_costs();
+  const baton::cp_choose_shape shape{1, 128, 2, 2, 8, 4, true};
+  const auto refused = [](auto&& call, const std::string& words) {
+    try {
+      call();
+    } catch (const baton::cp_error& e) {
+      return std::string(e.what()).find(words) != std::string::npos;
+    }
+    return false;
+  };
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{0}, shape, baton::no_mask{}, good); }, "ranks 0"));
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 0, 2, 2, 8}, baton::no_mask{}, good); },
+                "seq_len"));
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 128, 4, 3, 8}, baton::no_mask{}, good); },
+                "must divide heads"));
+  baton::cp_costs bad = good;
+  bad.link_per_byte = -1;
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "finite and >= 0"));
+  bad = good;
+  bad.latency = std::numeric_limits<double>::quiet_NaN();
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "finite and >= 0"));
+  bad = good;
+  bad.overlap = 1.5;
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "overlap"));
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, baton::cp_costs{}); },
+                "calibrate"));
+  const baton::document_mask short_docs(std::vector<std::int64_t>(10, 0));  // ids for 10 of 128 tokens
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, short_docs, good); }, "mask"));
+  baton::run_local(1, [&](baton::local_communicator& comm) {
+    baton::cp::calibrate_options opt;
+    opt.tokens = 100;
+    CHECK(refused([&] { baton::cp::calibrate(comm, baton::reference_attention{}, 8, opt); }, "multiple of 64"));
+    CHECK(refused([&] { baton::cp::calibrate(comm, baton::reference_attention{}, 0); }, "head_dim"));
+  });
+}
+
+TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose][threads]") {
+  baton::cp::calibrate_options opt;
+  opt.tokens = 64;
+  opt.heads = 1;
+  opt.repeats = 1;
+  opt.window = 0.002;
+  opt.link_bytes = 4096;
+  std::vector<baton::cp_costs> got(2);
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    got[static_cast<std::size_t>(comm.rank())] = baton::cp::calibrate(comm, baton::reference_attention{}, 4, opt);
+  });
+  for (const baton::cp_costs& c : got) {
+    CHECK(c.full_tile_forward > 0);
+    CHECK(c.full_tile_backward > 0);
+    CHECK(c.partial_tile_forward >= 0.5 * c.full_tile_forward);
+    CHECK(c.link_per_byte > 0);
+    CHECK(c.all_to_all_per_byte > 0);
+    CHECK(c.copy_per_byte > 0);
+    CHECK(c.overlap == 0);
+  }
+  CHECK(got[0].full_tile_forward == got[1].full_tile_forward);
+  CHECK(got[0].link_per_byte == got[1].link_per_byte);
+  CHECK(got[0].latency == got[1].latency);
+  // The costs it returns are what choose accepts.
+  CHECK_NOTHROW(baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 128, 2, 2, 4}, baton::causal_mask{}, got[0]));
+}
+
+TEST_CASE("docs: choosing a CP mode", "[cp][choose][docs][threads]") {
+  std::string picked;
+  // [doc:cp_choose]
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    baton::cp::calibrate_options quick;  // the defaults take ~0.5-1 s; this is a tiny one
+    quick.tokens = 64;
+    quick.window = 0.005;
+    const baton::cp_costs costs = baton::cp::calibrate(comm, baton::reference_attention{}, /*head_dim=*/8, quick);
+    const baton::cp_choice choice = baton::cp::choose(
+        baton::cp_choose_mesh{comm.size(), baton::shard_layout::zigzag},
+        baton::cp_choose_shape{/*batch=*/1, /*seq_len=*/256, /*heads=*/4, /*kv_heads=*/2, /*head_dim=*/8},
+        baton::causal_mask{}, costs);
+    if (comm.rank() == 0) picked = choice.best.name();  // "ring2" or "ulysses2", the same on every rank
+  });
+  // [/doc:cp_choose]
+  CHECK((picked == "ring2" || picked == "ulysses2"));
+}
