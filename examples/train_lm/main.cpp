@@ -4,6 +4,7 @@
 //
 // Everything that can be checked is checked before the first rank starts (options.cpp:
 // parse, prepare); exit codes are listed in options.hpp.
+#include "choose_cp.hpp"
 #include "native_blas.hpp"
 #include "options.hpp"
 #include "signals.hpp"
@@ -50,6 +51,17 @@ int main(int argc, char** argv) {
 #endif
   // Before any rank starts: the schedule, the configuration, the data and the memory (local:
   // the ranks are this process's threads; MPI: each process checks after MPI starts).
+#if BATON_HAS_KOKKOS()
+  Kokkos::ScopeGuard kokkos(argc, argv);  // before --cp-mode auto, whose calibration runs the kernels
+#endif
+  if (o.cp_mode_auto) {
+    try {
+      train_lm::choose_cp_mode(o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "baton-train: --cp-mode auto: %s\nbaton-train: change --cp-mode (ring, ulysses or hybrid)\n", e.what());
+      return train_lm::exit_code::bad_input;
+    }
+  }
   train_lm::prepared prepared;
   std::FILE* metrics = nullptr;
   if (o.plan_memory) {  // the plan of the whole mesh, whatever --comm: nothing starts
@@ -80,9 +92,6 @@ int main(int argc, char** argv) {
     }
   }
   train_lm::signals::install();
-#if BATON_HAS_KOKKOS()
-  Kokkos::ScopeGuard kokkos(argc, argv);
-#endif
   // Every rank (a thread here, or a process on a shared machine) computes on one core: one
   // BLAS thread each, unless the user chose otherwise.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) baton::nn::set_blas_threads(1);

@@ -89,8 +89,9 @@ bool parse(int argc, char** argv, options& o) {
   auto* pp = cli::add_integer(app, "--pp", o.pp, 1, max_ranks, "pipeline ranks")->group("Mesh");
   cli::add_integer(app, "--dp", o.dp, 1, max_ranks, "data-parallel replicas")->group("Mesh");
   auto* cp = cli::add_integer(app, "--cp", o.cp, 1, max_ranks, "context-parallel ranks (1: none)")->group("Mesh");
-  auto* cp_mode_opt = cli::add_choice(app, "--cp-mode", cp_mode, {"ring", "ulysses", "hybrid"},
-                                      "how attention spreads over the cp ranks")->group("Mesh");
+  auto* cp_mode_opt = cli::add_choice(app, "--cp-mode", cp_mode, {"ring", "ulysses", "hybrid", "auto"},
+                                      "how attention spreads over the cp ranks (auto: the split baton::cp::choose "
+                                      "predicts fastest here, after a brief calibration)")->group("Mesh");
   auto* ulysses = cli::add_integer(app, "--ulysses", o.ulysses, 2, max_ranks,
                                    "hybrid: the Ulysses degree inside each ring group (default: the smallest divisor "
                                    "of --cp above 1 that leaves a ring of 2 or more)")->group("Mesh");
@@ -223,6 +224,14 @@ bool parse(int argc, char** argv, options& o) {
     if (layout_opt->count() > 0)
       refuse("--layout " + layout + " shards the sequence over the cp ranks, but --cp is 1", "--cp (2 or more), or leave --layout out");
     o.cp_mode = baton::nn::cp_mode::none;
+  } else if (cp_mode == "auto") {
+    if (ulysses->count() > 0)
+      refuse("--ulysses fixes the hybrid's Ulysses degree, but --cp-mode auto chooses it", "--cp-mode hybrid, or leave --ulysses out");
+    if (o.comm != "local")
+      refuse("--cp-mode auto calibrates on thread ranks of this process, not on --comm " + o.comm,
+             "--cp-mode ring, ulysses or hybrid (or --comm local)");
+    o.cp_mode_auto = true;
+    o.cp_mode = baton::nn::cp_mode::ring;  // until main() has chosen
   } else {
     o.cp_mode = cp_mode == "ulysses" ? baton::nn::cp_mode::ulysses
                 : cp_mode == "hybrid" ? baton::nn::cp_mode::hybrid

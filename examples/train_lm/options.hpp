@@ -34,6 +34,7 @@ struct options {
   int ranks = 0;  // local world size; 0: pp x dp x cp
   int pp = 2, dp = 1, cp = 2, ulysses = 0;
   baton::nn::cp_mode cp_mode = baton::nn::cp_mode::ring;
+  bool cp_mode_auto = false;  // --cp-mode auto: main() sets cp_mode (and ulysses) by baton::cp::choose
   baton::shard_layout layout = baton::shard_layout::zigzag;
   std::string schedule = "zbv";
   bool pp_given = false, microbatches_given = false;  // a CSV schedule brings its own otherwise

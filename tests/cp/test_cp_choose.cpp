@@ -91,10 +91,10 @@ TEST_CASE("cp::choose: zigzag tiles, edge tiles, the backward and the legal spli
                                                  baton::no_mask{}, costs);
     CHECK(c.best.seconds == Approx(2.75));
   }
-  SECTION("an empty tile inside a call costs what the calibration says; the ring trims it away") {
-    costs.empty_tile_forward = 100;
+  SECTION("a call pays per 64-row panel; empty tiles are skipped, and the ring skips empty steps") {
+    costs.row_panel_forward = 100;
     // One rank, S = 128, documents [0, 64) and [64, 128): Ulysses' one call over the sequence
-    // holds 2 full and 2 empty tiles (2 + 200 s).
+    // holds 2 full tiles (2 empty, free) and 2 row panels: 2 + 200 s.
     const baton::document_mask docs([] {
       std::vector<std::int64_t> ids(128, 0);
       for (std::size_t i = 64; i < 128; ++i) ids[i] = 1;
@@ -102,11 +102,11 @@ TEST_CASE("cp::choose: zigzag tiles, edge tiles, the backward and the legal spli
     }());
     const baton::cp_choose_shape one_head{1, 128, 1, 1, 1, 4, false};
     CHECK(baton::cp::choose(baton::cp_choose_mesh{1}, one_head, docs, costs).best.seconds == Approx(202.0));
-    // A ring of 2 over contiguous shards computes only the diagonal: step 1 is empty for
-    // every rank and skipped, no transfer (link cost 0 here anyway).
+    // A ring of 2 over contiguous shards computes only the diagonal: step 0 one tile and one
+    // panel per rank (101 s); step 1 is empty for every rank and skipped.
     const baton::cp_choice ring = baton::cp::choose(baton::cp_choose_mesh{2, baton::shard_layout::contiguous}, one_head, docs, costs);
     CHECK(ring.best.name() == "ring2");
-    CHECK(ring.best.seconds == Approx(1.0));
+    CHECK(ring.best.seconds == Approx(101.0));
   }
   SECTION("forward + backward of the ring") {
     // The forward as in the first case (5.024 s); the backward: 2 steps x 2 heads x 2 s = 8 s,

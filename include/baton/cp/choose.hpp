@@ -45,7 +45,7 @@ struct cp_choose_shape {
 struct cp_costs {
   double full_tile_forward = 0, full_tile_backward = 0;        // a tile every pair of which is allowed
   double partial_tile_forward = 0, partial_tile_backward = 0;  // a tile the mask cuts
-  double empty_tile_forward = 0, empty_tile_backward = 0;      // a skipped tile inside a call
+  double row_panel_forward = 0, row_panel_backward = 0;        // 64 rows of a call, set up and walked
   double per_call = 0;              // fixed cost of one backend call (packing, setup)
   double link_per_byte = 0;         // a ring shift, per byte one rank sends
   double all_to_all_per_byte = 0;   // an all-to-all, per byte one rank sends to the others
@@ -90,7 +90,7 @@ inline void check_choose_inputs(const cp_choose_mesh& mesh, const cp_choose_shap
   if (s.heads % s.kv_heads != 0)
     fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide heads (" + std::to_string(s.heads) + ")");
   const double rates[] = {c.full_tile_forward, c.full_tile_backward, c.partial_tile_forward, c.partial_tile_backward,
-                          c.empty_tile_forward, c.empty_tile_backward,
+                          c.row_panel_forward, c.row_panel_backward,
                           c.per_call, c.link_per_byte, c.all_to_all_per_byte, c.copy_per_byte, c.latency, c.overlap, c.share};
   for (double r : rates)
     if (!std::isfinite(r) || r < 0) fail("every cost must be finite and >= 0; calibrate with baton::cp::calibrate");
@@ -117,8 +117,8 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
   const int passes = s.backward ? 2 : 1;
   const auto work = [&](const tile_count& t, int pass) {
     const double calls = static_cast<double>(t.calls) * c.per_call;
-    return pass == 0 ? bh * (t.full * c.full_tile_forward + t.partial * c.partial_tile_forward + t.empty * c.empty_tile_forward) + calls
-                     : bh * (t.full * c.full_tile_backward + t.partial * c.partial_tile_backward + t.empty * c.empty_tile_backward) + calls;
+    return pass == 0 ? bh * (t.full * c.full_tile_forward + t.partial * c.partial_tile_forward + t.panels * c.row_panel_forward) + calls
+                     : bh * (t.full * c.full_tile_backward + t.partial * c.partial_tile_backward + t.panels * c.row_panel_backward) + calls;
   };
   const double acc = 4;  // the ring's dK/dV accumulators and merges are fp32
   if (ring == 1) {

@@ -125,9 +125,9 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   for (std::int64_t i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = i / 64;
   const document_mask blocks(std::move(ids));
   const double tiles = static_cast<double>((n / 64) * (n / 64)), diag = static_cast<double>(n / 64);
-  const baton::detail::cp::tile_count fit =
-      own_partials ? mask_tiles : baton::detail::cp::tile_count{(tiles - diag) / 2, diag, (tiles - diag) / 2, 1};
-  std::array<double, 12> m{};  // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, empty f/b
+  baton::detail::cp::tile_count fit{(tiles - diag) / 2, diag, diag, 1};  // causal
+  if (own_partials) fit = mask_tiles;
+  std::array<double, 12> m{};  // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b
   for (int bwd = 0; bwd < 2; ++bwd) {
     const auto b = static_cast<std::size_t>(bwd);
     kernel(n, h, no_mask{}, false);  // warm-up (and out/lse for the backward)
@@ -150,15 +150,18 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
       m[9] = comm.rank() == 0 ? std::clamp(alone / full, 0.05, 1.0) : 0.0;
     }
     const double hh = static_cast<double>(h);
-    const double per_full = std::max(full - call, 1e-12) / (hh * tiles);
-    const double per_empty =  // none to measure when tokens = 64 (one tile)
-        tiles > diag ? std::max((sparse - call) / hh - diag * per_full, 0.0) / (tiles - diag) : 0.0;
-    // A partial tile costs at least half a full one (it walks every row); noise cannot push it lower.
+    // full = panels + tiles full tiles, sparse = panels + diag full tiles (the same n/64 row
+    // panels): their difference prices a tile, the rest of sparse a panel. With one tile
+    // (tokens 64) there is no difference to take; the panel is then counted in the tile.
+    const double per_full = tiles > diag ? std::max(full - sparse, 1e-12) / (hh * (tiles - diag))
+                                         : std::max(full - call, 1e-12) / (hh * tiles);
+    const double per_panel = tiles > diag ? std::max((sparse - call) / hh - diag * per_full, 0.0) / diag : 0.0;
+    // A partial tile costs at least half a full one (it tests the mask); noise cannot push it lower.
     const double per_partial =
-        std::max((cut - call) / hh - fit.full * per_full - fit.empty * per_empty, 0.5 * per_full * fit.partial) / fit.partial;
+        std::max((cut - call) / hh - fit.full * per_full - fit.panels * per_panel, 0.5 * per_full * fit.partial) / fit.partial;
     m[b] = per_full;
     m[2 + b] = per_partial;
-    m[10 + b] = per_empty;
+    m[10 + b] = per_panel;
     m[4] = std::max(m[4], std::max(call - per_full, 0.0));
   }
   const auto bytes = static_cast<std::size_t>(opt.link_bytes);
@@ -199,8 +202,8 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   c.latency = m[8];
   c.overlap = opt.overlap;
   c.share = m[9];
-  c.empty_tile_forward = m[10];
-  c.empty_tile_backward = m[11];
+  c.row_panel_forward = m[10];
+  c.row_panel_backward = m[11];
   return c;
 }
 

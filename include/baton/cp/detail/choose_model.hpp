@@ -19,16 +19,17 @@
 
 namespace baton::detail::cp {
 
-// Tiles of one (rank, step) or one call, by class (an empty tile inside a call is skipped by
-// the kernel but its rows and keys are still packed and walked), weighted by their area (an edge tile of 32 x 64 counts
-// 0.5), so a shard that 64 does not divide costs what its elements cost.
+// Tiles of one (rank, step) or one call by class, weighted by their area (an edge tile of
+// 32 x 64 counts 0.5, so a shard that 64 does not divide costs what its elements cost), and
+// the call's 64-row panels: each is set up, walked and finished whatever its tiles, while
+// empty tiles are skipped, so a call costs its non-empty tiles plus its row panels.
 struct tile_count {
-  double full = 0, partial = 0, empty = 0;
+  double full = 0, partial = 0, panels = 0;
   std::int64_t calls = 0;
   tile_count& operator+=(const tile_count& o) {
     full += o.full;
     partial += o.partial;
-    empty += o.empty;
+    panels += o.panels;
     calls += o.calls;
     return *this;
   }
@@ -45,12 +46,13 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
   for (std::int64_t i = 0; i < nq; i += tile) {
     const std::int64_t rows = std::min(tile, nq - i);
     const position_block qb(qpos, i, rows);
+    t.panels += static_cast<double>(rows) / static_cast<double>(tile);
     for (const position_block& k : kb) {
       const double area = static_cast<double>(rows * k.size()) / static_cast<double>(tile * tile);
       switch (mask.classify(qb, k)) {
         case block_kind::full: t.full += area; break;
         case block_kind::partial: t.partial += area; break;
-        case block_kind::empty: t.empty += area; break;
+        case block_kind::empty: break;
       }
     }
   }

@@ -1,0 +1,253 @@
+// bench_cp_choose — does baton::cp::choose predict CP step times and pick the fastest split?
+//
+// On 6 shapes (sequence length, heads, mask, CP ranks) it calibrates the costs on the world
+// at hand (baton::cp::calibrate, at the shape's rank count, so 4 thread ranks on 2 cores are
+// calibrated oversubscribed as they then run), predicts forward + backward of every legal
+// split (ring, Ulysses, hybrid), then measures every split: one warm-up each, then --pairs
+// rounds (7 by default, at least 5) in which every split runs once, the order rotating from
+// round to round; a run is timed on rank 0 from a barrier to a barrier. Per shape and split:
+//   choose_pred_over_measured_<shape>_<mode>: prediction / measured time, per round
+//   choose_measured_s_<shape>_<mode>, choose_pred_s_<shape>_<mode>
+//   choose_pick_<shape>: the split chosen and the measured-fastest one
+//   choose_regret_<shape>: measured time of the chosen split / of the measured-fastest (1 = best)
+// and at the end `choose_picked_fastest: k/6`, the spread of the ratios and of the regrets. With the Kokkos
+// flash backend (the reference one, at a tiny size, where Kokkos is absent).
+//
+//   bench_cp_choose [--quick] [--pairs N]
+#include "bench_common.hpp"
+
+#include <baton/attention.hpp>
+#include <baton/comm/local.hpp>
+#include <baton/cp.hpp>
+#include <baton/cp/choose_calibrate.hpp>
+
+#if BATON_HAS_KOKKOS()
+#include <Kokkos_Core.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace {
+
+#if BATON_HAS_KOKKOS()
+using backend_t = baton::kokkos_attention;
+#else
+using backend_t = baton::reference_attention;
+#endif
+using T = float;
+using L = baton::lse_t<T>;
+
+using doc_mask = baton::mask_intersection<baton::document_mask, baton::causal_mask>;
+using any_mask = std::variant<baton::no_mask, baton::causal_mask, doc_mask>;
+
+struct shape_case {
+  std::string name;
+  int ranks;
+  std::int64_t s, h, hkv, d;
+  any_mask mask;
+};
+
+std::vector<std::int64_t> documents(std::int64_t seq_len, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<std::int64_t> length(64, std::max<std::int64_t>(64, seq_len / 4));
+  std::vector<std::int64_t> ids;
+  std::int64_t doc = 0;
+  while (static_cast<std::int64_t>(ids.size()) < seq_len) {
+    const std::int64_t n = std::min(length(gen), seq_len - static_cast<std::int64_t>(ids.size()));
+    ids.insert(ids.end(), static_cast<std::size_t>(n), doc++);
+  }
+  return ids;
+}
+
+std::vector<T> random_values(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<T> out(n);
+  for (auto& x : out) x = normal(gen);
+  return out;
+}
+
+// One rank's shards and outputs for one split.
+struct rank_tensors {
+  std::int64_t b = 1, n = 0, h = 0, hkv = 0, d = 0;
+  std::vector<T> q, k, v, dout, out, dq, dk, dv;
+  std::vector<L> lse;
+
+  rank_tensors(const shape_case& c, const baton::sequence_sharding& sh, int index, const std::vector<T>& qf,
+               const std::vector<T>& kf, const std::vector<T>& vf, const std::vector<T>& df)
+      : n(sh.local_len(index)), h(c.h), hkv(c.hkv), d(c.d) {
+    const std::vector<std::int64_t> qs{1, c.s, c.h, c.d}, ks{1, c.s, c.hkv, c.d};
+    q = baton::shard_sequence<T>(sh, index, qf, qs, 1);
+    k = baton::shard_sequence<T>(sh, index, kf, ks, 1);
+    v = baton::shard_sequence<T>(sh, index, vf, ks, 1);
+    dout = baton::shard_sequence<T>(sh, index, df, qs, 1);
+    out.resize(q.size());
+    dq.resize(q.size());
+    dk.resize(k.size());
+    dv.resize(k.size());
+    lse.resize(static_cast<std::size_t>(h * n));
+  }
+
+  template <class Attention, class Mask>
+  void run(Attention& attn, const Mask& mask) {
+    const auto qv = baton::make_tensor_view(q.data(), {b, n, h, d});
+    const auto kv = baton::make_tensor_view(k.data(), {b, n, hkv, d});
+    const auto vv = baton::make_tensor_view(v.data(), {b, n, hkv, d});
+    attn.forward(qv, kv, vv, mask, baton::make_tensor_view(out.data(), {b, n, h, d}),
+                 baton::make_tensor_view(lse.data(), {b, h, n}));
+    attn.backward(qv, kv, vv, baton::make_tensor_view(static_cast<const T*>(out.data()), {b, n, h, d}),
+                  baton::make_tensor_view(static_cast<const L*>(lse.data()), {b, h, n}),
+                  baton::make_tensor_view(dout.data(), {b, n, h, d}), mask, baton::make_tensor_view(dq.data(), {b, n, h, d}),
+                  baton::make_tensor_view(dk.data(), {b, n, hkv, d}), baton::make_tensor_view(dv.data(), {b, n, hkv, d}));
+  }
+};
+
+struct case_result {
+  baton::cp_choice choice;
+  std::vector<bench::series> measured, ratio;  // per candidate
+  double calibrate_s = 0;
+};
+
+case_result run_case(const shape_case& c, int rounds) {
+  case_result res;
+  const auto qf = random_values(static_cast<std::size_t>(c.s * c.h * c.d), 1);
+  const auto kf = random_values(static_cast<std::size_t>(c.s * c.hkv * c.d), 2);
+  const auto vf = random_values(static_cast<std::size_t>(c.s * c.hkv * c.d), 3);
+  const auto df = random_values(static_cast<std::size_t>(c.s * c.h * c.d), 4);
+  const baton::cp_choose_mesh mesh{c.ranks, baton::shard_layout::zigzag};
+  const baton::cp_choose_shape shape{1, c.s, c.h, c.hkv, c.d, 4, true};
+  const auto splits = baton::cp::legal_splits(mesh, shape);
+  std::vector<std::vector<double>> times(splits.size());
+  baton::cp_costs costs;
+  baton::run_local(c.ranks, [&](baton::local_communicator& local) {
+    local.set_timeout(std::chrono::hours(1));
+    const int me = local.rank();
+    const auto t0 = std::chrono::steady_clock::now();
+    const baton::cp_costs mine =
+        std::visit([&](const auto& mask) { return baton::cp::calibrate(local, backend_t{}, c.d, {}, mask); }, c.mask);
+    if (me == 0) {
+      costs = mine;
+      res.calibrate_s = bench::seconds_since(t0);
+    }
+    std::vector<std::function<void()>> runs;
+    std::vector<std::shared_ptr<void>> keep;  // attention objects, meshes and tensors of every split
+    for (const auto& [ring, uly] : splits) {
+      std::visit(
+          [&](const auto& mask) {
+            if (uly == 1 || ring == 1) {
+              const baton::sequence_sharding sh(baton::shard_layout::zigzag, c.s, c.ranks);
+              auto t = std::make_shared<rank_tensors>(c, sh, me, qf, kf, vf, df);
+              keep.push_back(t);
+              if (uly == 1) {
+                auto a = std::make_shared<baton::ring_attention<baton::local_communicator, backend_t>>(local, backend_t{}, sh);
+                keep.push_back(a);
+                runs.emplace_back([t, a, &mask] { t->run(*a, mask); });
+              } else {
+                auto a = std::make_shared<baton::ulysses_attention<baton::local_communicator, backend_t>>(local, backend_t{}, sh);
+                keep.push_back(a);
+                runs.emplace_back([t, a, &mask] { t->run(*a, mask); });
+              }
+            } else {
+              auto m = std::make_shared<baton::cp_mesh<baton::local_communicator>>(baton::make_cp_mesh(local, ring, uly));
+              const baton::sequence_sharding sh(baton::shard_layout::zigzag, c.s, ring, uly);
+              auto a = std::make_shared<baton::hybrid_attention<baton::local_communicator, baton::local_communicator, backend_t>>(
+                  *m, backend_t{}, sh);
+              auto t = std::make_shared<rank_tensors>(c, sh, a->shard_index(), qf, kf, vf, df);
+              keep.push_back(m);
+              keep.push_back(a);
+              keep.push_back(t);
+              runs.emplace_back([t, a, &mask] { t->run(*a, mask); });
+            }
+          },
+          c.mask);
+    }
+    const auto timed = [&](std::size_t i) {
+      local.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      runs[i]();
+      local.barrier();
+      return bench::seconds_since(start);
+    };
+    for (std::size_t i = 0; i < runs.size(); ++i) timed(i);  // warm-up: buffers, caches
+    for (int r = 0; r < rounds; ++r) {
+      for (std::size_t j = 0; j < runs.size(); ++j) {
+        const std::size_t i = (j + static_cast<std::size_t>(r)) % runs.size();
+        const double t = timed(i);
+        if (me == 0) times[i].push_back(t);
+      }
+    }
+  });
+  std::visit([&](const auto& mask) { res.choice = baton::cp::choose(mesh, shape, mask, costs); }, c.mask);
+  res.measured.resize(splits.size());
+  res.ratio.resize(splits.size());
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    for (double t : times[i]) {
+      res.measured[i].add(t);
+      res.ratio[i].add(res.choice.candidates[i].seconds / t);
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if BATON_HAS_KOKKOS()
+  Kokkos::ScopeGuard kokkos(argc, argv);
+#endif
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) quick = quick || std::strcmp(argv[i], "--quick") == 0;
+  const int rounds = bench::pairs_from_args(argc, argv, 7);
+  bench::print_build();
+  bench::print_load("before");
+  const std::int64_t s1 = quick ? 256 : 1024, s2 = quick ? 512 : 2048, d = quick ? 32 : 64;
+  const std::vector<shape_case> cases{
+      {"S" + std::to_string(s2) + "_h8_causal_cp2", 2, s2, 8, 8, d, baton::causal_mask{}},
+      {"S" + std::to_string(s2) + "_h8_document_cp2", 2, s2, 8, 8, d, baton::intersect(baton::document_mask(documents(s2, 1)), baton::causal_mask{})},
+      {"S" + std::to_string(s1) + "_h4_full_cp2", 2, s1, 4, 4, d, baton::no_mask{}},
+      {"S" + std::to_string(s2) + "_h8_causal_cp4", 4, s2, 8, 8, d, baton::causal_mask{}},
+      {"S" + std::to_string(s2) + "_h4_document_cp4", 4, s2, 4, 4, d, baton::intersect(baton::document_mask(documents(s2, 2)), baton::causal_mask{})},
+      {"S" + std::to_string(s1) + "_h8_kv2_full_cp4", 4, s1, 8, 2, d, baton::no_mask{}},
+  };
+  int picked = 0;
+  bench::series all_ratios, regrets;
+  for (const shape_case& c : cases) {
+    const case_result r = run_case(c, rounds);
+    bench::print_value("choose_calibrate_s_" + c.name, r.calibrate_s);
+    std::size_t fastest = 0, chosen = 0;
+    for (std::size_t i = 0; i < r.measured.size(); ++i) {
+      const auto& p = r.choice.candidates[i];
+      const std::string mode = p.name();
+      bench::print("choose_measured_s_" + c.name + "_" + mode, r.measured[i]);
+      std::printf("choose_pred_s_%s_%s: %.4g (compute %.4g, communication %.4g, exposed %.4g)\n", c.name.c_str(), mode.c_str(),
+                  p.seconds, p.compute, p.communication, p.exposed);
+      bench::print("choose_pred_over_measured_" + c.name + "_" + mode, r.ratio[i]);
+      all_ratios.add(r.ratio[i].median());
+      if (r.measured[i].median() < r.measured[fastest].median()) fastest = i;
+      if (p.name() == r.choice.best.name()) chosen = i;
+    }
+    std::printf("choose_pick_%s: %s (measured fastest %s)\n", c.name.c_str(), r.choice.best.name().c_str(),
+                r.choice.candidates[fastest].name().c_str());
+    picked += chosen == fastest ? 1 : 0;
+    const double regret = r.measured[chosen].median() / r.measured[fastest].median();
+    regrets.add(regret);
+    bench::print_value("choose_regret_" + c.name, regret);
+    std::fflush(stdout);
+  }
+  std::printf("choose_picked_fastest: %d/%zu\n", picked, cases.size());
+  bench::print("choose_pred_over_measured_all_medians", all_ratios);
+  bench::print("choose_regret_all", regrets);
+  bench::print_load("after");
+  return 0;
+}
