@@ -208,14 +208,14 @@ inline std::vector<std::pair<int, int>> legal_splits(const cp_choose_mesh& mesh,
 template <class Mask>
   requires attention_mask<Mask>
 cp_choice choose(const cp_choose_mesh& mesh, const cp_choose_shape& shape, const Mask& mask, const cp_costs& costs) {
-  detail::cp::check_choose_inputs(mesh, shape, costs);
+  baton::detail::cp::check_choose_inputs(mesh, shape, costs);
   {
-    const std::string bad = detail::cp::check_mask(mask, shape.seq_len);
+    const std::string bad = baton::detail::cp::check_mask(mask, shape.seq_len);
     if (!bad.empty()) throw cp_error("baton::cp::choose: " + bad);
   }
   cp_choice out;
   for (const auto& [ring, uly] : legal_splits(mesh, shape))
-    out.candidates.push_back(detail::cp::predict_split(shape, costs, mask, mesh.layout, ring, uly));
+    out.candidates.push_back(baton::detail::cp::predict_split(shape, costs, mask, mesh.layout, ring, uly));
   out.best = *std::min_element(out.candidates.begin(), out.candidates.end(),
                                [](const auto& a, const auto& b) { return a.seconds < b.seconds; });
   return out;

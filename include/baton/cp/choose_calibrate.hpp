@@ -9,6 +9,7 @@
 #include <baton/attention/backend.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/comm/concepts.hpp>
+#include <baton/core/tags.hpp>
 #include <baton/core/tensor_view.hpp>
 #include <baton/cp/choose.hpp>
 #include <baton/cp/error.hpp>
@@ -36,6 +37,10 @@ struct calibrate_options {
 
 namespace detail {
 
+// Every message of the calibration is issued by every rank in the same order and waited for
+// before the next, so one tag of the CP range serves them all (as the CP agreement's).
+inline constexpr int calibrate_tag = tags::cp::tag<0>;
+
 inline double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -44,7 +49,7 @@ inline double median_of(std::vector<double> v) {
 template <class Comm>
 void sync(Comm& comm) {  // a token around the ring: every rank has reached this point
   std::array<std::byte, 8> a{}, b{};
-  if (comm.size() > 1) comm.shift(std::span<const std::byte>(a), std::span<std::byte>(b), 1, 7401).wait();
+  if (comm.size() > 1) comm.shift(std::span<const std::byte>(a), std::span<std::byte>(b), 1, detail::calibrate_tag).wait();
 }
 
 template <class Comm, class F>
@@ -169,11 +174,11 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   const int P = comm.size();
   if (P > 1) {
     m[5] = detail::timed(comm, opt.repeats, [&] {
-             comm.shift(std::span<const std::byte>(send), std::span<std::byte>(recv), 1, 7402).wait();
+             comm.shift(std::span<const std::byte>(send), std::span<std::byte>(recv), 1, detail::calibrate_tag).wait();
            }) / static_cast<double>(bytes);
     std::array<std::byte, 64> s{}, r{};
     m[8] = detail::timed(comm, opt.repeats, [&] {
-             for (int i = 0; i < 10; ++i) comm.shift(std::span<const std::byte>(s), std::span<std::byte>(r), 1, 7403).wait();
+             for (int i = 0; i < 10; ++i) comm.shift(std::span<const std::byte>(s), std::span<std::byte>(r), 1, detail::calibrate_tag).wait();
            }) / 10;
     if constexpr (all_to_all_communicator<Comm>) {
       std::vector<float> a(bytes / sizeof(float) / static_cast<std::size_t>(P) * static_cast<std::size_t>(P)), b(a.size());
@@ -186,7 +191,7 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   // Every rank takes the largest of each figure: R-1 shifts of the array around the ring.
   std::array<double, 12> mine = m, got{};
   for (int i = 1; i < P; ++i) {
-    comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, 7404).wait();
+    comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, detail::calibrate_tag).wait();
     for (std::size_t j = 0; j < m.size(); ++j) m[j] = std::max(m[j], got[j]);
     mine = got;
   }
