@@ -14,6 +14,8 @@
 // flash backend (the reference one, at a tiny size, where Kokkos is absent).
 //
 //   bench_cp_choose [--quick] [--pairs N]
+// --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
+// figures say nothing about the model.
 #include "bench_common.hpp"
 
 #include <baton/attention.hpp>
@@ -119,7 +121,7 @@ struct case_result {
   double calibrate_s = 0;
 };
 
-case_result run_case(const shape_case& c, int rounds) {
+case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate_options& calibration) {
   case_result res;
   const auto qf = random_values(static_cast<std::size_t>(c.s * c.h * c.d), 1);
   const auto kf = random_values(static_cast<std::size_t>(c.s * c.hkv * c.d), 2);
@@ -135,7 +137,7 @@ case_result run_case(const shape_case& c, int rounds) {
     const int me = local.rank();
     const auto t0 = std::chrono::steady_clock::now();
     const baton::cp_costs mine =
-        std::visit([&](const auto& mask) { return baton::cp::calibrate(local, backend_t{}, c.d, {}, mask); }, c.mask);
+        std::visit([&](const auto& mask) { return baton::cp::calibrate(local, backend_t{}, c.d, calibration, mask); }, c.mask);
     if (me == 0) {
       costs = mine;
       res.calibrate_s = bench::seconds_since(t0);
@@ -220,10 +222,12 @@ int main(int argc, char** argv) {
       {"S" + std::to_string(s2) + "_h4_document_cp4", 4, s2, 4, 4, d, baton::intersect(baton::document_mask(documents(s2, 2)), baton::causal_mask{})},
       {"S" + std::to_string(s1) + "_h8_kv2_full_cp4", 4, s1, 8, 2, d, baton::no_mask{}},
   };
+  baton::cp::calibrate_options calibration;  // the defaults; --quick (the ctest smoke run) shorter
+  if (quick) calibration.window = 0.02;
   int picked = 0;
   bench::series all_ratios, regrets;
   for (const shape_case& c : cases) {
-    const case_result r = run_case(c, rounds);
+    const case_result r = run_case(c, rounds, calibration);
     bench::print_value("choose_calibrate_s_" + c.name, r.calibrate_s);
     std::size_t fastest = 0, chosen = 0;
     for (std::size_t i = 0; i < r.measured.size(); ++i) {
