@@ -11,7 +11,7 @@
 //   choose_pick_<shape>: the split chosen and the measured-fastest one
 //   choose_regret_<shape>: measured time of the chosen split / of the measured-fastest (1 = best)
 // and at the end `choose_picked_fastest: k/6`, the spread of the ratios and of the regrets. With the Kokkos
-// flash backend (the reference one, at a tiny size, where Kokkos is absent).
+// flash backend (the reference one where Kokkos is absent: slow at these sizes, use --quick).
 //
 //   bench_cp_choose [--quick] [--pairs N]
 // --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
