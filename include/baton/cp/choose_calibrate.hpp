@@ -2,8 +2,9 @@
 // hand, briefly (some twelve windows of calibrate_options::window) and collectively: every
 // rank of the CP world calls it at once, so the kernel and the copies are timed while the
 // other ranks run theirs — on thread ranks that share cores this is the rate each rank
-// actually gets (4 ranks on 2 cores: about half a core each), which is what the model needs. Every rank returns the same costs (the slowest
-// rank's figure of each, since ring steps and exchanges wait for the slowest).
+// actually gets (4 ranks on 2 cores: about half a core each), which is what the model needs.
+// Every rank returns the same costs (the slowest rank's figure of each, since ring steps and
+// exchanges wait for the slowest).
 #pragma once
 
 #include <baton/attention/backend.hpp>
