@@ -1,0 +1,433 @@
+// Cross-attention under context parallelism (issue 31): queries (Sq) and keys/values (Sk)
+// from different sequences, each sharded by its own layout over the same ranks, through
+// ring, Ulysses and hybrid, forward and backward, against reference attention in double on
+// one rank over the whole q and k/v (the oracle), with masks none, key padding and document
+// pairs (keys placed after the queries by the kv_sharding's position offset). Results are
+// recorded in the rank threads and checked on the main thread.
+#include "catch.hpp"
+#include "cp_test_support.hpp"
+
+#include <baton/cp/cross.hpp>
+
+#include <chrono>
+#include <functional>
+#include <sstream>
+
+namespace cross_test {
+
+using baton::shard_layout;
+using cp_test::mode;
+
+struct cross_dims {
+  std::int64_t batch = 2, seq_q = 5, seq_k = 23, heads_q = 4, heads_kv = 2, dim = 3;
+  std::int64_t q_elems() const { return batch * seq_q * heads_q * dim; }
+  std::int64_t kv_elems() const { return batch * seq_k * heads_kv * dim; }
+  std::int64_t lse_elems() const { return batch * heads_q * seq_q; }
+};
+
+struct results {
+  std::vector<double> out, dq, dk, dv, lse;
+  explicit results(const cross_dims& d)
+      : out(static_cast<std::size_t>(d.q_elems())), dq(out.size()), dk(static_cast<std::size_t>(d.kv_elems())),
+        dv(dk.size()), lse(static_cast<std::size_t>(d.lse_elems())) {}
+};
+
+struct cross_problem {
+  cross_dims d;
+  std::int64_t kv_offset = 0;
+  std::vector<double> q, k, v, dout;
+  results want;
+  cross_problem(const cross_dims& dd, std::int64_t offset) : d(dd), kv_offset(offset), want(dd) {}
+};
+
+template <class T>
+baton::tensor_view<T, 4> v4(std::vector<T>& x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t e) {
+  return baton::make_tensor_view(x.data(), {b, s, h, e});
+}
+template <class T>
+baton::tensor_view<const T, 4> c4(const std::vector<T>& x, std::int64_t b, std::int64_t s, std::int64_t h,
+                                  std::int64_t e) {
+  return baton::make_tensor_view(x.data(), {b, s, h, e});
+}
+
+// The oracle: reference attention in double over all Sq queries and all Sk keys on one rank,
+// the keys at positions kv_offset.. as the CP layer places them.
+template <class Mask>
+cross_problem make_cross(const cross_dims& d, std::int64_t kv_offset, const Mask& mask, std::uint32_t seed) {
+  cross_problem p(d, kv_offset);
+  p.q = cp_test::random_values<double>(static_cast<std::size_t>(d.q_elems()), seed);
+  p.k = cp_test::random_values<double>(static_cast<std::size_t>(d.kv_elems()), seed + 1);
+  p.v = cp_test::random_values<double>(static_cast<std::size_t>(d.kv_elems()), seed + 2);
+  p.dout = cp_test::random_values<double>(static_cast<std::size_t>(d.q_elems()), seed + 3);
+  baton::attention_params params;
+  params.k_pos = baton::positions(kv_offset, d.seq_k);
+  baton::reference_attention ref;
+  auto& w = p.want;
+  const auto q = c4(p.q, d.batch, d.seq_q, d.heads_q, d.dim), k = c4(p.k, d.batch, d.seq_k, d.heads_kv, d.dim),
+             v = c4(p.v, d.batch, d.seq_k, d.heads_kv, d.dim);
+  ref.forward(q, k, v, mask, v4(w.out, d.batch, d.seq_q, d.heads_q, d.dim),
+              baton::make_tensor_view(w.lse.data(), {d.batch, d.heads_q, d.seq_q}), params);
+  ref.backward(q, k, v, c4(w.out, d.batch, d.seq_q, d.heads_q, d.dim),
+               baton::make_tensor_view(static_cast<const double*>(w.lse.data()), {d.batch, d.heads_q, d.seq_q}),
+               c4(p.dout, d.batch, d.seq_q, d.heads_q, d.dim), mask, v4(w.dq, d.batch, d.seq_q, d.heads_q, d.dim),
+               v4(w.dk, d.batch, d.seq_k, d.heads_kv, d.dim), v4(w.dv, d.batch, d.seq_k, d.heads_kv, d.dim), params);
+  return p;
+}
+
+struct setup {
+  mode m = mode::ring;
+  int degree = 2, inner = 1;
+  shard_layout q_layout = shard_layout::contiguous, kv_layout = shard_layout::contiguous;
+  int world() const { return degree * inner; }
+  baton::sequence_sharding sharding(shard_layout layout, std::int64_t seq) const {
+    return baton::sequence_sharding(layout, seq, degree, inner);
+  }
+  std::string text() const {
+    std::ostringstream s;
+    s << cp_test::name(m) << " " << degree << (m == mode::hybrid ? "x" + std::to_string(inner) : "") << " q "
+      << baton::to_string(q_layout) << " kv " << baton::to_string(kv_layout);
+    return s.str();
+  }
+};
+
+// One rank: shard q and k/v by their own shardings, forward and backward, write the results
+// into this rank's positions of `got` (ranks write disjoint elements).
+template <class Attention, class Mask>
+void run_rank(Attention& attn, int rank, const cross_problem& p, const Mask& mask, results& got) {
+  const cross_dims& d = p.d;
+  const baton::sequence_sharding& qs = attn.sharding();
+  const baton::sequence_sharding& ks = attn.kv().sharding;
+  const std::int64_t nq = qs.local_len(rank), nk = ks.local_len(rank);
+  const std::vector<std::int64_t> qshape{d.batch, d.seq_q, d.heads_q, d.dim}, kshape{d.batch, d.seq_k, d.heads_kv, d.dim},
+      lshape{d.batch, d.heads_q, d.seq_q};
+  const auto q = baton::shard_sequence<double>(qs, rank, p.q, qshape, 1);
+  const auto dout = baton::shard_sequence<double>(qs, rank, p.dout, qshape, 1);
+  const auto k = baton::shard_sequence<double>(ks, rank, p.k, kshape, 1);
+  const auto v = baton::shard_sequence<double>(ks, rank, p.v, kshape, 1);
+  std::vector<double> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size()),
+      lse(static_cast<std::size_t>(d.batch * d.heads_q * nq));
+  const auto qv = c4(q, d.batch, nq, d.heads_q, d.dim), kv = c4(k, d.batch, nk, d.heads_kv, d.dim),
+             vv = c4(v, d.batch, nk, d.heads_kv, d.dim);
+  attn.forward(qv, kv, vv, mask, v4(out, d.batch, nq, d.heads_q, d.dim),
+               baton::make_tensor_view(lse.data(), {d.batch, d.heads_q, nq}));
+  attn.backward(qv, kv, vv, c4(out, d.batch, nq, d.heads_q, d.dim),
+                baton::make_tensor_view(static_cast<const double*>(lse.data()), {d.batch, d.heads_q, nq}),
+                c4(dout, d.batch, nq, d.heads_q, d.dim), mask, v4(dq, d.batch, nq, d.heads_q, d.dim),
+                v4(dk, d.batch, nk, d.heads_kv, d.dim), v4(dv, d.batch, nk, d.heads_kv, d.dim));
+  baton::unshard_sequence<double>(qs, rank, out, qshape, 1, got.out);
+  baton::unshard_sequence<double>(qs, rank, lse, lshape, 2, got.lse);
+  baton::unshard_sequence<double>(qs, rank, dq, qshape, 1, got.dq);
+  baton::unshard_sequence<double>(ks, rank, dk, kshape, 1, got.dk);
+  baton::unshard_sequence<double>(ks, rank, dv, kshape, 1, got.dv);
+}
+
+template <class Mask>
+results run_cross(const setup& c, const cross_problem& p, const Mask& mask) {
+  results got(p.d);
+  // NaN where nothing was written, so a position no rank wrote cannot pass.
+  for (auto* t : {&got.out, &got.dq, &got.dk, &got.dv, &got.lse})
+    std::fill(t->begin(), t->end(), std::numeric_limits<double>::quiet_NaN());
+  const baton::sequence_sharding qs = c.sharding(c.q_layout, p.d.seq_q);
+  const baton::kv_sharding kv{c.sharding(c.kv_layout, p.d.seq_k), p.kv_offset};
+  baton::run_local(c.world(), [&](baton::local_communicator& comm) {
+    if (c.m == mode::ring) {
+      baton::ring_attention attn(comm, baton::reference_attention{}, qs, kv);
+      run_rank(attn, attn.shard_index(), p, mask, got);
+    } else if (c.m == mode::ulysses) {
+      baton::ulysses_attention attn(comm, baton::reference_attention{}, qs, kv);
+      run_rank(attn, attn.shard_index(), p, mask, got);
+    } else {
+      auto mesh = baton::make_cp_mesh(comm, c.degree, c.inner);
+      baton::hybrid_attention attn(mesh, baton::reference_attention{}, qs, kv);
+      run_rank(attn, attn.shard_index(), p, mask, got);
+    }
+  });
+  return got;
+}
+
+struct cross_errors {
+  double out, lse, dq, dk, dv;
+  double max() const { return std::max({out, lse, dq, dk, dv}); }
+};
+inline cross_errors compare_cross(const results& got, const results& want) {
+  using cp_test::rel_l2;
+  return {rel_l2(got.out, want.out), rel_l2(got.lse, want.lse), rel_l2(got.dq, want.dq), rel_l2(got.dk, want.dk),
+          rel_l2(got.dv, want.dv)};
+}
+
+// Every CP mode and degree the tests run: ring 2, 3, 4; Ulysses 2, 3 (4 query heads over 3
+// ranks: dealt unevenly); hybrid 2 x 2.
+inline std::vector<setup> modes() {
+  return {{mode::ring, 2, 1},    {mode::ring, 3, 1},    {mode::ring, 4, 1},
+          {mode::ulysses, 2, 1}, {mode::ulysses, 3, 1}, {mode::hybrid, 2, 2}};
+}
+
+// The masks of cross-attention, over Sq queries and Sk keys; f(mask, kv_offset, name).
+//  - none;
+//  - key padding: the last 3 keys are padding (an encoder batch padded to Sk);
+//  - document pairs: keys after the queries (offset Sq); query document i attends to key
+//    document i only; the queries' documents 0, 1, 2 over [0, Sq/3), [Sq/3, 2Sq/3), rest;
+//    the keys' documents 0, 2, 3 (key document 3 has no queries, query document 1 no keys:
+//    its rows attend to nothing, out 0 and lse -inf).
+template <class F>
+void for_each_cross_mask(const cross_dims& d, F&& f) {
+  f(baton::no_mask{}, 0, "none");
+  f(baton::padding_mask(baton::no_mask{}, d.seq_q, std::max<std::int64_t>(d.seq_k - 3, 1)), 0, "key padding");
+  std::vector<std::int64_t> ids;
+  for (std::int64_t i = 0; i < d.seq_q; ++i) ids.push_back(3 * i < d.seq_q ? 0 : 3 * i < 2 * d.seq_q ? 1 : 2);
+  for (std::int64_t j = 0; j < d.seq_k; ++j) ids.push_back(2 * j < d.seq_k ? 0 : 4 * j < 3 * d.seq_k ? 2 : 3);
+  f(baton::document_mask(ids), d.seq_q, "document pairs");
+}
+
+}  // namespace cross_test
+
+using namespace cross_test;
+
+#ifndef BATON_CP_LENGTH_STRIDE
+#define BATON_CP_LENGTH_STRIDE 1
+#endif
+
+TEST_CASE("cross-attention: ring, Ulysses and hybrid equal the double reference for Sq != Sk, every layout pair, "
+          "forward and backward",
+          "[cp][cross_attention]") {
+  // (Sq, Sk): Sk not divisible by 2, 3 or 4; Sq < R (empty query shards) at R = 3, 4 and the
+  // hybrid's 4 ranks; Sq > Sk with Sk < 2R (zigzag chunks of one token, and empty ones); Sk < R
+  // (empty key shards: their blocks travel empty).
+  const std::vector<std::pair<std::int64_t, std::int64_t>> lengths{{5, 23}, {2, 13}, {17, 7}, {4, 2}};
+  const std::vector<shard_layout> layouts{shard_layout::contiguous, shard_layout::zigzag, shard_layout::striped};
+  // Tolerance: both sides compute in double; they differ only in the order the softmax is
+  // summed over key blocks and in the merges (a few roundings of 1e-16 per element), so
+  // 1e-12 leaves four orders of margin, while a key block missed or counted twice, or a
+  // gradient sent to the wrong rank, is an error of order 1 (checked below: a shifted offset).
+  constexpr double tolerance = 1e-12;
+  struct outcome {
+    std::string what;
+    cross_errors e;
+  };
+  std::vector<outcome> outcomes;
+  std::size_t runs = 0;
+  for (const auto& [sq, sk] : lengths) {
+    const cross_dims d{2, sq, sk, 4, 2, 3};
+    for_each_cross_mask(d, [&](const auto& mask, std::int64_t offset, const char* mask_name) {
+      const cross_problem p = make_cross(d, offset, mask, 31);
+      for (setup c : modes()) {
+        for (const shard_layout ql : layouts) {
+          for (const shard_layout kl : layouts) {
+            if (runs++ % BATON_CP_LENGTH_STRIDE != 0) continue;
+            c.q_layout = ql;
+            c.kv_layout = kl;
+            outcomes.push_back({c.text() + ", Sq " + std::to_string(sq) + " Sk " + std::to_string(sk) + ", mask " +
+                                    mask_name,
+                                compare_cross(run_cross(c, p, mask), p.want)});
+          }
+        }
+      }
+    });
+  }
+  CHECK(outcomes.size() >= runs / BATON_CP_LENGTH_STRIDE);
+  for (const outcome& o : outcomes) {
+    INFO(o.what << ": out " << o.e.out << " lse " << o.e.lse << " dq " << o.e.dq << " dk " << o.e.dk << " dv "
+                << o.e.dv);
+    CHECK(o.e.max() < tolerance);
+  }
+}
+
+TEST_CASE("cross-attention: the check can fail (keys placed one position off under document pairs)",
+          "[cp][cross_attention]") {
+  // The oracle with the keys at offset Sq, the CP run with them at Sq + 1: the document ids
+  // then pair the wrong tokens, and the comparison must see it.
+  const cross_dims d{1, 6, 11, 2, 1, 3};
+  std::vector<std::int64_t> ids;
+  for (std::int64_t i = 0; i < d.seq_q; ++i) ids.push_back(i < 3 ? 0 : 1);
+  for (std::int64_t j = 0; j < d.seq_k + 1; ++j) ids.push_back(j < 5 ? 0 : 1);
+  const baton::document_mask mask(ids);
+  const cross_problem p = make_cross(d, d.seq_q, mask, 7);
+  cross_problem shifted = p;
+  shifted.kv_offset = d.seq_q + 1;
+  const cross_errors e = compare_cross(run_cross(setup{mode::ring, 2, 1}, shifted, mask), p.want);
+  CHECK(e.max() > 1e-3);
+}
+
+namespace cross_test {
+
+// Runs f on every rank; returns each rank's cp_error message ("" if none).
+inline std::vector<std::string> rank_errors(int n, const std::function<void(baton::local_communicator&)>& f) {
+  std::vector<std::string> messages(static_cast<std::size_t>(n));
+  baton::local_options options;
+  options.timeout = std::chrono::seconds(20);
+  baton::run_local(
+      n,
+      [&](baton::local_communicator& comm) {
+        try {
+          f(comm);
+        } catch (const baton::cp_error& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      },
+      options);
+  return messages;
+}
+
+// A forward on every rank with shards of the lengths `qs` and `kv` give it (or `k_len` keys
+// where >= 0), through ring or Ulysses.
+inline void cross_forward(baton::local_communicator& comm, mode m, const baton::sequence_sharding& qs,
+                          const baton::kv_sharding& kv, std::int64_t k_len = -1) {
+  const int r = comm.rank();
+  const std::int64_t nq = qs.degree() == comm.size() ? qs.local_len(r) : 1;
+  const std::int64_t nk = k_len >= 0 ? k_len : kv.sharding.degree() == comm.size() ? kv.sharding.local_len(r) : 1;
+  std::vector<double> q(static_cast<std::size_t>(nq * 2 * 3), 0.5), k(static_cast<std::size_t>(nk * 2 * 3), 0.25),
+      v(k.size(), 1.0), out(q.size()), lse(static_cast<std::size_t>(2 * nq));
+  const auto call = [&](auto& attn) {
+    attn.forward(c4(q, 1, nq, 2, 3), c4(k, 1, nk, 2, 3), c4(v, 1, nk, 2, 3), baton::no_mask{}, v4(out, 1, nq, 2, 3),
+                 baton::make_tensor_view(lse.data(), {1, 2, nq}));
+  };
+  if (m == mode::ring) {
+    baton::ring_attention attn(comm, baton::reference_attention{}, qs, kv);
+    call(attn);
+  } else {
+    baton::ulysses_attention attn(comm, baton::reference_attention{}, qs, kv);
+    call(attn);
+  }
+}
+
+inline std::vector<std::string> same_everywhere(const std::vector<std::string>& messages) {
+  for (const std::string& m : messages)
+    if (m != messages.front()) return messages;
+  return {messages.front()};
+}
+
+}  // namespace cross_test
+
+TEST_CASE("cross-attention: a bad pairing of shardings is one clear error on every rank", "[cp][cross_attention][errors]") {
+  struct verdict {
+    std::string what;
+    std::vector<std::string> messages;
+    std::string needle;
+  };
+  std::vector<verdict> verdicts;
+  for (const mode m : {mode::ring, mode::ulysses}) {
+    const std::string who = cp_test::name(m);
+    // Keys sharded over 4 ranks, queries over the world's 2.
+    verdicts.push_back({who + ": kv degree 4, q degree 2",
+                        rank_errors(2,
+                                    [&](baton::local_communicator& comm) {
+                                      cross_forward(comm, m, baton::sequence_sharding(shard_layout::zigzag, 9, 2),
+                                                    {baton::sequence_sharding(shard_layout::zigzag, 13, 4), 0});
+                                    }),
+                        "the key/value sharding is 4 x 1 (degree x inner degree) but the query sharding 2 x 1; "
+                        "cross-attention shards queries and keys over the same ranks"});
+    // One rank builds its keys' sharding over another length: the agreement names it.
+    verdicts.push_back({who + ": ranks disagree on the kv sharding",
+                        rank_errors(2,
+                                    [&](baton::local_communicator& comm) {
+                                      cross_forward(comm, m, baton::sequence_sharding(shard_layout::contiguous, 9, 2),
+                                                    {baton::sequence_sharding(shard_layout::contiguous,
+                                                                              comm.rank() == 1 ? 14 : 13, 2),
+                                                     0});
+                                    }),
+                        "pass different key/value shardings or key position offsets (cross-attention)"});
+    // A key shard of the wrong length on rank 1 (13 keys over 2: rank 1 holds 6, passes 7).
+    verdicts.push_back({who + ": key shard of the wrong length",
+                        rank_errors(2,
+                                    [&](baton::local_communicator& comm) {
+                                      cross_forward(comm, m, baton::sequence_sharding(shard_layout::contiguous, 9, 2),
+                                                    {baton::sequence_sharding(shard_layout::contiguous, 13, 2), 0},
+                                                    7);
+                                    }),
+                        "rank 1: the local key/value shard holds 7 tokens but the key/value sharding gives this rank 6"});
+    // A negative key offset.
+    verdicts.push_back({who + ": negative key offset",
+                        rank_errors(2,
+                                    [&](baton::local_communicator& comm) {
+                                      cross_forward(comm, m, baton::sequence_sharding(shard_layout::contiguous, 9, 2),
+                                                    {baton::sequence_sharding(shard_layout::contiguous, 13, 2), -2});
+                                    }),
+                        "the key/value position offset is -2; it must be >= 0"});
+  }
+  // The hybrid: keys sharded 4 x 1 against queries 2 x 2 on a 2 x 2 mesh.
+  verdicts.push_back(
+      {"hybrid: kv 4 x 1, q 2 x 2",
+       rank_errors(4,
+                   [&](baton::local_communicator& comm) {
+                     auto mesh = baton::make_cp_mesh(comm, 2, 2);
+                     const baton::sequence_sharding qs(shard_layout::zigzag, 9, 2, 2);
+                     baton::hybrid_attention attn(mesh, baton::reference_attention{}, qs,
+                                                  baton::kv_sharding{baton::sequence_sharding(shard_layout::zigzag, 13, 4), 0});
+                     const std::int64_t nq = qs.local_len(attn.shard_index()), nk = 3;
+                     std::vector<double> q(static_cast<std::size_t>(nq * 2 * 3)), k(static_cast<std::size_t>(nk * 2 * 3)),
+                         out(q.size()), lse(static_cast<std::size_t>(2 * nq));
+                     attn.forward(c4(q, 1, nq, 2, 3), c4(k, 1, nk, 2, 3), c4(k, 1, nk, 2, 3), baton::no_mask{},
+                                  v4(out, 1, nq, 2, 3), baton::make_tensor_view(lse.data(), {1, 2, nq}));
+                   }),
+       "the key/value sharding is 4 x 1 (degree x inner degree) but the query sharding 2 x 2"});
+  // Self-attention still names a key tensor whose length is not the queries' (its shape is
+  // now read apart from q's): rank 0 passes one key too few.
+  verdicts.push_back({"ring self-attention: k shorter than q",
+                      rank_errors(2,
+                                  [&](baton::local_communicator& comm) {
+                                    const baton::sequence_sharding s(shard_layout::contiguous, 8, 2);
+                                    const std::int64_t nk = comm.rank() == 0 ? 3 : 4;
+                                    std::vector<double> q(4 * 2 * 3), k(static_cast<std::size_t>(nk * 2 * 3)),
+                                        out(q.size()), lse(2 * 4);
+                                    baton::ring_attention attn(comm, baton::reference_attention{}, s);
+                                    attn.forward(c4(q, 1, 4, 2, 3), c4(k, 1, nk, 2, 3), c4(k, 1, nk, 2, 3),
+                                                 baton::no_mask{}, v4(out, 1, 4, 2, 3),
+                                                 baton::make_tensor_view(lse.data(), {1, 2, 4}));
+                                  }),
+                      "rank 0: tensor 'k' has shape [1, 3, 2, 3] but expected [1, 4, 2, 3]"});
+  for (const verdict& v : verdicts) {
+    INFO(v.what);
+    std::string all;
+    for (const std::string& m : v.messages) all += "\n  " + m;
+    INFO("messages:" << all);
+    const std::vector<std::string> one = same_everywhere(v.messages);
+    CHECK(one.size() == 1);  // every rank throws, and the same message
+    CHECK(one.front().find(v.needle) != std::string::npos);
+  }
+}
+
+TEST_CASE("docs: cross-attention over a ring, keys sharded on their own", "[cp][cross_attention][docs]") {
+  const std::int64_t sq = 10, sk = 23, heads = 2, dim = 4;
+  const std::vector<double> q_full = cp_test::random_values<double>(sq * heads * dim, 3),
+                            k_full = cp_test::random_values<double>(sk * heads * dim, 4),
+                            v_full = cp_test::random_values<double>(sk * heads * dim, 5);
+  std::vector<double> out_full(q_full.size());
+  std::vector<std::int64_t> lens(6);
+  // [doc:cross_ring]
+  // A decoder's 10 queries attend to an encoder's 23 keys, the last 3 of them padding, on 3 ranks.
+  baton::run_local(3, [&](baton::local_communicator& comm) {
+    const int r = comm.rank();
+    const baton::sequence_sharding q_sharding(baton::shard_layout::zigzag, sq, comm.size());  // 3, 3, 4 queries
+    const baton::kv_sharding kv{baton::sequence_sharding(baton::shard_layout::contiguous, sk, comm.size()),
+                                /*position_offset=*/0};                                     // 8, 8, 7 keys
+    const std::int64_t nq = q_sharding.local_len(r), nk = kv.sharding.local_len(r);
+    const std::vector<std::int64_t> q_shape{1, sq, heads, dim}, kv_shape{1, sk, heads, dim};
+    auto q = baton::shard_sequence<double>(q_sharding, r, q_full, q_shape, 1);
+    auto k = baton::shard_sequence<double>(kv.sharding, r, k_full, kv_shape, 1);
+    auto v = baton::shard_sequence<double>(kv.sharding, r, v_full, kv_shape, 1);
+    std::vector<double> out(q.size()), lse(heads * nq);
+
+    baton::ring_attention ring(comm, baton::reference_attention{}, q_sharding, kv);
+    const baton::padding_mask mask(baton::no_mask{}, /*q_length=*/sq, /*k_length=*/sk - 3);
+    ring.forward(baton::make_tensor_view(q.data(), {1, nq, heads, dim}), baton::make_tensor_view(k.data(), {1, nk, heads, dim}),
+                 baton::make_tensor_view(v.data(), {1, nk, heads, dim}), mask,
+                 baton::make_tensor_view(out.data(), {1, nq, heads, dim}),
+                 baton::make_tensor_view(lse.data(), {1, heads, nq}));
+    baton::unshard_sequence<double>(q_sharding, r, out, q_shape, 1, out_full);
+  });
+  // [/doc:cross_ring]
+  const baton::sequence_sharding qs(baton::shard_layout::zigzag, sq, 3), ks(baton::shard_layout::contiguous, sk, 3);
+  for (int r = 0; r < 3; ++r) {
+    lens[static_cast<std::size_t>(r)] = qs.local_len(r);
+    lens[static_cast<std::size_t>(3 + r)] = ks.local_len(r);
+  }
+  CHECK(lens == std::vector<std::int64_t>{3, 3, 4, 8, 8, 7});  // what the example's comments say
+  // The oracle: the whole decoder against the 20 real keys alone, on one rank (no mask).
+  std::vector<double> want(q_full.size()), lse(heads * sq);
+  const std::int64_t real = sk - 3;
+  baton::reference_attention{}.forward(
+      baton::make_tensor_view(q_full.data(), {1, sq, heads, dim}), baton::make_tensor_view(k_full.data(), {1, real, heads, dim}),
+      baton::make_tensor_view(v_full.data(), {1, real, heads, dim}), baton::no_mask{},
+      baton::make_tensor_view(want.data(), {1, sq, heads, dim}), baton::make_tensor_view(lse.data(), {1, heads, sq}));
+  CHECK(cp_test::rel_l2(out_full, want) < 1e-12);  // double on both sides (see the parity case)
+}
