@@ -125,6 +125,7 @@ class hybrid_attention
         backend_(std::move(backend)),
         sharding_(std::move(q_sharding)),
         kv_(std::move(kv)),
+        cross_(true),
         memory_(cp_memory_space_of<Backend>::make(backend_)) {}
   template <class Comm>
     requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
@@ -151,6 +152,8 @@ class hybrid_attention
   const sequence_sharding& sharding() const noexcept { return sharding_; }
   /// The keys' and values' sharding: the queries' with offset 0 unless built for cross-attention.
   const kv_sharding& kv() const noexcept { return kv_; }
+  /// Built for cross-attention (with a kv_sharding).
+  bool is_cross() const noexcept { return cross_; }
   /// Which shard of the sharding this rank must pass: ring rank x Ulysses degree + Ulysses
   /// rank (make_cp_mesh and device_mesh number the context-parallel ranks this way).
   int shard_index() const noexcept { return ring_->rank() * ulysses_->size() + ulysses_->rank(); }
@@ -170,7 +173,7 @@ class hybrid_attention
   detail::cp::ring_geometry ring_geometry_of(const detail::cp::ulysses_geometry& g) const {
     detail::cp::ring_geometry rg;
     for (int r = 0; r < ring_->size(); ++r) rg.pieces.push_back(sharding_.group_pieces(r));
-    if (kv_.position_offset != 0 || !(kv_.sharding == sharding_))
+    if (cross_)
       for (int r = 0; r < ring_->size(); ++r)
         rg.kv_pieces.push_back(detail::cp::offset_pieces(kv_.sharding.group_pieces(r), kv_.position_offset));
     rg.batch = g.batch;
@@ -237,6 +240,7 @@ class hybrid_attention
   Backend backend_;
   sequence_sharding sharding_;
   kv_sharding kv_;
+  bool cross_ = false;
   Memory memory_;
   // The Ulysses group's gathered tensors and exchange scratch, reused by the next call
   // (as in ulysses_attention): O(b s h d / (R U)) per rank, held until release_workspace().

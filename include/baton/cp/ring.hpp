@@ -71,15 +71,19 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
         backend_(std::move(backend)),
         sharding_(std::move(q_sharding)),
         kv_(std::move(kv)),
+        cross_(true),
         memory_(cp_memory_space_of<Backend>::make(backend_)) {}
   ring_attention(Comm& ring, Backend backend, sequence_sharding q_sharding, kv_sharding kv, Memory memory)
       : ring_(&ring), backend_(std::move(backend)), sharding_(std::move(q_sharding)), kv_(std::move(kv)),
+        cross_(true),
         memory_(std::move(memory)) {}
 
   /// The queries' sharding (and the keys' in self-attention).
   const sequence_sharding& sharding() const noexcept { return sharding_; }
   /// The keys' and values' sharding: the queries' with offset 0 unless built for cross-attention.
   const kv_sharding& kv() const noexcept { return kv_; }
+  /// Built for cross-attention (with a kv_sharding).
+  bool is_cross() const noexcept { return cross_; }
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
   int shard_index() const noexcept { return ring_->rank(); }
 
@@ -111,7 +115,7 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   detail::cp::ring_geometry geometry(const detail::cp::local_shape& s) const {
     detail::cp::ring_geometry g;
     for (int r = 0; r < ring_->size(); ++r) g.pieces.push_back(sharding_.pieces(r));
-    if (kv_.position_offset != 0 || !(kv_.sharding == sharding_))
+    if (cross_)
       for (int r = 0; r < ring_->size(); ++r) g.kv_pieces.push_back(detail::cp::offset_pieces(kv_.sharding.pieces(r), kv_.position_offset));
     g.batch = s.batch;
     g.heads_q = s.heads_q;
@@ -139,6 +143,7 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   Backend backend_;
   sequence_sharding sharding_;
   kv_sharding kv_;
+  bool cross_ = false;
   Memory memory_;
 };
 

@@ -346,15 +346,19 @@ class ulysses_attention
         backend_(std::move(backend)),
         sharding_(std::move(q_sharding)),
         kv_(std::move(kv)),
+        cross_(true),
         memory_(cp_memory_space_of<Backend>::make(backend_)) {}
   ulysses_attention(Comm& comm, Backend backend, sequence_sharding q_sharding, kv_sharding kv, Memory memory)
       : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(q_sharding)), kv_(std::move(kv)),
+        cross_(true),
         memory_(std::move(memory)) {}
 
   /// The queries' sharding (and the keys' in self-attention).
   const sequence_sharding& sharding() const noexcept { return sharding_; }
   /// The keys' and values' sharding: the queries' with offset 0 unless built for cross-attention.
   const kv_sharding& kv() const noexcept { return kv_; }
+  /// Built for cross-attention (with a kv_sharding).
+  bool is_cross() const noexcept { return cross_; }
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
   int shard_index() const noexcept { return comm_->rank(); }
 
@@ -400,7 +404,7 @@ class ulysses_attention
     attention_params ap;
     ap.q_pos = ap.k_pos = detail::cp::positions_for(pieces, 0, pieces.size(), storage);
     ap.softmax_scale = scale;
-    if (kv_.position_offset != 0 || !(kv_.sharding == sharding_)) {  // cross-attention: the keys' own
+    if (cross_) {  // cross-attention: the keys' own
       const auto kv_pieces = detail::cp::gathered_pieces(kv_.sharding, 0, comm_->size(), kv_.position_offset);
       ap.k_pos = detail::cp::positions_for(kv_pieces, 0, kv_pieces.size(), kv_storage);
     }
@@ -432,6 +436,7 @@ class ulysses_attention
   Backend backend_;
   sequence_sharding sharding_;
   kv_sharding kv_;
+  bool cross_ = false;
   Memory memory_;
   // The gathered tensors and exchange scratch, reused by the next call: O(b s h d / P) per
   // rank, held until release_workspace() or destruction.

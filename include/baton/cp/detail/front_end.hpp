@@ -39,7 +39,7 @@ enum operation_code : std::int64_t {
 
 template <class T>
 call_descriptor describe(operation_code op, const local_shape& s, const sequence_sharding& sharding,
-                         const kv_sharding& kv, int world_size, int world_rank) {
+                         const kv_sharding& kv, bool cross, int world_size, int world_rank) {
   call_descriptor d;
   d.protocol = tags::cp::first;
   d.operation = op;
@@ -48,7 +48,6 @@ call_descriptor describe(operation_code op, const local_shape& s, const sequence
   d.values[call_field::seq_local] = s.seq;
   d.values[call_field::seq_local_kv] = s.seq_kv;
   d.values[call_field::kv_seq_len] = kv.sharding.seq_len();
-  d.values[call_field::kv_sharding_fingerprint] = kv.sharding.fingerprint();
   d.values[call_field::kv_offset] = kv.position_offset;
   d.values[call_field::heads_q] = s.heads_q;
   d.values[call_field::heads_kv] = s.heads_kv;
@@ -58,6 +57,9 @@ call_descriptor describe(operation_code op, const local_shape& s, const sequence
   d.values[call_field::degree] = sharding.degree();
   d.values[call_field::inner_degree] = sharding.inner_degree();
   d.values[call_field::sharding_fingerprint] = sharding.fingerprint();
+  // (self-attention: the keys' sharding is the queries', not hashed twice)
+  d.values[call_field::kv_sharding_fingerprint] =
+      cross ? kv.sharding.fingerprint() : d.values[call_field::sharding_fingerprint];
   d.values[call_field::element_size] = sizeof(T);
   d.values[call_field::lse_element_size] = sizeof(lse_t<T>);
   d.values[call_field::world_size] = world_size;
@@ -290,9 +292,9 @@ inline std::string check_scale(double scale) {
 // (after `settle`: see agree_settle_or_throw).
 template <class T, class Mask, class Gather, class Settle>
 void agree_on_call(const std::string& who, operation_code op, const local_shape& s, const sequence_sharding& sharding,
-                   const kv_sharding& kv, int world_size, int world_rank, std::string problem, const Mask& mask,
-                   double scale, Gather&& gather, Settle&& settle) {
-  call_descriptor mine = describe<T>(op, s, sharding, kv, world_size, world_rank);
+                   const kv_sharding& kv, bool cross, int world_size, int world_rank, std::string problem,
+                   const Mask& mask, double scale, Gather&& gather, Settle&& settle) {
+  call_descriptor mine = describe<T>(op, s, sharding, kv, cross, world_size, world_rank);
   if (problem.empty()) problem = check_scale(scale);
   if (!problem.empty()) {
     mine.fail(1, "rank " + std::to_string(world_rank) + ": " + problem);
@@ -313,6 +315,7 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
 //   static constexpr operation_code forward_op, backward_op;
 //   const sequence_sharding& sharding() const; int shard_index() const; int world_size() const;
 //   const kv_sharding& kv() const;          (the keys' sharding: the queries' for self-attention)
+//   bool is_cross() const;                  (built with a kv_sharding)
 //   std::string topology_problem() const;   (the sharding does not fit the communicators, or "")
 //   std::string heads_problem(const local_shape&) const;  (the heads cannot be split, or "")
 //   std::vector<call_descriptor> gather(const call_descriptor& mine);  (comm/agree.hpp)
@@ -376,11 +379,8 @@ class front_end {
  private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 
-  // Cross-attention: the keys have their own sharding (or positions).
-  bool cross() noexcept {
-    const kv_sharding& kv = self().kv();
-    return kv.position_offset != 0 || !(kv.sharding == self().sharding());
-  }
+  // Cross-attention: the keys have their own sharding (built with a kv_sharding).
+  bool cross() noexcept { return self().is_cross(); }
   // The call's shape. In self-attention k, v, dk, dv must have the queries' length, so a
   // key tensor of another length is named by the tensor checks.
   template <class TQ, class TK>
@@ -404,7 +404,7 @@ class front_end {
                                tensor_problem, self().heads_problem(s),
                                check_mask(mask, sharding.seq_len(), kv.position_offset, kv.sharding.seq_len())});
     agree_on_call<T>(std::string(Derived::name) + (backward ? "::backward" : "::forward"),
-                     backward ? Derived::backward_op : Derived::forward_op, s, sharding, kv, self().world_size(),
+                     backward ? Derived::backward_op : Derived::forward_op, s, sharding, kv, cross(), self().world_size(),
                      self().shard_index(), problem, mask, scale,
                      [&](const call_descriptor& mine) { return self().gather(mine); }, [&] { self().settle(); });
     return self().geometry(s);
