@@ -189,3 +189,41 @@ TEST_CASE("nn::cross_attention: ring, Ulysses and hybrid with queries and memory
     CHECK(std::max({o.y, o.dx, o.dm, o.dw}) < 1e-10);
   }
 }
+
+TEST_CASE("nn::cross_attention: a memory of the wrong shape is an error, on every rank under CP",
+          "[nn][cross_attention][errors]") {
+  const baton::nn::initializer init(4);
+  // One rank: nn_error naming the memory's shape.
+  baton::nn::cross_attention<double, one_rank> whole(cross_config(), init, one_rank{}, {}, cx_mem);
+  decltype(whole)::saved st;
+  std::string one_rank_message;
+  try {
+    whole.forward(nn_test::random_tensor<double>({cx_batch, cx_seq_q, 8}, 1),
+                  nn_test::random_tensor<double>({cx_batch, cx_seq_k, cx_mem + 1}, 2), st);
+  } catch (const baton::nn::nn_error& e) {
+    one_rank_message = e.what();
+  }
+  CHECK(one_rank_message.find("memory has shape [2, 11, 7] but expected [2, seq_k, 6]") != std::string::npos);
+
+  // Ring of 2: rank 1 passes a memory shard one row too long; both ranks throw its problem.
+  std::vector<std::string> messages(2);
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    const baton::sequence_sharding qs(baton::shard_layout::zigzag, cx_seq_q, 2);
+    const baton::kv_sharding kv{baton::sequence_sharding(baton::shard_layout::contiguous, cx_seq_k, 2), 0};
+    baton::nn::cross_attention<double, baton::ring_attention<baton::local_communicator, baton::reference_attention>>
+        piece(cross_config(), init, baton::ring_attention(comm, baton::reference_attention{}, qs, kv), {}, cx_mem);
+    const int r = comm.rank();
+    const std::int64_t nk = kv.sharding.local_len(r) + (r == 1 ? 1 : 0);
+    decltype(piece)::saved rst;
+    try {
+      piece.forward(nn_test::random_tensor<double>({cx_batch, qs.local_len(r), 8}, 1),
+                    nn_test::random_tensor<double>({cx_batch, nk, cx_mem}, 2), rst);
+    } catch (const baton::cp_error& e) {
+      messages[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  INFO("rank 0: " << messages[0] << "\nrank 1: " << messages[1]);
+  CHECK(messages[0] == messages[1]);
+  CHECK(messages[0].find("this rank (shard 1) holds 2 queries and 5 keys of the shardings, but x has 2 rows and "
+                         "memory 6") != std::string::npos);
+}
