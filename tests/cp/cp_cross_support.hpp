@@ -119,14 +119,14 @@ void run_rank(Attention& attn, int rank, const cross_problem& p, const Mask& mas
   baton::unshard_sequence<double>(ks, rank, dv, kshape, 1, got.dv);
 }
 
+// With the given shardings (c's mode and degrees; its layouts unused).
 template <class Mask, class Backend = baton::reference_attention>
-results run_cross(const setup& c, const cross_problem& p, const Mask& mask, Backend backend = {}) {
+results run_cross(const setup& c, const baton::sequence_sharding& qs, const baton::kv_sharding& kv,
+                  const cross_problem& p, const Mask& mask, Backend backend = {}) {
   results got(p.d);
   // NaN where nothing was written, so a position no rank wrote cannot pass.
   for (auto* t : {&got.out, &got.dq, &got.dk, &got.dv, &got.lse})
     std::fill(t->begin(), t->end(), std::numeric_limits<double>::quiet_NaN());
-  const baton::sequence_sharding qs = c.sharding(c.q_layout, p.d.seq_q);
-  const baton::kv_sharding kv{c.sharding(c.kv_layout, p.d.seq_k), p.kv_offset};
   baton::run_local(c.world(), [&](baton::local_communicator& comm) {
     if (c.m == mode::ring) {
       baton::ring_attention attn(comm, backend, qs, kv);
@@ -141,6 +141,13 @@ results run_cross(const setup& c, const cross_problem& p, const Mask& mask, Back
     }
   });
   return got;
+}
+
+// Over c's layouts.
+template <class Mask, class Backend = baton::reference_attention>
+results run_cross(const setup& c, const cross_problem& p, const Mask& mask, Backend backend = {}) {
+  return run_cross(c, c.sharding(c.q_layout, p.d.seq_q), baton::kv_sharding{c.sharding(c.kv_layout, p.d.seq_k), p.kv_offset},
+                   p, mask, std::move(backend));
 }
 
 struct cross_errors {

@@ -62,6 +62,34 @@ TEST_CASE("cross-attention: ring, Ulysses and hybrid equal the double reference 
   }
 }
 
+TEST_CASE("cross-attention: custom shardings of queries and keys (any positions per rank), ring, Ulysses, hybrid",
+          "[cp][cross_attention]") {
+  // 9 queries and 13 keys over 2 groups, each group's positions in no particular order; the
+  // hybrid splits each group over 2 Ulysses ranks.
+  const std::vector<std::vector<std::int64_t>> q_groups{{8, 0, 5, 3}, {1, 2, 4, 6, 7}},
+      k_groups{{12, 11, 0, 1, 2, 9}, {3, 4, 5, 6, 7, 8, 10}};
+  const cross_dims d{2, 9, 13, 4, 2, 3};
+  std::vector<std::string> failures;
+  std::size_t runs = 0;
+  for_each_cross_mask(d, [&](const auto& mask, std::int64_t offset, const char* mask_name) {
+    const cross_problem p = make_cross(d, offset, mask, 41);
+    for (const setup& c : {setup{mode::ring, 2, 1}, setup{mode::ulysses, 2, 1}, setup{mode::hybrid, 2, 2}}) {
+      const baton::sequence_sharding qs(q_groups, c.inner);
+      const baton::kv_sharding kv{baton::sequence_sharding(k_groups, c.inner), offset};
+      const cross_errors e = compare_cross(run_cross(c, qs, kv, p, mask), p.want);
+      ++runs;
+      if (!(e.max() < 1e-12))  // the tolerance of the parity case above, for the same reasons
+        failures.push_back(std::string(cp_test::name(c.m)) + ", mask " + mask_name + ": max rel L2 " +
+                           std::to_string(e.max()));
+    }
+  });
+  CHECK(runs == 9);
+  std::string all;
+  for (const std::string& f : failures) all += "\n  " + f;
+  INFO("failures:" << all);
+  CHECK(failures.empty());
+}
+
 TEST_CASE("cross-attention: the check can fail (keys placed one position off under document pairs)",
           "[cp][cross_attention]") {
   // The oracle with the keys at offset Sq, the CP run with them at Sq + 1: the document ids
