@@ -8,6 +8,7 @@
 //   ring_attention                                                        (cp/ring.hpp)
 //   ulysses_attention                                                     (cp/ulysses.hpp)
 //   hybrid_attention, cp_mesh, make_cp_mesh                               (cp/hybrid.hpp)
+//   kv_sharding (cross-attention: the keys' own sharding)                 (cp/cross.hpp)
 //   cp_params                                                             (cp/params.hpp)
 //   cp::choose, cp::calibrate, cp_costs (which split is fastest here)     (cp/choose.hpp, cp/choose_calibrate.hpp)
 //   host_memory, cp_memory_space, cp_memory_space_of (memory spaces)       (cp/memory.hpp)
@@ -18,6 +19,7 @@
 #include <baton/cp/balance.hpp>
 #include <baton/cp/choose.hpp>
 #include <baton/cp/choose_calibrate.hpp>
+#include <baton/cp/cross.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/hybrid.hpp>
 #include <baton/cp/memory.hpp>

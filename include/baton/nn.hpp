@@ -7,6 +7,7 @@
 //   sequence_info (the side input: global positions, document ids)          (nn/sequence.hpp)
 //   linear, embedding, rms_norm, rotary_embedding, swiglu_mlp               (nn/linear.hpp ...)
 //   no_cp, self_attention, causal_self_attention                             (nn/attention.hpp)
+//   cross_attention (queries from x, keys/values from a memory; CP or not)  (nn/cross_attention.hpp)
 //   cp_attention, cp_mode (the context-parallel mode chosen at run time)     (nn/cp_attention.hpp)
 //   transformer_block                                                        (nn/block.hpp)
 //   lm_head, cross_entropy, group_cross_entropy                              (nn/head.hpp, nn/loss.hpp)
@@ -22,6 +23,7 @@
 #include <baton/nn/block.hpp>
 #include <baton/nn/config.hpp>
 #include <baton/nn/cp_attention.hpp>
+#include <baton/nn/cross_attention.hpp>
 #include <baton/nn/embedding.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/nn/grad_sync.hpp>

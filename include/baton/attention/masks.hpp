@@ -275,42 +275,50 @@ template <attention_mask A, attention_mask B>
 template <attention_mask Mask>
 class padding_mask {
  public:
-  padding_mask(Mask inner, std::int64_t length) : inner_(std::move(inner)), length_(length) {
-    if (length < 0)
-      throw attention_error("baton::padding_mask: the real length " + std::to_string(length) + " must be >= 0");
+  padding_mask(Mask inner, std::int64_t length) : padding_mask(std::move(inner), length, length) {}
+  /// Cross-attention (queries and keys from different sequences): queries at positions >=
+  /// q_length and keys at positions >= k_length are padding, e.g. an encoder's keys padded
+  /// past their valid length: `padding_mask(no_mask{}, seq_q, valid_keys)`.
+  padding_mask(Mask inner, std::int64_t q_length, std::int64_t k_length)
+      : inner_(std::move(inner)), q_length_(q_length), k_length_(k_length) {
+    if (q_length < 0 || k_length < 0)
+      throw attention_error("baton::padding_mask: the real lengths (queries " + std::to_string(q_length) +
+                            ", keys " + std::to_string(k_length) + ") must be >= 0");
   }
 
   [[nodiscard]] bool allowed(std::int64_t q, std::int64_t k) const {
-    return q < length_ && k < length_ && static_cast<bool>(inner_.allowed(q, k));
+    return q < q_length_ && k < k_length_ && static_cast<bool>(inner_.allowed(q, k));
   }
   [[nodiscard]] block_kind classify(const position_block& qb, const position_block& kb) const {
-    if (qb.empty() || kb.empty() || qb.min() >= length_ || kb.min() >= length_) return block_kind::empty;
+    if (qb.empty() || kb.empty() || qb.min() >= q_length_ || kb.min() >= k_length_) return block_kind::empty;
     // A block straddling the end holds positions the inner mask must not see: test pairs.
-    if (qb.max() >= length_ || kb.max() >= length_) return block_kind::partial;
+    if (qb.max() >= q_length_ || kb.max() >= k_length_) return block_kind::partial;
     return inner_.classify(qb, kb);
   }
   void validate(const positions& q, const positions& k) const {
     std::vector<std::int64_t> q_real, k_real;
-    baton::validate_mask(inner_, real_positions(q, q_real), real_positions(k, k_real));
+    baton::validate_mask(inner_, real_positions(q, q_length_, q_real), real_positions(k, k_length_, k_real));
   }
 
   [[nodiscard]] const Mask& inner() const noexcept { return inner_; }
-  [[nodiscard]] std::int64_t length() const noexcept { return length_; }
+  /// The queries' real length (the one length of a self-attention padding mask).
+  [[nodiscard]] std::int64_t length() const noexcept { return q_length_; }
+  [[nodiscard]] std::int64_t k_length() const noexcept { return k_length_; }
 
  private:
-  positions real_positions(const positions& p, std::vector<std::int64_t>& storage) const {
+  static positions real_positions(const positions& p, std::int64_t length, std::vector<std::int64_t>& storage) {
     if (p.is_unsized()) return p;
     if (p.is_range()) {
-      const std::int64_t begin = std::min(p.range_begin(), length_);
-      return positions(begin, std::max<std::int64_t>(0, std::min(p.range_begin() + p.size(), length_) - begin));
+      const std::int64_t begin = std::min(p.range_begin(), length);
+      return positions(begin, std::max<std::int64_t>(0, std::min(p.range_begin() + p.size(), length) - begin));
     }
     for (std::int64_t i = 0; i < p.size(); ++i)
-      if (p[i] < length_) storage.push_back(p[i]);
+      if (p[i] < length) storage.push_back(p[i]);
     return positions(std::span<const std::int64_t>(storage));
   }
 
   Mask inner_;
-  std::int64_t length_;
+  std::int64_t q_length_, k_length_;
 };
 
 /// A mask from any predicate `mask_mod(q_pos, k_pos) -> bool` (FlexAttention's BlockMask):

@@ -8,6 +8,7 @@
 #include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
 #include <baton/comm/mesh.hpp>
+#include <baton/cp/cross.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/front_end.hpp>
 #include <baton/cp/detail/ring_core.hpp>
@@ -106,13 +107,30 @@ class hybrid_attention
         ring_(&ring),
         backend_(std::move(backend)),
         sharding_(std::move(sharding)),
+        kv_{sharding_, 0},
         memory_(cp_memory_space_of<Backend>::make(backend_)) {}
   hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding sharding, Memory memory)
       : ulysses_(&ulysses),
         ring_(&ring),
         backend_(std::move(backend)),
         sharding_(std::move(sharding)),
+        kv_{sharding_, 0},
         memory_(std::move(memory)) {}
+  /// Cross-attention: the queries sharded by `q_sharding`, the keys and values by `kv`
+  /// (cp/cross.hpp; both R x U): each exchanged in its group by its own lengths, the keys'
+  /// group shards then travelling the ring.
+  hybrid_attention(UlyssesComm& ulysses, RingComm& ring, Backend backend, sequence_sharding q_sharding, kv_sharding kv)
+      : ulysses_(&ulysses),
+        ring_(&ring),
+        backend_(std::move(backend)),
+        sharding_(std::move(q_sharding)),
+        kv_(std::move(kv)),
+        cross_(true),
+        memory_(cp_memory_space_of<Backend>::make(backend_)) {}
+  template <class Comm>
+    requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
+  hybrid_attention(cp_mesh<Comm>& mesh, Backend backend, sequence_sharding q_sharding, kv_sharding kv)
+      : hybrid_attention(mesh.ulysses, mesh.ring, std::move(backend), std::move(q_sharding), std::move(kv)) {}
 
   template <class Comm>
     requires(std::is_same_v<Comm, UlyssesComm> && std::is_same_v<Comm, RingComm>)
@@ -130,7 +148,12 @@ class hybrid_attention
       : hybrid_attention(mesh.along(mesh_dim::cp_ulysses), mesh.along(mesh_dim::cp_ring), std::move(backend),
                          std::move(sharding)) {}
 
+  /// The queries' sharding (and the keys' in self-attention).
   const sequence_sharding& sharding() const noexcept { return sharding_; }
+  /// The keys' and values' sharding: the queries' with offset 0 unless built for cross-attention.
+  const kv_sharding& kv() const noexcept { return kv_; }
+  /// Built for cross-attention (with a kv_sharding).
+  bool is_cross() const noexcept { return cross_; }
   /// Which shard of the sharding this rank must pass: ring rank x Ulysses degree + Ulysses
   /// rank (make_cp_mesh and device_mesh number the context-parallel ranks this way).
   int shard_index() const noexcept { return ring_->rank() * ulysses_->size() + ulysses_->rank(); }
@@ -150,6 +173,9 @@ class hybrid_attention
   detail::cp::ring_geometry ring_geometry_of(const detail::cp::ulysses_geometry& g) const {
     detail::cp::ring_geometry rg;
     for (int r = 0; r < ring_->size(); ++r) rg.pieces.push_back(sharding_.group_pieces(r));
+    if (cross_)
+      for (int r = 0; r < ring_->size(); ++r)
+        rg.kv_pieces.push_back(detail::cp::offset_pieces(kv_.sharding.group_pieces(r), kv_.position_offset));
     rg.batch = g.batch;
     rg.heads_q = g.heads_q();
     rg.heads_kv = g.heads_kv();
@@ -188,7 +214,7 @@ class hybrid_attention
   }
 
   detail::cp::ulysses_geometry geometry(const detail::cp::local_shape& s) const {
-    return detail::cp::ulysses_geometry_of(s, sharding_, ring_->rank() * ulysses_->size(), ulysses_->size(),
+    return detail::cp::ulysses_geometry_of(s, sharding_, kv_.sharding, ring_->rank() * ulysses_->size(), ulysses_->size(),
                                            ulysses_->rank());
   }
 
@@ -213,6 +239,8 @@ class hybrid_attention
   RingComm* ring_;
   Backend backend_;
   sequence_sharding sharding_;
+  kv_sharding kv_;
+  bool cross_ = false;
   Memory memory_;
   // The Ulysses group's gathered tensors and exchange scratch, reused by the next call
   // (as in ulysses_attention): O(b s h d / (R U)) per rank, held until release_workspace().
@@ -223,6 +251,10 @@ template <class UComm, class RComm, class Backend>
 hybrid_attention(UComm&, RComm&, Backend, sequence_sharding) -> hybrid_attention<UComm, RComm, Backend>;
 template <class Comm, class Backend>
 hybrid_attention(cp_mesh<Comm>&, Backend, sequence_sharding) -> hybrid_attention<Comm, Comm, Backend>;
+template <class UComm, class RComm, class Backend>
+hybrid_attention(UComm&, RComm&, Backend, sequence_sharding, kv_sharding) -> hybrid_attention<UComm, RComm, Backend>;
+template <class Comm, class Backend>
+hybrid_attention(cp_mesh<Comm>&, Backend, sequence_sharding, kv_sharding) -> hybrid_attention<Comm, Comm, Backend>;
 template <class Comm, class Backend>
 hybrid_attention(device_mesh<Comm>&, Backend, sequence_sharding) -> hybrid_attention<Comm, Comm, Backend>;
 template <class UComm, class RComm, class Backend, class Memory>

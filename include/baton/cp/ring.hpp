@@ -6,6 +6,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
+#include <baton/cp/cross.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/front_end.hpp>
 #include <baton/cp/detail/ring_core.hpp>
@@ -31,7 +32,9 @@ namespace baton {
 /// for its own keys. Requirements: `sharding.degree()` equals the ring size, inner degree 1;
 /// every rank calls forward / backward together with shards of the same batch, heads and dim.
 /// A ring step at which no rank's queries need the block held (e.g. beyond a sliding window)
-/// is skipped by every rank: no compute and no transfer. Bad input on
+/// is skipped by every rank: no compute and no transfer. Cross-attention (queries and keys
+/// from different sequences, each sharded by its own layout): construct with a kv_sharding
+/// (cp/cross.hpp); k, v, dk, dv then hold the keys' shard. Bad input on
 /// any rank makes every rank throw cp_error before any data moves.
 ///
 /// Example, on every rank of `comm`, with q, k, v, dout views of this rank's shard and out,
@@ -55,12 +58,32 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
       : ring_(&ring),
         backend_(std::move(backend)),
         sharding_(std::move(sharding)),
+        kv_{sharding_, 0},
         memory_(cp_memory_space_of<Backend>::make(backend_)) {}
   /// With an explicit memory space (its location must be the backend's: see cp/memory.hpp).
   ring_attention(Comm& ring, Backend backend, sequence_sharding sharding, Memory memory)
-      : ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)), memory_(std::move(memory)) {}
+      : ring_(&ring), backend_(std::move(backend)), sharding_(std::move(sharding)), kv_{sharding_, 0},
+        memory_(std::move(memory)) {}
+  /// Cross-attention: the queries sharded by `q_sharding`, the keys and values by `kv`
+  /// (cp/cross.hpp); K/V blocks of the keys' shards travel the ring as in self-attention.
+  ring_attention(Comm& ring, Backend backend, sequence_sharding q_sharding, kv_sharding kv)
+      : ring_(&ring),
+        backend_(std::move(backend)),
+        sharding_(std::move(q_sharding)),
+        kv_(std::move(kv)),
+        cross_(true),
+        memory_(cp_memory_space_of<Backend>::make(backend_)) {}
+  ring_attention(Comm& ring, Backend backend, sequence_sharding q_sharding, kv_sharding kv, Memory memory)
+      : ring_(&ring), backend_(std::move(backend)), sharding_(std::move(q_sharding)), kv_(std::move(kv)),
+        cross_(true),
+        memory_(std::move(memory)) {}
 
+  /// The queries' sharding (and the keys' in self-attention).
   const sequence_sharding& sharding() const noexcept { return sharding_; }
+  /// The keys' and values' sharding: the queries' with offset 0 unless built for cross-attention.
+  const kv_sharding& kv() const noexcept { return kv_; }
+  /// Built for cross-attention (with a kv_sharding).
+  bool is_cross() const noexcept { return cross_; }
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
   int shard_index() const noexcept { return ring_->rank(); }
 
@@ -92,6 +115,8 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   detail::cp::ring_geometry geometry(const detail::cp::local_shape& s) const {
     detail::cp::ring_geometry g;
     for (int r = 0; r < ring_->size(); ++r) g.pieces.push_back(sharding_.pieces(r));
+    if (cross_)
+      for (int r = 0; r < ring_->size(); ++r) g.kv_pieces.push_back(detail::cp::offset_pieces(kv_.sharding.pieces(r), kv_.position_offset));
     g.batch = s.batch;
     g.heads_q = s.heads_q;
     g.heads_kv = s.heads_kv;
@@ -117,6 +142,8 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
   Comm* ring_;
   Backend backend_;
   sequence_sharding sharding_;
+  kv_sharding kv_;
+  bool cross_ = false;
   Memory memory_;
 };
 
@@ -124,5 +151,9 @@ template <class Comm, class Backend>
 ring_attention(Comm&, Backend, sequence_sharding) -> ring_attention<Comm, Backend>;
 template <class Comm, class Backend, class Memory>
 ring_attention(Comm&, Backend, sequence_sharding, Memory) -> ring_attention<Comm, Backend, Memory>;
+template <class Comm, class Backend>
+ring_attention(Comm&, Backend, sequence_sharding, kv_sharding) -> ring_attention<Comm, Backend>;
+template <class Comm, class Backend, class Memory>
+ring_attention(Comm&, Backend, sequence_sharding, kv_sharding, Memory) -> ring_attention<Comm, Backend, Memory>;
 
 }  // namespace baton

@@ -8,6 +8,7 @@
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
 #include <baton/comm/concepts.hpp>
+#include <baton/cp/cross.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/front_end.hpp>
 #include <baton/cp/detail/ulysses_core.hpp>
@@ -30,62 +31,66 @@ namespace detail::cp {
 // The head-sharded problem a rank attends after the exchange.
 struct ulysses_geometry {
   std::int64_t batch = 0, dim = 0;
-  exchange_shape exchange;  // every group rank's shard length, and this rank
+  exchange_shape exchange;     // every group rank's (query) shard length, and this rank
+  exchange_shape kv_exchange;  // the same for the key/value shards (cross-attention: their own)
   head_split q_split, kv_split;
   std::int64_t parts() const noexcept { return static_cast<std::int64_t>(exchange.lens.size()); }
   std::int64_t seq_local() const noexcept { return exchange.lens[static_cast<std::size_t>(exchange.rank)]; }
   std::int64_t seq() const noexcept { return exchange.total(); }
+  std::int64_t kv_seq() const noexcept { return kv_exchange.total(); }
   std::int64_t heads_q() const noexcept { return q_split.count(exchange.rank); }
   std::int64_t heads_kv() const noexcept { return kv_split.count(exchange.rank); }
 };
 
 // `first_rank`: the sharding rank of the group's rank 0 (ranks first_rank .. + parts - 1
 // form the group, in order).
-inline ulysses_geometry ulysses_geometry_of(const local_shape& s, const sequence_sharding& sharding, int first_rank,
-                                            int parts, int rank) {
+inline ulysses_geometry ulysses_geometry_of(const local_shape& s, const sequence_sharding& sharding,
+                                            const sequence_sharding& kv_sharding, int first_rank, int parts, int rank) {
   ulysses_geometry g;
   g.batch = s.batch;
   g.dim = s.dim;
   for (int i = 0; i < parts; ++i) g.exchange.lens.push_back(sharding.local_len(first_rank + i));
-  g.exchange.rank = rank;
+  for (int i = 0; i < parts; ++i) g.kv_exchange.lens.push_back(kv_sharding.local_len(first_rank + i));
+  g.exchange.rank = g.kv_exchange.rank = rank;
   const head_splits splits = split_heads(s.heads_q, s.heads_kv, parts);
   g.q_split = splits.q;
   g.kv_split = splits.kv;
   return g;
 }
 
-// One tensor, sequence -> heads, into the head-sharded buffer dst [b, seq, count(me), x]: in
-// place when the shards and head groups are equal, else through the general exchange.
+// One tensor, sequence -> heads, into the head-sharded buffer dst [b, e.total(), count(me), x]:
+// in place when the shards and head groups are equal, else through the general exchange. `e`
+// is the exchange of the tensor's sequence (queries' or, in cross-attention, keys').
 template <class T, class Comm, class M>
-void gather_heads(Comm& comm, M& mem, const ulysses_geometry& g, const tensor_view<const T, 4>& src, const head_split& split,
-                  T* dst, scratch<M>& send, scratch<M>& recv) {
-  if (in_place_exchange(g.exchange, split)) {
+void gather_heads(Comm& comm, M& mem, const ulysses_geometry& g, const exchange_shape& e,
+                  const tensor_view<const T, 4>& src, const head_split& split, T* dst, scratch<M>& send,
+                  scratch<M>& recv) {
+  if (in_place_exchange(e, split)) {
     heads_from_sequence_into<T>(comm, mem, src, split, dst, send);
     return;
   }
-  heads_from_sequence_general<T>(comm, mem, g.exchange, src, split,
-                                 bshd(dst, g.batch, g.seq(), split.count(g.exchange.rank), src.extent(3)), send, recv);
+  heads_from_sequence_general<T>(comm, mem, e, src, split, bshd(dst, g.batch, e.total(), split.count(e.rank), src.extent(3)),
+                                 send, recv);
 }
 
-// One tensor, heads -> sequence, from the head-sharded src [b, seq, count(me), x].
+// One tensor, heads -> sequence, from the head-sharded src [b, e.total(), count(me), x].
 template <class T, class Comm, class M>
-void scatter_heads(Comm& comm, M& mem, const ulysses_geometry& g, const T* src, const head_split& split,
-                   const tensor_view<T, 4>& dst, scratch<M>& send, scratch<M>& recv) {
-  if (in_place_exchange(g.exchange, split)) {
+void scatter_heads(Comm& comm, M& mem, const ulysses_geometry& g, const exchange_shape& e, const T* src,
+                   const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send, scratch<M>& recv) {
+  if (in_place_exchange(e, split)) {
     sequence_from_heads_from<T>(comm, mem, src, split, dst, recv);
     return;
   }
-  sequence_from_heads_general<T>(comm, mem, g.exchange,
-                                 bshd(src, g.batch, g.seq(), split.count(g.exchange.rank), dst.extent(3)), split, dst,
-                                 send, recv);
+  sequence_from_heads_general<T>(comm, mem, e, bshd(src, g.batch, e.total(), split.count(e.rank), dst.extent(3)), split,
+                                 dst, send, recv);
 }
 
 template <class T, class Comm, class M>
 void gather_qkv(Comm& comm, M& mem, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
                 tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch<M>& send, scratch<M>& recv) {
-  gather_heads<T>(comm, mem, g, q, g.q_split, gq, send, recv);
-  gather_heads<T>(comm, mem, g, k, g.kv_split, gk, send, recv);
-  gather_heads<T>(comm, mem, g, v, g.kv_split, gv, send, recv);
+  gather_heads<T>(comm, mem, g, g.exchange, q, g.q_split, gq, send, recv);
+  gather_heads<T>(comm, mem, g, g.kv_exchange, k, g.kv_split, gk, send, recv);
+  gather_heads<T>(comm, mem, g, g.kv_exchange, v, g.kv_split, gv, send, recv);
 }
 
 // The LSE (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp when the
@@ -133,8 +138,9 @@ struct ulysses_workspace {
   template <class E>
   E* get(slot s, const ulysses_geometry& g) {
     const bool kv_shaped = s == k || s == v || s == dk || s == dv;
-    const std::int64_t n = s == lse ? g.batch * g.heads_q() * g.seq()
-                                    : g.batch * g.seq() * (kv_shaped ? g.heads_kv() : g.heads_q()) * g.dim;
+    const std::int64_t n = s == lse      ? g.batch * g.heads_q() * g.seq()
+                           : kv_shaped ? g.batch * g.kv_seq() * g.heads_kv() * g.dim
+                                       : g.batch * g.seq() * g.heads_q() * g.dim;
     return get<E>(s, static_cast<std::size_t>(n));
   }
   void release() noexcept {
@@ -157,7 +163,7 @@ ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geome
     return bshd<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim);
   };
   const auto kv_shaped = [&](typename W::slot s) {
-    return bshd<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_kv(), g.dim);
+    return bshd<T>(ws.template get<T>(s, g), g.batch, g.kv_seq(), g.heads_kv(), g.dim);
   };
   ulysses_gathered<T> x;
   x.q = q_shaped(W::q);
@@ -197,8 +203,8 @@ ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace<M>& ws, co
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
   gather_qkv<T>(comm, mem, g, q, k, v, x.q.data, x.k.data, x.v.data, send, recv);
-  gather_heads<T>(comm, mem, g, out, g.q_split, x.out.data, send, recv);
-  gather_heads<T>(comm, mem, g, dout, g.q_split, x.dout.data, send, recv);
+  gather_heads<T>(comm, mem, g, g.exchange, out, g.q_split, x.out.data, send, recv);
+  gather_heads<T>(comm, mem, g, g.exchange, dout, g.q_split, x.dout.data, send, recv);
   gather_lse<T>(comm, mem, g, lse, x.lse.data, send, recv);
   return x;
 }
@@ -211,7 +217,7 @@ void scatter_out_lse(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometr
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  scatter_heads<T>(comm, mem, g, x.out.data, g.q_split, out, send, recv);
+  scatter_heads<T>(comm, mem, g, g.exchange, x.out.data, g.q_split, out, send, recv);
   scatter_lse<T>(comm, mem, g, x.lse.data, lse, send, recv);
 }
 
@@ -223,9 +229,9 @@ void scatter_grads(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry&
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  scatter_heads<T>(comm, mem, g, x.dq.data, g.q_split, dq, send, recv);
-  scatter_heads<T>(comm, mem, g, x.dk.data, g.kv_split, dk, send, recv);
-  scatter_heads<T>(comm, mem, g, x.dv.data, g.kv_split, dv, send, recv);
+  scatter_heads<T>(comm, mem, g, g.exchange, x.dq.data, g.q_split, dq, send, recv);
+  scatter_heads<T>(comm, mem, g, g.kv_exchange, x.dk.data, g.kv_split, dk, send, recv);
+  scatter_heads<T>(comm, mem, g, g.kv_exchange, x.dv.data, g.kv_split, dv, send, recv);
 }
 
 // The Ulysses stage of ulysses_attention and hybrid_attention (CRTP): the run_forward and
@@ -278,12 +284,15 @@ class ulysses_stage {
 };
 
 // The pieces of the gathered sequence: rank i's pieces, shifted past ranks 0 .. i-1's tokens.
-inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& sharding, int first_rank, int count) {
+// `position_offset` is added to every global position (a cross-attention's keys).
+inline std::vector<shard_piece> gathered_pieces(const sequence_sharding& sharding, int first_rank, int count,
+                                                std::int64_t position_offset = 0) {
   std::vector<shard_piece> out;
   std::int64_t offset = 0;
   for (int i = 0; i < count; ++i) {
     for (shard_piece p : sharding.pieces(first_rank + i)) {
       p.local_offset += offset;
+      p.first += position_offset;
       out.push_back(p);
     }
     offset += sharding.local_len(first_rank + i);
@@ -324,12 +333,32 @@ class ulysses_attention
       : comm_(&comm),
         backend_(std::move(backend)),
         sharding_(std::move(sharding)),
+        kv_{sharding_, 0},
         memory_(cp_memory_space_of<Backend>::make(backend_)) {}
   /// With an explicit memory space (its location must be the backend's: see cp/memory.hpp).
   ulysses_attention(Comm& comm, Backend backend, sequence_sharding sharding, Memory memory)
-      : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(sharding)), memory_(std::move(memory)) {}
+      : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(sharding)), kv_{sharding_, 0},
+        memory_(std::move(memory)) {}
+  /// Cross-attention: the queries sharded by `q_sharding`, the keys and values by `kv`
+  /// (cp/cross.hpp); q and k/v are exchanged each by its own shard lengths.
+  ulysses_attention(Comm& comm, Backend backend, sequence_sharding q_sharding, kv_sharding kv)
+      : comm_(&comm),
+        backend_(std::move(backend)),
+        sharding_(std::move(q_sharding)),
+        kv_(std::move(kv)),
+        cross_(true),
+        memory_(cp_memory_space_of<Backend>::make(backend_)) {}
+  ulysses_attention(Comm& comm, Backend backend, sequence_sharding q_sharding, kv_sharding kv, Memory memory)
+      : comm_(&comm), backend_(std::move(backend)), sharding_(std::move(q_sharding)), kv_(std::move(kv)),
+        cross_(true),
+        memory_(std::move(memory)) {}
 
+  /// The queries' sharding (and the keys' in self-attention).
   const sequence_sharding& sharding() const noexcept { return sharding_; }
+  /// The keys' and values' sharding: the queries' with offset 0 unless built for cross-attention.
+  const kv_sharding& kv() const noexcept { return kv_; }
+  /// Built for cross-attention (with a kv_sharding).
+  bool is_cross() const noexcept { return cross_; }
   /// Which shard of the sharding this rank must pass (its rank in the communicator).
   int shard_index() const noexcept { return comm_->rank(); }
 
@@ -364,31 +393,37 @@ class ulysses_attention
   void settle() { baton::settle_all_to_all(*comm_, detail::cp::staged_by(memory_)); }
 
   detail::cp::ulysses_geometry geometry(const detail::cp::local_shape& s) const {
-    return detail::cp::ulysses_geometry_of(s, sharding_, 0, comm_->size(), comm_->rank());
+    return detail::cp::ulysses_geometry_of(s, sharding_, kv_.sharding, 0, comm_->size(), comm_->rank());
   }
 
-  // After the exchange a rank holds the whole sequence (every rank's shard, in rank order).
-  attention_params gathered_params(std::vector<std::int64_t>& storage, double scale) const {
+  // After the exchange a rank holds the whole sequence (every rank's shard, in rank order):
+  // the queries' and, in cross-attention, the keys' (their positions offset).
+  attention_params gathered_params(std::vector<std::int64_t>& storage, std::vector<std::int64_t>& kv_storage,
+                                   double scale) const {
     const auto pieces = detail::cp::gathered_pieces(sharding_, 0, comm_->size());
     attention_params ap;
     ap.q_pos = ap.k_pos = detail::cp::positions_for(pieces, 0, pieces.size(), storage);
     ap.softmax_scale = scale;
+    if (cross_) {  // cross-attention: the keys' own
+      const auto kv_pieces = detail::cp::gathered_pieces(kv_.sharding, 0, comm_->size(), kv_.position_offset);
+      ap.k_pos = detail::cp::positions_for(kv_pieces, 0, kv_pieces.size(), kv_storage);
+    }
     return ap;
   }
 
   template <class T, class Mask>
   void attend_forward(const detail::cp::ulysses_geometry&, const detail::cp::ulysses_gathered<T>& x, const Mask& mask,
                       double scale) {
-    std::vector<std::int64_t> storage;
-    backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, scale));
+    std::vector<std::int64_t> storage, kv_storage;
+    backend_.forward(in(x.q), in(x.k), in(x.v), mask, x.out, x.lse, gathered_params(storage, kv_storage, scale));
   }
 
   template <class T, class Mask>
   void attend_backward(const detail::cp::ulysses_geometry&, const detail::cp::ulysses_gathered<T>& x, const Mask& mask,
                        double scale) {
-    std::vector<std::int64_t> storage;
+    std::vector<std::int64_t> storage, kv_storage;
     backend_.backward(in(x.q), in(x.k), in(x.v), in(x.out), tensor_view<const lse_t<T>, 3>(x.lse), in(x.dout), mask,
-                      x.dq, x.dk, x.dv, gathered_params(storage, scale));
+                      x.dq, x.dk, x.dv, gathered_params(storage, kv_storage, scale));
   }
 
   // The backend reads its inputs through const views (deduction does not convert).
@@ -400,6 +435,8 @@ class ulysses_attention
   Comm* comm_;
   Backend backend_;
   sequence_sharding sharding_;
+  kv_sharding kv_;
+  bool cross_ = false;
   Memory memory_;
   // The gathered tensors and exchange scratch, reused by the next call: O(b s h d / P) per
   // rank, held until release_workspace() or destruction.
@@ -410,5 +447,9 @@ template <class Comm, class Backend>
 ulysses_attention(Comm&, Backend, sequence_sharding) -> ulysses_attention<Comm, Backend>;
 template <class Comm, class Backend, class Memory>
 ulysses_attention(Comm&, Backend, sequence_sharding, Memory) -> ulysses_attention<Comm, Backend, Memory>;
+template <class Comm, class Backend>
+ulysses_attention(Comm&, Backend, sequence_sharding, kv_sharding) -> ulysses_attention<Comm, Backend>;
+template <class Comm, class Backend, class Memory>
+ulysses_attention(Comm&, Backend, sequence_sharding, kv_sharding, Memory) -> ulysses_attention<Comm, Backend, Memory>;
 
 }  // namespace baton

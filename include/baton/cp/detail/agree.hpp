@@ -32,8 +32,9 @@ struct call_field {
   enum : std::size_t {
     batch, heads_q, heads_kv, head_dim,                                       // the shard's shape
     seq_len, layout, degree, inner_degree, world_size, sharding_fingerprint,  // the sharding
+    kv_seq_len, kv_sharding_fingerprint, kv_offset,                           // the keys' (cross-attention)
     softmax_scale, mask_fingerprint, element_size, lse_element_size,          // the computation
-    seq_local,                                                                // may differ: messages only
+    seq_local, seq_local_kv,                                                  // may differ: messages only
     count
   };
   static constexpr std::uint64_t compared = (std::uint64_t{1} << seq_local) - 1;
@@ -43,8 +44,9 @@ using call_descriptor = agreement_descriptor<call_field::count, 384>;
 
 inline std::string shape_summary(const call_descriptor& d) {
   using f = call_field;
+  const bool cross = d.values[f::seq_local_kv] != d.values[f::seq_local] || d.values[f::kv_seq_len] != d.values[f::seq_len];
   return "[batch " + std::to_string(d.values[f::batch]) + ", seq " + std::to_string(d.values[f::seq_local]) +
-         ", heads " + std::to_string(d.values[f::heads_q]) + "/" + std::to_string(d.values[f::heads_kv]) +
+         (cross ? " (q) / " + std::to_string(d.values[f::seq_local_kv]) + " (kv)" : std::string()) + ", heads " + std::to_string(d.values[f::heads_q]) + "/" + std::to_string(d.values[f::heads_kv]) +
          " (q/kv), dim " + std::to_string(d.values[f::head_dim]) + "]";
 }
 
@@ -105,6 +107,11 @@ inline void agree_or_throw(const std::string& who, std::span<const call_descript
     throw cp_error(who + ": " + pair +
                    " pass different sequence shardings or communicator sizes; build the same sequence_sharding on "
                    "every rank");
+  }
+  if (v.field <= f::kv_offset) {
+    throw cp_error(who + ": " + pair +
+                   " pass different key/value shardings or key position offsets (cross-attention); build the same "
+                   "kv_sharding on every rank");
   }
   if (v.field == f::softmax_scale) {
     throw cp_error(who + ": " + pair + " pass different softmax scales (" + scale_text(v.reference_value) + " and " +

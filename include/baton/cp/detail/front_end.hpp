@@ -9,6 +9,7 @@
 #include <baton/core/hash.hpp>
 #include <baton/core/tags.hpp>
 #include <baton/core/tensor_view.hpp>
+#include <baton/cp/cross.hpp>
 #include <baton/cp/detail/agree.hpp>
 #include <baton/cp/detail/views.hpp>
 #include <baton/cp/memory.hpp>
@@ -37,14 +38,17 @@ enum operation_code : std::int64_t {
 };
 
 template <class T>
-call_descriptor describe(operation_code op, const local_shape& s, const sequence_sharding& sharding, int world_size,
-                         int world_rank) {
+call_descriptor describe(operation_code op, const local_shape& s, const sequence_sharding& sharding,
+                         const kv_sharding& kv, bool cross, int world_size, int world_rank) {
   call_descriptor d;
   d.protocol = tags::cp::first;
   d.operation = op;
   d.rank = world_rank;
   d.values[call_field::batch] = s.batch;
   d.values[call_field::seq_local] = s.seq;
+  d.values[call_field::seq_local_kv] = s.seq_kv;
+  d.values[call_field::kv_seq_len] = kv.sharding.seq_len();
+  d.values[call_field::kv_offset] = kv.position_offset;
   d.values[call_field::heads_q] = s.heads_q;
   d.values[call_field::heads_kv] = s.heads_kv;
   d.values[call_field::head_dim] = s.dim;
@@ -53,6 +57,9 @@ call_descriptor describe(operation_code op, const local_shape& s, const sequence
   d.values[call_field::degree] = sharding.degree();
   d.values[call_field::inner_degree] = sharding.inner_degree();
   d.values[call_field::sharding_fingerprint] = sharding.fingerprint();
+  // (self-attention: the keys' sharding is the queries', not hashed twice)
+  d.values[call_field::kv_sharding_fingerprint] =
+      cross ? kv.sharding.fingerprint() : d.values[call_field::sharding_fingerprint];
   d.values[call_field::element_size] = sizeof(T);
   d.values[call_field::lse_element_size] = sizeof(lse_t<T>);
   d.values[call_field::world_size] = world_size;
@@ -69,7 +76,7 @@ inline std::string first_problem(std::initializer_list<std::string> problems) {
 template <class T, class TI>
 std::string check_forward_tensors(const local_shape& s, const tensor_view<TI, 4>& k, const tensor_view<TI, 4>& v,
                                   const tensor_view<T, 4>& out, const tensor_view<lse_t<T>, 3>& lse) {
-  const std::array<std::int64_t, 4> qs{s.batch, s.seq, s.heads_q, s.dim}, kvs{s.batch, s.seq, s.heads_kv, s.dim};
+  const std::array<std::int64_t, 4> qs{s.batch, s.seq, s.heads_q, s.dim}, kvs{s.batch, s.seq_kv, s.heads_kv, s.dim};
   return first_problem({expect(k, "k", kvs), expect(v, "v", kvs), expect(out, "out", qs),
                         expect(lse, "lse", std::array<std::int64_t, 3>{s.batch, s.heads_q, s.seq})});
 }
@@ -80,7 +87,7 @@ std::string check_backward_tensors(const local_shape& s, const tensor_view<const
                                    const tensor_view<const lse_t<T>, 3>& lse, const tensor_view<const T, 4>& dout,
                                    const tensor_view<T, 4>& dq, const tensor_view<T, 4>& dk,
                                    const tensor_view<T, 4>& dv) {
-  const std::array<std::int64_t, 4> qs{s.batch, s.seq, s.heads_q, s.dim}, kvs{s.batch, s.seq, s.heads_kv, s.dim};
+  const std::array<std::int64_t, 4> qs{s.batch, s.seq, s.heads_q, s.dim}, kvs{s.batch, s.seq_kv, s.heads_kv, s.dim};
   return first_problem({expect(k, "k", kvs), expect(v, "v", kvs), expect(out, "out", qs),
                         expect(lse, "lse", std::array<std::int64_t, 3>{s.batch, s.heads_q, s.seq}),
                         expect(dout, "dout", qs), expect(dq, "dq", qs), expect(dk, "dk", kvs), expect(dv, "dv", kvs)});
@@ -161,8 +168,16 @@ inline constexpr bool is_intersection_v = false;
 template <class A, class B>
 inline constexpr bool is_intersection_v<mask_intersection<A, B>> = true;
 
+// The positions a call's mask is asked about: queries [0, q_len), keys [k_begin, k_begin +
+// k_len) (self-attention: both [0, seq_len)).
+struct probe_space {
+  std::int64_t q_len = 0, k_begin = 0, k_len = 0;
+  // Key `i` of the space, i clamped into it (k_len > 0).
+  std::int64_t key(std::int64_t i) const noexcept { return k_begin + std::clamp<std::int64_t>(i, 0, k_len - 1); }
+};
+
 template <class Mask>
-void probe_mask(fingerprint_hasher& h, const Mask& mask, std::int64_t seq_len) {
+void probe_mask(fingerprint_hasher& h, const Mask& mask, const probe_space& space) {
   std::uint64_t bits = 0;
   int used = 0;
   const auto put = [&](bool allowed) {
@@ -173,19 +188,20 @@ void probe_mask(fingerprint_hasher& h, const Mask& mask, std::int64_t seq_len) {
       used = 0;
     }
   };
-  for (std::int64_t q = 0; q < seq_len; ++q) {
-    put(mask.allowed(q, q));
-    put(mask.allowed(q, 0));
-    put(mask.allowed(q, seq_len - 1));
-    put(mask.allowed(q, q > 0 ? q - 1 : q));
-    put(mask.allowed(q, q + 1 < seq_len ? q + 1 : q));
-    put(mask.allowed(q, (q * 7919 + 13) % seq_len));
+  for (std::int64_t q = 0; q < space.q_len && space.k_len > 0; ++q) {
+    const std::int64_t n = space.k_len;
+    put(mask.allowed(q, space.key(q)));
+    put(mask.allowed(q, space.key(0)));
+    put(mask.allowed(q, space.key(n - 1)));
+    put(mask.allowed(q, space.key(q > 0 ? q - 1 : q)));
+    put(mask.allowed(q, space.key(q + 1 < n ? q + 1 : q)));
+    put(mask.allowed(q, space.k_begin + (q * 7919 + 13) % n));
   }
   h.add(bits);
 }
 
 template <class Mask>
-void fingerprint_mask(fingerprint_hasher& h, const Mask& mask, std::int64_t seq_len) {
+void fingerprint_mask(fingerprint_hasher& h, const Mask& mask, const probe_space& space) {
   h.add(std::string_view(typeid(Mask).name()));
   if constexpr (requires { { mask.fingerprint() } -> std::convertible_to<std::uint64_t>; }) {
     h.add(static_cast<std::uint64_t>(mask.fingerprint()));
@@ -199,28 +215,51 @@ void fingerprint_mask(fingerprint_hasher& h, const Mask& mask, std::int64_t seq_
     for (std::int64_t id : mask.segment_ids()) h.add(static_cast<std::uint64_t>(id));
     h.add(mask.segment_ids().size());
   } else if constexpr (is_intersection_v<Mask>) {
-    fingerprint_mask(h, mask.first, seq_len);
-    fingerprint_mask(h, mask.second, seq_len);
+    fingerprint_mask(h, mask.first, space);
+    fingerprint_mask(h, mask.second, space);
   } else if constexpr (is_padding_mask_v<Mask>) {
     h.add(static_cast<std::uint64_t>(mask.length()));
-    fingerprint_mask(h, mask.inner(), std::min(seq_len, mask.length()));
+    h.add(static_cast<std::uint64_t>(mask.k_length()));
+    probe_space real = space;  // the inner mask is never asked about padding
+    real.q_len = std::min(space.q_len, mask.length());
+    real.k_len = std::clamp<std::int64_t>(mask.k_length() - space.k_begin, 0, space.k_len);
+    fingerprint_mask(h, mask.inner(), real);
   } else if constexpr (is_block_mask_v<Mask>) {
     h.add(static_cast<std::uint64_t>(mask.q_length()));
     h.add(static_cast<std::uint64_t>(mask.k_length()));
     h.add(static_cast<std::uint64_t>(mask.block_size()));
     for (std::int64_t i = 0; i < mask.q_blocks(); ++i)
       for (std::int64_t j = 0; j < mask.k_blocks(); ++j) h.add(static_cast<std::uint64_t>(mask.cell(i, j)));
-    probe_mask(h, mask, seq_len);
+    probe_mask(h, mask, space);
   } else {
-    probe_mask(h, mask, seq_len);
+    probe_mask(h, mask, space);
   }
 }
 
 template <class Mask>
-std::int64_t mask_fingerprint(const Mask& mask, std::int64_t seq_len) {
+std::int64_t mask_fingerprint(const Mask& mask, const probe_space& space) {
   fingerprint_hasher h;
-  fingerprint_mask(h, mask, seq_len);
+  fingerprint_mask(h, mask, space);
   return h.value();
+}
+template <class Mask>
+std::int64_t mask_fingerprint(const Mask& mask, std::int64_t seq_len) {
+  return mask_fingerprint(mask, probe_space{seq_len, 0, seq_len});
+}
+
+// The problem, if any, with pairing the queries' sharding with the keys' (cross-attention):
+// both must cut over the same ranks, and key positions start at 0 or later.
+inline std::string pairing_problem(const sequence_sharding& q, const kv_sharding& kv) {
+  if (kv.sharding.degree() != q.degree() || kv.sharding.inner_degree() != q.inner_degree())
+    return "the key/value sharding is " + std::to_string(kv.sharding.degree()) + " x " +
+           std::to_string(kv.sharding.inner_degree()) + " (degree x inner degree) but the query sharding " +
+           std::to_string(q.degree()) + " x " + std::to_string(q.inner_degree()) +
+           "; cross-attention shards queries and keys over the same ranks: build both with the same degrees "
+           "(the lengths and layouts may differ)";
+  if (kv.position_offset < 0)
+    return "the key/value position offset is " + std::to_string(kv.position_offset) +
+           "; it must be >= 0 (masks see key j at position offset + j)";
+  return {};
 }
 
 // The problem, if any, with the sharding of a class that shards over one group of `size`
@@ -253,14 +292,15 @@ inline std::string check_scale(double scale) {
 // (after `settle`: see agree_settle_or_throw).
 template <class T, class Mask, class Gather, class Settle>
 void agree_on_call(const std::string& who, operation_code op, const local_shape& s, const sequence_sharding& sharding,
-                   int world_size, int world_rank, std::string problem, const Mask& mask, double scale,
-                   Gather&& gather, Settle&& settle) {
-  call_descriptor mine = describe<T>(op, s, sharding, world_size, world_rank);
+                   const kv_sharding& kv, bool cross, int world_size, int world_rank, std::string problem,
+                   const Mask& mask, double scale, Gather&& gather, Settle&& settle) {
+  call_descriptor mine = describe<T>(op, s, sharding, kv, cross, world_size, world_rank);
   if (problem.empty()) problem = check_scale(scale);
   if (!problem.empty()) {
     mine.fail(1, "rank " + std::to_string(world_rank) + ": " + problem);
   } else {
-    mine.values[call_field::mask_fingerprint] = mask_fingerprint(mask, sharding.seq_len());
+    mine.values[call_field::mask_fingerprint] =
+        mask_fingerprint(mask, probe_space{sharding.seq_len(), kv.position_offset, kv.sharding.seq_len()});
     mine.values[call_field::softmax_scale] =
         scale_bits(scale == 0 ? (s.dim > 0 ? 1.0 / std::sqrt(static_cast<double>(s.dim)) : 1.0) : scale);
   }
@@ -274,6 +314,8 @@ void agree_on_call(const std::string& who, operation_code op, const local_shape&
 //   static constexpr const char* name;                     ("baton::ring_attention")
 //   static constexpr operation_code forward_op, backward_op;
 //   const sequence_sharding& sharding() const; int shard_index() const; int world_size() const;
+//   const kv_sharding& kv() const;          (the keys' sharding: the queries' for self-attention)
+//   bool is_cross() const;                  (built with a kv_sharding)
 //   std::string topology_problem() const;   (the sharding does not fit the communicators, or "")
 //   std::string heads_problem(const local_shape&) const;  (the heads cannot be split, or "")
 //   std::vector<call_descriptor> gather(const call_descriptor& mine);  (comm/agree.hpp)
@@ -296,7 +338,7 @@ class front_end {
                std::type_identity_t<tensor_view<const T, 4>> v, const Mask& mask, tensor_view<T, 4> out,
                std::type_identity_t<tensor_view<lse_t<T>, 3>> lse, const cp_params& params = {}) {
     if constexpr (usable<Backend, T, Mask, Memory, Comms...>()) {
-      const local_shape s = shape_of(q, k);
+      const local_shape s = shape(q, k);
       const auto agreed = agree<T>(
           false, s, mask, params.softmax_scale, params.caller_problem,
           first_problem({check_forward_tensors<T>(s, k, v, out, lse),
@@ -316,7 +358,7 @@ class front_end {
                 std::type_identity_t<tensor_view<T, 4>> dk, std::type_identity_t<tensor_view<T, 4>> dv,
                 const cp_params& params = {}) {
     if constexpr (usable<Backend, T, Mask, Memory, Comms...>()) {
-      const local_shape s = shape_of(q, k);
+      const local_shape s = shape(q, k);
       const auto agreed = agree<T>(
           true, s, mask, params.softmax_scale, params.caller_problem,
           first_problem({check_backward_tensors<T>(s, k, v, out, lse, dout, dq, dk, dv),
@@ -337,17 +379,32 @@ class front_end {
  private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 
+  // Cross-attention: the keys have their own sharding (built with a kv_sharding).
+  bool cross() noexcept { return self().is_cross(); }
+  // The call's shape. In self-attention k, v, dk, dv must have the queries' length, so a
+  // key tensor of another length is named by the tensor checks.
+  template <class TQ, class TK>
+  local_shape shape(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k) {
+    local_shape s = shape_of(q, k);
+    if (!cross()) s.seq_kv = s.seq;
+    return s;
+  }
+
   // Every problem this rank sees in its call (the caller's first), agreed among the ranks;
   // then what the algorithm needs.
   template <class T, class Mask>
   auto agree(bool backward, const local_shape& s, const Mask& mask, double scale, const std::string& caller_problem,
              const std::string& tensor_problem) {
     const sequence_sharding& sharding = self().sharding();
-    const std::string problem =
-        first_problem({caller_problem, self().topology_problem(), check_local(s, sharding.local_len(self().shard_index())),
-                       tensor_problem, self().heads_problem(s), check_mask(mask, sharding.seq_len())});
+    const kv_sharding& kv = self().kv();
+    std::string problem = first_problem({caller_problem, pairing_problem(sharding, kv), self().topology_problem()});
+    if (problem.empty())  // (local_len needs the rank to be within both shardings)
+      problem = first_problem({check_local(s, sharding.local_len(self().shard_index()),
+                                           kv.sharding.local_len(self().shard_index()), cross()),
+                               tensor_problem, self().heads_problem(s),
+                               check_mask(mask, sharding.seq_len(), kv.position_offset, kv.sharding.seq_len())});
     agree_on_call<T>(std::string(Derived::name) + (backward ? "::backward" : "::forward"),
-                     backward ? Derived::backward_op : Derived::forward_op, s, sharding, self().world_size(),
+                     backward ? Derived::backward_op : Derived::forward_op, s, sharding, kv, cross(), self().world_size(),
                      self().shard_index(), problem, mask, scale,
                      [&](const call_descriptor& mine) { return self().gather(mine); }, [&] { self().settle(); });
     return self().geometry(s);

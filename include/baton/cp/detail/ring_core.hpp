@@ -220,22 +220,31 @@ class kv_blocks {
 struct ring_geometry {
   // pieces[g]: the shard ring rank g holds (its queries, and its K/V block), in local order.
   std::vector<std::vector<shard_piece>> pieces;
+  // Cross-attention: the key/value shard ring rank g holds, its positions as the mask sees
+  // them (the kv_sharding's offset added); empty: the keys are the queries' pieces.
+  std::vector<std::vector<shard_piece>> kv_pieces;
   std::int64_t batch = 0, heads_q = 0, heads_kv = 0, dim = 0;
 
-  std::int64_t len(int rank) const noexcept {
+  const std::vector<shard_piece>& q_of(int rank) const noexcept { return pieces[static_cast<std::size_t>(rank)]; }
+  const std::vector<shard_piece>& kv_of(int rank) const noexcept {
+    return (kv_pieces.empty() ? pieces : kv_pieces)[static_cast<std::size_t>(rank)];
+  }
+  static std::int64_t count(const std::vector<shard_piece>& ps) noexcept {
     std::int64_t n = 0;
-    for (const shard_piece& p : pieces[static_cast<std::size_t>(rank)]) n += p.count;
+    for (const shard_piece& p : ps) n += p.count;
     return n;
   }
-  // Shards may differ in length; every transfer carries the longest, so that all ranks send
-  // and receive the same byte count (the ring_communicator contract).
-  std::int64_t max_len() const noexcept {
+  std::int64_t len(int rank) const noexcept { return count(q_of(rank)); }
+  std::int64_t kv_len(int rank) const noexcept { return count(kv_of(rank)); }
+  // Shards may differ in length; every transfer carries the longest key/value shard, so that
+  // all ranks send and receive the same byte count (the ring_communicator contract).
+  std::int64_t max_kv_len() const noexcept {
     std::int64_t m = 0;
-    for (int r = 0; r < static_cast<int>(pieces.size()); ++r) m = std::max(m, len(r));
+    for (int r = 0; r < static_cast<int>(pieces.size()); ++r) m = std::max(m, kv_len(r));
     return m;
   }
   // Elements of the K (or V) a transfer carries: the longest shard's.
-  std::int64_t kv_capacity() const noexcept { return batch * max_len() * heads_kv * dim; }
+  std::int64_t kv_capacity() const noexcept { return batch * max_kv_len() * heads_kv * dim; }
 };
 
 // The ring steps at which some rank's queries need the block it holds: the others are
@@ -249,8 +258,8 @@ std::vector<int> active_ring_steps(const Mask& mask, const ring_geometry& g) {
   std::vector<int> active;
   for (int step = 0; step < schedule.steps(); ++step) {
     for (int r = 0; r < ranks; ++r) {
-      const auto& q = g.pieces[static_cast<std::size_t>(r)];
-      const auto& k = g.pieces[static_cast<std::size_t>(schedule.kv_owner(r, step))];
+      const auto& q = g.q_of(r);
+      const auto& k = g.kv_of(schedule.kv_owner(r, step));
       if (!plan_step(mask, std::span<const shard_piece>(q), std::span<const shard_piece>(k)).empty()) {
         active.push_back(step);
         break;
@@ -264,7 +273,7 @@ std::vector<int> active_ring_steps(const Mask& mask, const ring_geometry& g) {
 // at each (the first needed one fetched up front when the own block is not), and the next
 // one's transfer started before the step's work and waited for after it, so that the two
 // overlap. `step_work(i, owner, k, v)` does active step i on the block of `owner` (its K and
-// V, g.len(owner) positions long).
+// V, g.kv_len(owner) positions long).
 template <class T, class Ring, class M, class StepWork>
 void walk_ring(Ring& ring, kv_blocks<T, M>& blocks, const ring_geometry& g, const std::vector<int>& active,
                StepWork&& step_work) {
@@ -279,7 +288,7 @@ void walk_ring(Ring& ring, kv_blocks<T, M>& blocks, const ring_geometry& g, cons
     kv_transfer<Ring> next_block;
     if (i + 1 < active.size())  // skipped steps are jumped in one shift
       next_block = blocks.start_shift(ring, active[i + 1] - step);
-    const std::int64_t kl = g.len(owner);
+    const std::int64_t kl = g.kv_len(owner);
     step_work(i, owner, blocks.k(kl), blocks.v(kl));
     if (next_block.active()) {
       next_block.wait();
@@ -308,7 +317,7 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   using L = lse_t<T>;
   const int me = ring.rank();
   const std::int64_t b = g.batch, sl = g.len(me), hq = g.heads_q, d = g.dim;
-  const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
+  const std::span<const shard_piece> my_pieces(g.q_of(me));
   const std::vector<int> active = active_ring_steps(mask, g);
 
   const auto out_size = static_cast<std::size_t>(b * sl * hq * d), lse_size = static_cast<std::size_t>(b * hq * sl);
@@ -363,7 +372,7 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   std::vector<std::int64_t> q_store, k_store;
 
   walk_ring<T>(ring, blocks, g, active, [&](std::size_t, int owner, const auto& kb, const auto& vb) {
-    const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
+    const std::span<const shard_piece> k_pieces(g.kv_of(owner));
     for (block_call c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
       if (!trim_call(mask, c, params, trim)) continue;
@@ -407,7 +416,7 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   const ring_schedule schedule{ring.size()};
   const std::int64_t b = g.batch, sl = g.len(me), hq = g.heads_q, hkv = g.heads_kv, d = g.dim;
   const std::int64_t capacity = g.kv_capacity();
-  const std::span<const shard_piece> my_pieces(g.pieces[static_cast<std::size_t>(me)]);
+  const std::span<const shard_piece> my_pieces(g.q_of(me));
   const std::vector<int> active = active_ring_steps(mask, g);
 
   const auto kv_size = static_cast<std::size_t>(2 * capacity), dq_size = static_cast<std::size_t>(b * sl * hq * d);
@@ -437,8 +446,8 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     const int step = active[i];
     const bool last = i + 1 == active.size();
     mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
-    const std::span<const shard_piece> k_pieces(g.pieces[static_cast<std::size_t>(owner)]);
-    const std::int64_t kl = g.len(owner);
+    const std::span<const shard_piece> k_pieces(g.kv_of(owner));
+    const std::int64_t kl = g.kv_len(owner);
     const tensor_view<A, 4> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
     for (block_call c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
@@ -484,8 +493,9 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 
   if (!dq_in_place) mem.copy(dq_all.as_const(), dq);
-  mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, sl, hkv, d), dk);
-  mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, sl, hkv, d), dv);
+  const std::int64_t kl = g.kv_len(me);
+  mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, kl, hkv, d), dk);
+  mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, kl, hkv, d), dv);
 }
 
 }  // namespace baton::detail::cp
