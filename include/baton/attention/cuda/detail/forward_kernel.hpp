@@ -206,6 +206,7 @@ struct forward_body {
             word = word & ctx.load(wp, B(true));
           }
           hit[m][hh] = hit[m][hh] || (word & bad_keys) != std::uint64_t{0};
+          word = word >> simt::cast<std::uint64_t>(tg * 2);  // bit 8 j + e: this lane's column
         }
         BATON_UNROLL
         for (int j = 0; j < N; ++j)
@@ -213,8 +214,7 @@ struct forward_body {
           for (int e = 0; e < 2; ++e) {
             F& x = s[m][j][2 * hh + e];
             if constexpr (General) {
-              const I c = tg * 2 + (8 * j + e);
-              const B allowed = ((word >> simt::cast<std::uint64_t>(c)) & std::uint64_t{1}) != std::uint64_t{0};
+              const B allowed = (word & (std::uint64_t{1} << (8 * j + e))) != std::uint64_t{0};
               x = simt::select(allowed, x * a.scale_log2, F(neg_inf));
             } else {
               x = x * a.scale_log2;
