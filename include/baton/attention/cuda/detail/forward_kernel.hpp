@@ -14,7 +14,7 @@
 //   registers (the m16n8k16 C layout is the A layout of the next product).
 // At the end out = O / l and lse = (m + log2 l) ln 2, fp32.
 //
-// Registers (no spills at any tiling, ptxas -v for sm_90; docs/attention.md has the figures):
+// Registers (no spills at the default tilings, ptxas -v for sm_90; docs/attention.md has the figures):
 // a full tile inside seq_k without non-finite keys takes a plain scaling path
 // (mask_and_scale<false>); the mask bits, the tile's bad-key word and the row flags are held
 // only on the general path or read from shared memory at the end. The lane index is made
