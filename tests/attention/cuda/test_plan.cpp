@@ -184,11 +184,17 @@ TEST_CASE("forward launch configuration: tiles, shared memory within sm_80 and s
       // The regions do not overlap and fit: Q, then K/V per stage, then the row flags.
       CHECK(c.k_offset(0) == c.row_bytes() * static_cast<std::size_t>(c.tile_q));
       CHECK(c.v_offset(1) + c.row_bytes() * static_cast<std::size_t>(c.tile_k) == c.row_flags_offset());
-      CHECK(c.row_flags_offset() + 4 * static_cast<std::size_t>(c.tile_q) <= c.shared_bytes());
+      CHECK(c.row_flags_offset() + 4 * static_cast<std::size_t>(c.tile_q) == c.key_flags_offset());
+      CHECK(c.key_flags_offset() + 4 * static_cast<std::size_t>(c.tile_k) <= c.shared_bytes());
       CHECK(c.row_bytes() % 128 == 0);  // whole 128-byte rows: the XOR swizzle stays in a row
       const cu::launch_shape s = cu::forward_launch(c, 1000, 12, 3);
-      CHECK(static_cast<std::int64_t>(s.grid[0]) * c.tile_q >= 1000);          // every query row
-      CHECK(static_cast<std::int64_t>(s.grid[0] - 1) * c.tile_q < 1000);      // and no idle tile
+      // column_splits blocks per query tile (float at head dim 256: 2), each whole n8 tiles of O.
+      CHECK(c.column_splits == (bytes == 4 && dim == 256 ? 2 : 1));
+      CHECK(c.dim % (16 * c.column_splits) == 0);
+      CHECK(s.grid[0] % static_cast<std::uint32_t>(c.column_splits) == 0);
+      const std::int64_t q_blocks = s.grid[0] / static_cast<std::uint32_t>(c.column_splits);
+      CHECK(q_blocks * c.tile_q >= 1000);        // every query row
+      CHECK((q_blocks - 1) * c.tile_q < 1000);  // and no idle tile
       CHECK(s.grid[1] == 12);
       CHECK(s.grid[2] == 3);
       CHECK(s.block[0] == static_cast<std::uint32_t>(c.threads));

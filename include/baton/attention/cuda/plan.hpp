@@ -312,15 +312,17 @@ struct forward_config {
   int tile_q = 64;  // warps * m_tiles * 16
   int tile_k = 64;
   int stages = 2;   // K/V buffers (cp.async double buffering)
+  int column_splits = 1;  // blocks per query tile, each accumulating dim / column_splits of O
   int dim = 64;
   int element_bytes = 2;
 
   /// Q tile + stages x (K tile + V tile), swizzled rows of dim elements, + one 4-byte flag
-  /// per query row (a word each: the host race detector tracks 4-byte words), rounded to 128.
+  /// per query row and one per key of a tile (a word each: the host race detector tracks
+  /// 4-byte words), rounded to 128.
   [[nodiscard]] constexpr std::size_t shared_bytes() const noexcept {
     const std::size_t row = static_cast<std::size_t>(dim) * static_cast<std::size_t>(element_bytes);
     const std::size_t tiles = row * static_cast<std::size_t>(tile_q + 2 * stages * tile_k);
-    return tiles + (4 * static_cast<std::size_t>(tile_q) + 127) / 128 * 128;
+    return tiles + (4 * static_cast<std::size_t>(tile_q + tile_k) + 127) / 128 * 128;
   }
   [[nodiscard]] constexpr std::size_t q_offset() const noexcept { return 0; }
   [[nodiscard]] constexpr std::size_t row_bytes() const noexcept {
@@ -331,6 +333,11 @@ struct forward_config {
   }
   [[nodiscard]] constexpr std::size_t v_offset(int stage) const noexcept { return k_offset(stage) + row_bytes() * static_cast<std::size_t>(tile_k); }
   [[nodiscard]] constexpr std::size_t row_flags_offset() const noexcept { return row_bytes() * static_cast<std::size_t>(tile_q + 2 * stages * tile_k); }
+  /// The flags of the keys of the tile being computed (written only for a tile that holds a
+  /// non-finite key).
+  [[nodiscard]] constexpr std::size_t key_flags_offset() const noexcept {
+    return row_flags_offset() + 4 * static_cast<std::size_t>(tile_q);
+  }
 };
 
 /// A forward tiling: m_tiles 16-row MMA tiles per warp (tile_q = 64 m_tiles), tile_k keys.
@@ -341,6 +348,10 @@ struct forward_config {
   c.m_tiles = m_tiles;
   c.tile_k = tile_k;
   c.tile_q = c.warps * c.m_tiles * 16;
+  // float at head dim 256: an O of 128 accumulators per thread beside the 3xTF32 operands
+  // spilled (ptxas -v, sm_90); two blocks per query tile, each computing S in full and half
+  // of O's columns, do not (at twice the S products, for the least common storage).
+  c.column_splits = element_bytes == 4 && dim == 256 ? 2 : 1;
   return c;
 }
 
@@ -363,8 +374,8 @@ struct launch_shape {
   std::size_t shared_bytes = 0;
 };
 
-/// The forward's launch: one block per (query tile, query head, batch entry), as
-/// grid (q_tiles, heads_q, batch). Blocks run query tiles in descending order (the kernel
+/// The forward's launch: column_splits blocks per (query tile, query head, batch entry), as
+/// grid (q_tiles x column_splits, heads_q, batch). Blocks run query tiles in descending order (the kernel
 /// maps blockIdx.x to q_tiles - 1 - x): under a causal mask the longest rows start first.
 [[nodiscard]] inline launch_shape forward_launch(const forward_config& c, std::int64_t seq_q, std::int64_t heads_q,
                                                  std::int64_t batch) {
@@ -373,7 +384,7 @@ struct launch_shape {
     throw attention_error("baton::cuda_attention: " + std::to_string(heads_q) + " query heads x " +
                           std::to_string(batch) + " batch entries exceed the grid's 65535 per axis; split the batch");
   launch_shape s;
-  s.grid = {static_cast<std::uint32_t>(std::max<std::int64_t>(1, (seq_q + c.tile_q - 1) / c.tile_q)),
+  s.grid = {static_cast<std::uint32_t>(std::max<std::int64_t>(1, (seq_q + c.tile_q - 1) / c.tile_q) * c.column_splits),
             static_cast<std::uint32_t>(std::max<std::int64_t>(1, heads_q)),
             static_cast<std::uint32_t>(std::max<std::int64_t>(1, batch))};
   s.block = {static_cast<std::uint32_t>(c.threads), 1, 1};

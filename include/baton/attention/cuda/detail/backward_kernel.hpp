@@ -486,7 +486,14 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
     warp_product<S, Dim, L::slice_tiles, L::pitch_d, L::pitch_d, true>(ctx, s, L::owned1, L::visited1(st), row0, col0);
     warp_product<S, Dim, L::slice_tiles, L::pitch_d, L::pitch_d, true>(ctx, dp, L::owned2, L::visited2(st), row0, col0);
 
-    // Elementwise: P and dS into shared memory, poisoned pairs into flags.
+    // Elementwise: P and dS into shared memory, poisoned pairs into flags. A partial tile's
+    // bits: one word per query row (tiles of at most 64 keys); the key pass, whose elements
+    // each have their own query row, finds the tile's words once per visit (computing the
+    // address per element spilled at head dim 256, where 512 threads leave 128 registers).
+    static_assert(L::keys <= 64, "baton cuda backward: one mask word per query row of a tile");
+    const std::uint64_t* tile_bits = nullptr;
+    if (KeyPass && kind == block_kind::partial)
+      tile_bits = plan.bits + std::int64_t{plan.partial_slot[qt * plan.k_tiles + kt]} * plan.tile_q;
     BATON_UNROLL
     for (int n = 0; n < L::slice_tiles; ++n) {
       lf pv[4], dsv[4];
@@ -502,7 +509,10 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
         const lu state = ctx.template shared_load<std::uint32_t>(q4 + L::state(qst));
         const lu code = ctx.template shared_load<std::uint32_t>(cast<std::uint32_t>(kj) * 4u + L::key_code(kst));
         lb allowed = code != 2u && (qi + qt * plan.tile_q < plan.seq_q);
-        if (kind == block_kind::partial) {
+        if (KeyPass && kind == block_kind::partial) {
+          const auto word = ctx.template load<std::uint64_t>(map([=](int r) { return tile_bits + r; }, qi), allowed);
+          allowed = allowed && ((word >> cast<std::uint64_t>(kj)) & std::uint64_t{1}) != std::uint64_t{0};
+        } else if (kind == block_kind::partial) {
           const std::int64_t slot = plan.partial_slot[qt * plan.k_tiles + kt];
           const auto word = ctx.template load<std::uint64_t>(
               map([=](int r, int col) { return plan.bits + (slot * plan.tile_q + r) * plan.words_per_row + col / 64; }, qi,

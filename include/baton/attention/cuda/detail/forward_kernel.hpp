@@ -14,6 +14,14 @@
 //   registers (the m16n8k16 C layout is the A layout of the next product).
 // At the end out = O / l and lse = (m + log2 l) ln 2, fp32.
 //
+// Registers (no spills at the default tilings, ptxas -v for sm_90; docs/attention.md has the figures):
+// a full tile inside seq_k without non-finite keys takes a plain scaling path
+// (mask_and_scale<false>); the mask bits, the tile's bad-key word and the row flags are held
+// only on the general path or read from shared memory at the end. The lane index is made
+// opaque once per key tile (simt::opaque) so that the swizzled fragment addresses are
+// computed inside the loop, not hoisted out of it into ~50 live registers. float at head dim
+// 256 runs two blocks per query tile, each with half of O (forward_config::column_splits).
+//
 // Non-finite rule (docs/attention.md): keys with a non-finite k or v row are flagged by a
 // pass over K and V before the forward (key_flag_body); a tile holding one zeroes those rows
 // in shared memory, so no arithmetic meets them, and marks the rows that the mask lets see
@@ -53,6 +61,9 @@ template <class S>
   else
     return (w & 0x7c00u) != 0x7c00u && (w & 0x7c000000u) != 0x7c000000u;
 }
+struct alignas(8) float_pair {
+  float v[2];
+};
 struct alignas(16) chunk16 {
   std::uint32_t w[4];
 };
@@ -116,6 +127,8 @@ struct forward_body {
 
   /// The tiling (and shared-memory layout) of this instantiation.
   static constexpr forward_config config = make_forward_config(ES, D, MT, TK);
+  /// O's columns per block (config.column_splits blocks share a query tile).
+  static constexpr int DO = D / config.column_splits;
 
   template <class T>
   using L = typename Ctx::template lanes_of<T>;
@@ -170,11 +183,52 @@ struct forward_body {
     }
   }
 
+  /// Scores s of a tile -> log2 units. General: a partial tile (its plan bits), the tile
+  /// that ends at seq_k (only its first `valid` keys), or one with non-finite keys (bad_keys:
+  /// an allowed one marks the row's hit; the lanes of a row agree, as each reads the whole
+  /// row's bits). The plain path only scales, and keeps those registers free.
+  template <bool General, int N>
+  BATON_HD static void mask_and_scale(Ctx& ctx, const forward_args<S>& a, F (&s)[MT][N][4], B (&hit)[MT][2],
+                                      const I& wrow, int qt, int kt, bool partial, int valid,
+                                      const L<std::uint64_t>& bad_keys) {
+    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    const I g = ctx.lane() >> 2, tg = ctx.lane() & 3;
+    BATON_UNROLL
+    for (int m = 0; m < MT; ++m)
+      BATON_UNROLL
+      for (int hh = 0; hh < 2; ++hh) {
+        L<std::uint64_t> word(valid < 64 ? (std::uint64_t{1} << valid) - 1 : ~std::uint64_t{0});
+        if constexpr (General) {
+          if (partial) {
+            const I r = wrow + 16 * m + g + 8 * hh;
+            L<const std::uint64_t*> wp;
+            for (int i = 0; i < Ctx::width; ++i) wp[i] = a.plan.bit_row(qt, kt, r[i]);
+            word = word & ctx.load(wp, B(true));
+          }
+          hit[m][hh] = hit[m][hh] || (word & bad_keys) != std::uint64_t{0};
+          word = word >> simt::cast<std::uint64_t>(tg * 2);  // bit 8 j + e: this lane's column
+        }
+        BATON_UNROLL
+        for (int j = 0; j < N; ++j)
+          BATON_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            F& x = s[m][j][2 * hh + e];
+            if constexpr (General) {
+              const B allowed = (word & (std::uint64_t{1} << (8 * j + e))) != std::uint64_t{0};
+              x = simt::select(allowed, x * a.scale_log2, F(neg_inf));
+            } else {
+              x = x * a.scale_log2;
+            }
+          }
+      }
+  }
+
   BATON_HD static void run(Ctx& ctx, const forward_args<S>& a) {
     constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     constexpr forward_config cfg = config;
     const tile_plan_view& plan = a.plan;
-    const int qt = plan.q_tiles - 1 - ctx.block_x();
+    const int qt = plan.q_tiles - 1 - ctx.block_x() / cfg.column_splits;
+    const int col0 = ctx.block_x() % cfg.column_splits * DO;  // this block's first column of O
     const int h = ctx.block_y(), b = ctx.block_z();
     const int hk = h / (a.heads_q / a.heads_kv);
     const int q0 = qt * TQ;
@@ -188,6 +242,7 @@ struct forward_body {
     const I g = lane >> 2, tg = lane & 3;
     const std::uint32_t q_base = static_cast<std::uint32_t>(cfg.q_offset());
     const std::uint32_t flags_base = static_cast<std::uint32_t>(cfg.row_flags_offset());
+    const std::uint32_t key_flags_base = static_cast<std::uint32_t>(cfg.key_flags_offset());
 
     // Q and the first key tile.
     copy_tile<TQ>(ctx, q_base, a.q, b, h, q0, q_valid);
@@ -201,7 +256,6 @@ struct forward_body {
     ctx.sync_block();
 
     // Non-finite query rows: thread r checks row r, zeroes it and flags it.
-    bool any_row_bad = false;
     static_assert(TQ <= threads, "baton cuda forward: one thread per query row checks it");
     {
       const B in_tile = t < TQ;
@@ -218,18 +272,18 @@ struct forward_body {
       zero_rows(ctx, q_base, bad, r);
       ctx.template shared_store<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base, simt::cast<std::int32_t>(bad),
                                               in_tile);
-      any_row_bad = ctx.sync_or(bad);
+      ctx.sync_block();
     }
 
     // Per thread: rows wrow + 16 m + g + 8 hh of the tile (m < MT, hh < 2).
     const I wrow = warp * (16 * MT);
-    F o[MT][D / 8][4];
+    F o[MT][DO / 8][4];
     F m_run[MT][2], l_run[MT][2];
-    B hit[MT][2], row_bad[MT][2];
+    B hit[MT][2];  // the row met a non-finite key (its query flag is read at the end)
     BATON_UNROLL
     for (int m = 0; m < MT; ++m) {
       BATON_UNROLL
-      for (int n = 0; n < D / 8; ++n)
+      for (int n = 0; n < DO / 8; ++n)
         BATON_UNROLL
         for (int i = 0; i < 4; ++i) o[m][n][i] = F(0.0f);
       BATON_UNROLL
@@ -237,14 +291,13 @@ struct forward_body {
         m_run[m][hh] = F(neg_inf);
         l_run[m][hh] = F(0.0f);
         hit[m][hh] = B(false);
-        const I r = wrow + 16 * m + g + 8 * hh;
-        row_bad[m][hh] =
-            ctx.template shared_load<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base) != 0;
       }
     }
 
     for (int n = 0; n < count; ++n) {
       const int stage = n & 1;
+      const I lane_n = simt::opaque(lane);
+      const I g_n = lane_n >> 2, tg_n = lane_n & 3;
       const int kt = list[n];
       const int k0 = kt * TK;
       const std::uint32_t k_base = static_cast<std::uint32_t>(cfg.k_offset(stage));
@@ -263,10 +316,17 @@ struct forward_body {
         copy_tile<TK>(ctx, static_cast<std::uint32_t>(cfg.v_offset(stage ^ 1)), a.v, b, hk, k1, plan.seq_k - k1);
       }
       ctx.commit_async();
+      L<std::uint64_t> bad_keys(std::uint64_t{0});  // bit c: key k0 + c is non-finite
       if (tile_bad) {  // rare: keys with a non-finite k or v never enter the arithmetic
         zero_rows(ctx, k_base, my_key_bad, t);
         zero_rows(ctx, v_base, my_key_bad, t);
+        ctx.template shared_store<std::int32_t>(simt::cast<std::uint32_t>(t * 4) + key_flags_base,
+                                                simt::cast<std::int32_t>(my_key_bad), t < TK);
         ctx.sync_block();
+        for (int c = 0; c < TK; ++c) {
+          const I f = ctx.template shared_load<std::int32_t>(key_flags_base + static_cast<std::uint32_t>(4 * c));
+          bad_keys = bad_keys | (simt::cast<std::uint64_t>(f != 0) << std::uint64_t(c));
+        }
       }
 
       // S = Q K^T.
@@ -283,12 +343,12 @@ struct forward_body {
           U qa[MT][4];
           BATON_UNROLL
           for (int m = 0; m < MT; ++m)
-            ctx.ldmatrix_x4(qa[m], chunk_offset(q_base, wrow + 16 * m + (lane & 7) + 8 * ((lane >> 3) & 1), (lane >> 4) + 2 * kk),
+            ctx.ldmatrix_x4(qa[m], chunk_offset(q_base, wrow + 16 * m + (lane_n & 7) + 8 * ((lane_n >> 3) & 1), (lane_n >> 4) + 2 * kk),
                             false);
           BATON_UNROLL
           for (int j = 0; j < TK / 16; ++j) {
             U kb[4];
-            ctx.ldmatrix_x4(kb, chunk_offset(k_base, (lane & 7) + 8 * (lane >> 4) + 16 * j, ((lane >> 3) & 1) + 2 * kk), false);
+            ctx.ldmatrix_x4(kb, chunk_offset(k_base, (lane_n & 7) + 8 * (lane_n >> 4) + 16 * j, ((lane_n >> 3) & 1) + 2 * kk), false);
             mma_pair(s, j, qa, kb);
           }
         }
@@ -301,7 +361,7 @@ struct forward_body {
             BATON_UNROLL
             for (int r = 0; r < 4; ++r) {
               const F x = ctx.template shared_load<float>(
-                  element_offset(q_base, wrow + 16 * m + g + 8 * (r & 1), tg + 4 * (r >> 1) + 8 * kk));
+                  element_offset(q_base, wrow + 16 * m + g_n + 8 * (r & 1), tg_n + 4 * (r >> 1) + 8 * kk));
               split_tf32(x, qb[m][r], qs[m][r]);
             }
           BATON_UNROLL
@@ -309,7 +369,7 @@ struct forward_body {
             U kb[2], ks[2];
             BATON_UNROLL
             for (int r = 0; r < 2; ++r) {
-              const F x = ctx.template shared_load<float>(element_offset(k_base, g + 8 * j, tg + 4 * r + 8 * kk));
+              const F x = ctx.template shared_load<float>(element_offset(k_base, g_n + 8 * j, tg_n + 4 * r + 8 * kk));
               split_tf32(x, kb[r], ks[r]);
             }
             BATON_UNROLL
@@ -318,39 +378,15 @@ struct forward_body {
         }
       }
 
-      // Mask (select, never arithmetic on a masked score) and scale into log2 units.
+      // Mask (select, never arithmetic on a masked score) and scale into log2 units. Most
+      // tiles are full, inside seq_k and free of non-finite keys: they take the plain path.
       const block_kind kind = plan.kind_at(qt, kt);
       const bool edge = k0 + TK > plan.seq_k;
-      const bool masked = kind == block_kind::partial || edge;
-      BATON_UNROLL
-      for (int m = 0; m < MT; ++m)
-        BATON_UNROLL
-        for (int hh = 0; hh < 2; ++hh) {
-          const I r = wrow + 16 * m + g + 8 * hh;
-          L<std::uint64_t> word(~std::uint64_t{0});
-          if (kind == block_kind::partial) {
-            L<const std::uint64_t*> wp;
-            for (int i = 0; i < Ctx::width; ++i) wp[i] = plan.bit_row(qt, kt, r[i]);
-            word = ctx.load(wp, B(true));
-          }
-          BATON_UNROLL
-          for (int j = 0; j < TK / 8; ++j)
-            BATON_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              F& x = s[m][j][2 * hh + e];
-              const I c = tg * 2 + (8 * j + e);
-              B allowed(true);
-              if (masked) allowed = ((word >> simt::cast<std::uint64_t>(c)) & std::uint64_t{1}) != std::uint64_t{0} &&
-                                    (c + k0) < plan.seq_k;
-              x = simt::select(allowed, x * a.scale_log2, F(neg_inf));
-              if (tile_bad) {
-                L<const std::uint8_t*> kp;
-                for (int i = 0; i < Ctx::width; ++i) kp[i] = key_bad + (allowed[i] ? k0 + c[i] : 0);
-                hit[m][hh] = hit[m][hh] || (allowed && ctx.load(kp, allowed) != std::uint8_t{0});
-              }
-              if (any_row_bad) hit[m][hh] = hit[m][hh] || (allowed && row_bad[m][hh]);
-            }
-        }
+      if (kind == block_kind::partial || edge || tile_bad)
+        mask_and_scale<true>(ctx, a, s, hit, wrow, qt, kt, kind == block_kind::partial, edge ? plan.seq_k - k0 : TK,
+                             bad_keys);
+      else
+        mask_and_scale<false>(ctx, a, s, hit, wrow, qt, kt, false, TK, bad_keys);
 
       // Online softmax: rows are held by the 4 lanes of a group (xor 1, 2).
       BATON_UNROLL
@@ -377,7 +413,7 @@ struct forward_body {
           l_run[m][hh] = l_run[m][hh] * alpha + sum;
           m_run[m][hh] = m_new;
           BATON_UNROLL
-          for (int d = 0; d < D / 8; ++d)
+          for (int d = 0; d < DO / 8; ++d)
             BATON_UNROLL
             for (int e = 0; e < 2; ++e) o[m][d][2 * hh + e] = o[m][d][2 * hh + e] * alpha;
         }
@@ -395,9 +431,10 @@ struct forward_body {
             pa[m][3] = pack2<S>(s[m][2 * kb + 1][2], s[m][2 * kb + 1][3]);
           }
           BATON_UNROLL
-          for (int dn = 0; dn < D / 16; ++dn) {
+          for (int dn = 0; dn < DO / 16; ++dn) {
             U vb[4];
-            ctx.ldmatrix_x4(vb, chunk_offset(v_base, (lane & 7) + 8 * ((lane >> 3) & 1) + 16 * kb, (lane >> 4) + 2 * dn), true);
+            ctx.ldmatrix_x4(vb, chunk_offset(v_base, (lane_n & 7) + 8 * ((lane_n >> 3) & 1) + 16 * kb,
+                                             (lane_n >> 4) + 2 * dn + col0 / 8), true);
             mma_pair(o, dn, pa, vb);
           }
         }
@@ -416,11 +453,11 @@ struct forward_body {
             split_tf32(s[m][j][3], pb[m][3], ps[m][3]);
           }
           BATON_UNROLL
-          for (int dn = 0; dn < D / 8; ++dn) {
+          for (int dn = 0; dn < DO / 8; ++dn) {
             U vb[2], vs[2];
             BATON_UNROLL
             for (int r = 0; r < 2; ++r) {
-              const F x = ctx.template shared_load<float>(element_offset(v_base, 8 * j + 2 * tg + r, g + 8 * dn));
+              const F x = ctx.template shared_load<float>(element_offset(v_base, 8 * j + 2 * tg_n + r, g_n + 8 * dn + col0));
               split_tf32(x, vb[r], vs[r]);
             }
             BATON_UNROLL
@@ -440,40 +477,39 @@ struct forward_body {
         F l = l_run[m][hh];
         l = l + ctx.shfl_xor(l, 1);
         l = l + ctx.shfl_xor(l, 2);
-        I hit_i = simt::cast<int>(hit[m][hh]);
-        hit_i = hit_i | ctx.shfl_xor(hit_i, 1);
-        hit_i = hit_i | ctx.shfl_xor(hit_i, 2);
+        // A row with an allowed key has a finite running max (its scores are finite: bad rows
+        // and keys were zeroed); a non-finite query row poisons a row that has one.
+        const I r = wrow + 16 * m + g + 8 * hh;
+        const B row_bad = ctx.template shared_load<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base) != 0;
         const B none = m_run[m][hh] == neg_inf;
-        const B poisoned = hit_i != 0 && !none;
+        const B poisoned = (hit[m][hh] || row_bad) && !none;
         const F inv = simt::select(none, F(0.0f), F(1.0f) / simt::select(none, F(1.0f), l));
         const F lse = simt::select(none, F(neg_inf),
                                    simt::select(poisoned, F(nan),
                                                 (m_run[m][hh] + simt::map([](float x) { return simt::log2_fast(x); },
                                                                           simt::select(none, F(1.0f), l))) *
                                                     ln2));
-        const I r = wrow + 16 * m + g + 8 * hh;
         const B live = (r + q0) < plan.seq_q;
         L<float*> lse_ptr;
         for (int i = 0; i < Ctx::width; ++i) lse_ptr[i] = &a.lse(b, h, live[i] ? q0 + r[i] : 0);
-        ctx.store(lse_ptr, lse, live && tg == 0);
+        ctx.store(lse_ptr, lse, live && tg == 0 && col0 == 0);
         BATON_UNROLL
-        for (int d = 0; d < D / 8; ++d) {
+        for (int d = 0; d < DO / 8; ++d) {
           const F x0 = simt::select(poisoned, F(nan), o[m][d][2 * hh] * inv);
           const F x1 = simt::select(poisoned, F(nan), o[m][d][2 * hh + 1] * inv);
-          const I col = tg * 2 + 8 * d;
+          const I col = tg * 2 + 8 * d + col0;
           if constexpr (half) {
             L<std::uint32_t*> p;
             for (int i = 0; i < Ctx::width; ++i)
               p[i] = reinterpret_cast<std::uint32_t*>(&a.out(b, live[i] ? q0 + r[i] : 0, h, 0) + col[i]);
             ctx.store(p, pack2<S>(x0, x1), live);
-          } else {
-            L<float*> p0, p1;
-            for (int i = 0; i < Ctx::width; ++i) {
-              p0[i] = &a.out(b, live[i] ? q0 + r[i] : 0, h, 0) + col[i];
-              p1[i] = p0[i] + 1;
-            }
-            ctx.store(p0, x0, live);
-            ctx.store(p1, x1, live);
+          } else {  // one 8-byte store of the two columns
+            L<kernel_detail::float_pair*> p;
+            for (int i = 0; i < Ctx::width; ++i)
+              p[i] = reinterpret_cast<kernel_detail::float_pair*>(&a.out(b, live[i] ? q0 + r[i] : 0, h, 0) + col[i]);
+            L<kernel_detail::float_pair> x;
+            for (int i = 0; i < Ctx::width; ++i) x[i] = {{x0[i], x1[i]}};
+            ctx.store(p, x, live);
           }
         }
       }

@@ -132,6 +132,22 @@ BATON_SIMT_BINARY(&&)
 BATON_SIMT_BINARY(||)
 #undef BATON_SIMT_BINARY
 
+/// x, as a value the compiler must recompute where it is used: a kernel calls it once per
+/// iteration of its main loop on the lane index, so that the (swizzled) shared-memory
+/// addresses derived from it are computed next to their loads instead of hoisted out of the
+/// loop, where they would hold registers for the whole loop. The identity on the host.
+template <class T, int N>
+[[nodiscard]] BATON_HD inline lanes<T, N> opaque(const lanes<T, N>& x) noexcept {
+#if defined(__CUDA_ARCH__)
+  static_assert(N == 1 && sizeof(T) == 4, "baton simt: opaque takes a 32-bit device value");
+  lanes<T, N> r;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(r.v[0]) : "r"(x.v[0]));
+  return r;
+#else
+  return x;
+#endif
+}
+
 template <class T, int N>
 [[nodiscard]] BATON_HD inline lanes<T, N> operator-(const lanes<T, N>& a) noexcept {
   lanes<T, N> r;
