@@ -7,7 +7,10 @@
 #include <baton/schedule.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -116,10 +119,15 @@ bool parse(int argc, char** argv, options& o) {
   cli::add_choice(app, "--dtype", o.dtype, {"float", "double", "bf16"},
                   "element type (bf16: float weights and arithmetic, activations kept and sent in bf16)")->group("Model");
   cli::add_choice(app, "--backend", o.backend, {"kokkos", "reference"}, "attention kernels")->group("Model");
-  cli::add_choice(app, "--recompute", recompute, {"none", "selective", "full"},
+  auto* recompute_opt = cli::add_choice(app, "--recompute", recompute, {"none", "selective", "full", "auto"},
                   "what every block keeps for its backward: everything; the matrix products' outputs (the norms "
-                  "and SwiGLU's product are recomputed); its input only (the forward is recomputed). "
-                  "docs/memory.md")->group("Model");
+                  "and SwiGLU's product are recomputed); its input only (the forward is recomputed); auto: a "
+                  "policy per stage and the schedule planned under --memory-cap. docs/memory.md")->group("Model");
+  std::string memory_cap;
+  auto* memory_cap_opt = cli::add_text(app, "--memory-cap", memory_cap, "SIZE",
+                                       "bytes per rank (512MiB, 8GiB, 1.5GB, or plain bytes): --recompute auto (the "
+                                       "default with a cap) plans under it; an explicit --recompute is checked "
+                                       "against it")->group("Model");
   // Training.
   cli::add_integer<std::int64_t>(app, "--batch", o.batch, 1, max_size, "rows per step and data-parallel replica")
       ->group("Training");
@@ -292,7 +300,19 @@ bool parse(int argc, char** argv, options& o) {
   if ((save_every->count() > 0 || keep->count() > 0) && save->count() == 0)
     refuse(std::string(save_every->count() > 0 ? "--save-every" : "--keep") + " needs --save DIR",
            "--save DIR (or leave " + std::string(save_every->count() > 0 ? "--save-every" : "--keep") + " out)");
-  o.recompute = baton::nn::parse_recompute_policy(recompute);  // (CLI11 allowed only the three names)
+  if (memory_cap_opt->count() > 0) o.memory_cap = parse_memory_size(memory_cap);
+  o.recompute_auto = recompute == "auto" || (memory_cap_opt->count() > 0 && recompute_opt->count() == 0);
+  if (o.recompute_auto && o.memory_cap <= 0)
+    refuse("--recompute auto plans a policy per stage under a memory cap, but there is no --memory-cap",
+           "--memory-cap SIZE (e.g. 8GiB), or --recompute none|selective|full");
+  if (o.recompute_auto && ends_with(o.schedule, ".csv"))
+    refuse("--recompute auto plans the order of the schedule's actions with the policies, which --schedule " + o.schedule +
+               " fixes (the planner chooses among schedules of a shape; it does not plan policies for one given "
+               "order)",
+           "a built-in --schedule (its shape is planned), or --recompute none|selective|full to check the file "
+           "against --memory-cap");
+  // (CLI11 allowed only the four names; auto keeps none for the parts the plan does not set)
+  o.recompute = o.recompute_auto ? baton::nn::recompute_policy::none : baton::nn::parse_recompute_policy(recompute);
   if (plan_memory->count() > 0) {
     // Flags that act during or after training would be silently ignored: refused.
     const std::pair<const char*, bool> acting[] = {
@@ -312,6 +332,30 @@ bool parse(int argc, char** argv, options& o) {
   return true;
 }
 
+double parse_memory_size(const std::string& text) {
+  // The number, then an optional unit: decimal (kB, MB, GB, TB) or binary (KiB, MiB, GiB, TiB).
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},          {"B", 1},          {"kB", 1e3},      {"KB", 1e3},         {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12},      {"KiB", 1024.0},  {"MiB", 1048576.0},  {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}};
+  std::size_t end = 0;
+  while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) ++end;
+  const std::string number = text.substr(0, end), unit = text.substr(end);
+  const auto bad = [&](const std::string& why) -> double {
+    throw input_error("--memory-cap must be a size in bytes per rank, a number with an optional unit (B, kB, MB, GB, "
+                      "TB, KiB, MiB, GiB, TiB), got '" + text + "'" + why,
+                      "--memory-cap (e.g. 512MiB, 8GiB, 1.5GB or 1000000)");
+  };
+  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".") return bad("");
+  for (const auto& [name, scale] : units)
+    if (unit == name) {
+      const double bytes = std::strtod(number.c_str(), nullptr) * scale;
+      if (!(bytes >= 1) || !std::isfinite(bytes)) return bad(": it must be at least 1 byte");
+      return bytes;
+    }
+  return bad(" (unknown unit '" + unit + "')");
+}
+
 std::string flags_for(const std::string& setting) {
   if (setting == "mesh") return "--pp, --dp, --cp (and --ranks, or mpirun -np)";
   if (setting == "cp") return "--cp-mode, --cp or --ulysses";
@@ -324,6 +368,7 @@ std::string flags_for(const std::string& setting) {
   if (setting == "microbatches") return "--microbatches";
   if (setting == "optimizer") return "--lr, --betas, --eps, --weight-decay or --clip";
   if (setting == "learning_rate") return "--lr, --warmup, --decay, --lr-min or --steps";
+  if (setting == "memory_cap") return "--memory-cap (at least the least cap named), or --microbatches, --seq, --d-model or --layers";
   return "the configuration";
 }
 
@@ -370,6 +415,41 @@ std::string gib(double bytes) {
   return text;
 }
 
+// --recompute auto: the policies per stage and the program under --memory-cap
+// (plan_under_memory_cap), for the named schedule's shape; `config` takes the policies.
+void plan_under_cap(const options& o, baton::train::lm_config& config, const baton::train::lm_parallelism& parallelism,
+                    std::size_t element, prepared& out) {
+  const baton::schedule_shape shape = out.schedule.shape;
+  baton::train::memory_plan plan;
+  try {
+    plan = baton::train::plan_under_memory_cap(config, parallelism, shape, o.memory_cap, {.element_bytes = element});
+  } catch (const baton::train::config_error& e) {
+    throw input_error(e.what(), flags_for(e.setting()));
+  }
+  out.schedule = plan.prog;
+  out.stage_recompute = config.stage_recompute = plan.stage_policies;
+  using baton::detail::train::bytes_text;
+  std::string text = "memory cap: " + bytes_text(o.memory_cap) + " per rank, --recompute auto: a policy per stage and "
+                     "the order of " + o.schedule + "'s shape (" + std::to_string(shape.num_stages()) + " stages on " +
+                     std::to_string(shape.ranks) + " ranks, " + std::to_string(shape.microbatches) +
+                     " microbatches) planned\n  policies:";
+  for (std::size_t s = 0; s < plan.stage_policies.size(); ++s)
+    text += " stage " + std::to_string(s) + " " + std::string(baton::nn::to_string(plan.stage_policies[s])) +
+            (s + 1 < plan.stage_policies.size() ? "," : "");
+  char line[300];
+  std::snprintf(line, sizeof line, "\n  makespan %.4g FLOPs, lower bound %.4g, gap %.3f (%s)\n", plan.makespan,
+                plan.lower_bound, plan.gap, plan.bound_method.c_str());
+  text += line;
+  text += "  how: " + plan.method + (plan.replans > 0 ? "; " + std::to_string(plan.replans) + " replans" : "") + "\n";
+  text += "  predicted peak per pp rank vs the cap:";
+  for (std::size_t r = 0; r < plan.predicted.size(); ++r) {
+    std::snprintf(line, sizeof line, " %zu: %.2f MiB (%.1f %%)%s", r, plan.predicted[r].total() / 1048576.0,
+                  100 * plan.predicted[r].total() / o.memory_cap, r + 1 < plan.predicted.size() ? "," : "\n");
+    text += line;
+  }
+  out.plan_text = text;
+}
+
 }  // namespace
 
 prepared prepare(const options& o_in, int world_size, int ranks_here) {
@@ -400,7 +480,7 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
   } catch (const baton::schedule_error& e) {
     throw input_error(e.what(), "--schedule");
   }
-  const baton::train::lm_config config = o.config();
+  baton::train::lm_config config = o.config();
   const baton::train::lm_parallelism parallelism = o.parallelism();
   try {
     baton::train::check_config(config, parallelism, world_size, out.schedule.shape);
@@ -426,8 +506,18 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
   // Memory, before anything is allocated: every rank on this machine, the text, and what the
   // end of the run adds (the gathered model for --generate, the one-rank model of --check).
   const std::size_t element = o.dtype == "double" ? sizeof(double) : sizeof(float);
+  if (o.recompute_auto) plan_under_cap(o, config, parallelism, element, out);
   const auto per_pp = baton::train::estimate_memory(config, parallelism, out.schedule, element);
   out.memory = per_pp;
+  if (o.memory_cap > 0 && !o.recompute_auto)  // an explicit policy: checked against the cap
+    for (std::size_t r = 0; r < per_pp.size(); ++r)
+      if (per_pp[r].total() > o.memory_cap)
+        throw input_error("--recompute " + std::string(baton::nn::to_string(o.recompute)) + " under --schedule " +
+                              o.schedule + ": pp rank " + std::to_string(r) + "'s predicted peak, " +
+                              baton::detail::train::bytes_text(per_pp[r].total()) + ", is above --memory-cap " +
+                              baton::detail::train::bytes_text(o.memory_cap),
+                          "--recompute auto (plans a policy per stage and the schedule under the cap; leave "
+                          "--recompute out), a stronger --recompute, or a larger --memory-cap");
   baton::train::memory_estimate total;
   if (ranks_here >= world_size) {  // every rank is here: each pipeline rank's, once per replica
     const double replicas = parallelism.mesh.dp * parallelism.mesh.cp_ring * parallelism.mesh.cp_ulysses;
@@ -448,7 +538,9 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
       *x *= ranks_here;
   }
   double whole_model = 0;
-  for (const auto& e : baton::train::estimate_memory(config, parallelism,
+  baton::train::lm_config one_stage = config;  // its parameters only: no policy per stage
+  one_stage.stage_recompute.clear();
+  for (const auto& e : baton::train::estimate_memory(one_stage, parallelism,
                                                      baton::gpipe::generate(baton::shape_for<baton::gpipe>(1, 1)),
                                                      element))
     whole_model += e.parameters;
@@ -489,7 +581,7 @@ std::string memory_plan_text(const options& o, const prepared& p) {
                 "model: %lld layers, d_model %lld, %lld heads / %lld kv heads, seq %lld (%lld per cp rank), %lld rows "
                 "per microbatch\n",
                 m.text().c_str(), o.schedule.c_str(), shape.num_stages(), shape.ranks, shape.microbatches,
-                o.dtype.c_str(), std::string(baton::nn::to_string(o.recompute)).c_str(),
+                o.dtype.c_str(), o.recompute_auto ? "auto" : std::string(baton::nn::to_string(o.recompute)).c_str(),
                 static_cast<long long>(o.layers), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
                 static_cast<long long>(o.kv_heads), static_cast<long long>(o.seq), static_cast<long long>(shard),
                 static_cast<long long>(rows));
@@ -513,7 +605,7 @@ std::string memory_plan_text(const options& o, const prepared& p) {
   if (o.dtype == "bf16")  // estimate_memory takes one element size (docs/memory.md, "What the estimate leaves out")
     text += "bf16: activations and messages are counted at float's size (the estimate does not model bf16 storage "
             "yet), so this is an upper bound\n";
-  return text + p.memory_line + "\n";
+  return text + p.plan_text + p.memory_line + "\n";
 }
 
 }  // namespace train_lm

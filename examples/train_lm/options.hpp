@@ -47,6 +47,10 @@ struct options {
   std::string backend = "kokkos", comm = "local", dtype = "float";
   baton::nn::recompute_policy recompute = baton::nn::recompute_policy::none;  // --recompute, every stage
   bool plan_memory = false;  // --plan-memory: print each rank's predicted peak and exit
+  // --memory-cap SIZE (bytes per rank; 0: none) and --recompute auto (implied by a cap without
+  // --recompute): plan the policy per stage and the schedule under the cap (prepare).
+  double memory_cap = 0;
+  bool recompute_auto = false;
   std::uint64_t seed = 1;
   std::string data = "/usr/share/common-licenses/GPL-3";
   bool packed = false, check = false;
@@ -81,7 +85,14 @@ struct prepared {
   std::shared_ptr<const baton::train::byte_corpus> corpus;
   std::string memory_line;  // "memory: estimated ... of ... available"
   std::vector<baton::train::memory_estimate> memory;  // each pipeline rank's peak (estimate_memory)
+  // --recompute auto: the policy per stage (lm_config::stage_recompute; schedule is the planned
+  // program) and the plan's report; empty otherwise.
+  std::vector<baton::nn::recompute_policy> stage_recompute;
+  std::string plan_text;
 };
+
+/// "512MiB", "8GiB", "1.5GB", "1000000" (bytes) -> bytes; throws input_error naming --memory-cap.
+double parse_memory_size(const std::string& text);
 
 /// --plan-memory's report: each pipeline rank's predicted peak by category, and the machine's.
 std::string memory_plan_text(const options& o, const prepared& p);

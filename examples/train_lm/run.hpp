@@ -69,7 +69,8 @@ int run_rank(Comm& world, const options& o, const prepared& prep, std::FILE* met
       std::fflush(stdout);
     }
   };
-  const train::lm_config config = o.config();
+  train::lm_config config = o.config();
+  config.stage_recompute = prep.stage_recompute;  // --recompute auto: the plan's (prepare)
   const train::lm_parallelism parallelism = o.parallelism();
   const train::byte_corpus& corpus = *prep.corpus;
   // prepare() checked the configuration: the trainer's own check (every rank alike) passes.
@@ -96,7 +97,7 @@ int run_rank(Comm& world, const options& o, const prepared& prep, std::FILE* met
         schedule_text.c_str(), config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
         config.optimizer.weight_decay, o.clip > 0 ? example_number(o.clip).c_str() : "off");
   }
-  say("%s\n", prep.memory_line.c_str());
+  say("%s%s\n", prep.plan_text.c_str(), prep.memory_line.c_str());
 
   const std::int64_t rows = o.batch * o.dp;
   const std::int64_t first = checkpoint::resume(trainer, o);  // HOOK: 0 without --resume

@@ -6,6 +6,7 @@
 //   lr_schedule, lr_decay (the learning rate of each step)                (train/lr_schedule.hpp)
 //   non_finite_guard, non_finite_error (stop at a NaN/Inf loss or norm)   (train/guard.hpp)
 //   estimate_memory, available_memory (memory before allocating)          (train/memory.hpp)
+//   plan_under_memory_cap (policies per stage and schedule under a cap)   (train/memory_plan.hpp)
 //   step_metrics, to_json_line (one JSON line per step)                    (train/metrics.hpp)
 //   gather_action_events, measured_timeline, ... (the measured timeline)  (train/timeline.hpp)
 //   lm_step_report (what a step or eval reports)                          (train/report.hpp)
@@ -32,6 +33,7 @@
 #include <baton/train/lm_trainer.hpp>
 #include <baton/train/lr_schedule.hpp>
 #include <baton/train/memory.hpp>
+#include <baton/train/memory_plan.hpp>
 #include <baton/train/metrics.hpp>
 #include <baton/train/reference.hpp>
 #include <baton/train/report.hpp>

@@ -18,12 +18,13 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace baton::train {
 
 /// A configuration that cannot run: `setting()` names what to change ("mesh", "cp",
 /// "schedule", "model", "layers", "seq", "batch", "microbatches", "optimizer",
-/// "learning_rate"), the message says
+/// "learning_rate", "memory_cap"), the message says
 /// how. Every rank checks the same configuration the same way, so every rank throws it
 /// before any work.
 class config_error : public std::invalid_argument {
@@ -53,6 +54,10 @@ struct lm_config {
   /// Throw non_finite_error (train/guard.hpp) on every rank at the first step whose loss or
   /// gradient norm is NaN or infinite, before its optimizer update.
   bool stop_on_non_finite = true;
+  /// One recompute policy per pipeline stage of the schedule (stage s's blocks keep what
+  /// stage_recompute[s] says), overriding model.recompute; empty: model.recompute on every
+  /// stage. plan_under_memory_cap (train/memory_plan.hpp) chooses them under a memory cap.
+  std::vector<nn::recompute_policy> stage_recompute{};
 };
 
 /// How the model is spread over the ranks.
@@ -89,6 +94,20 @@ inline void check_config(const lm_config& c, const lm_parallelism& p, int world_
     throw config_error("model", e.what());
   }
   const int stages = schedule.num_stages();
+  if (!c.stage_recompute.empty()) {
+    if (static_cast<int>(c.stage_recompute.size()) != stages)
+      throw config_error("model", std::to_string(c.stage_recompute.size()) + " stage_recompute policies for the schedule's " +
+                                      std::to_string(stages) + " stages; give one per stage, or none (model.recompute on every stage)");
+    for (std::size_t s = 0; s < c.stage_recompute.size(); ++s) {
+      nn::transformer_config stage_model = c.model;
+      stage_model.recompute = c.stage_recompute[s];
+      try {
+        (void)stage_model.resolved();
+      } catch (const nn::nn_error& e) {
+        throw config_error("model", "stage_recompute[" + std::to_string(s) + "]: " + e.what());
+      }
+    }
+  }
   if (c.layers < stages || c.layers % stages != 0)
     throw config_error("layers", std::to_string(c.layers) + " layers cannot be split evenly into the schedule's " +
                                      std::to_string(stages) + " stages (" + std::to_string(schedule.ranks) + " ranks x " +

@@ -149,7 +149,11 @@ class lm_trainer {
       options.scaling = loss_scaling::by_token_count;
       options.loss_on_every_rank = true;
       exec.emplace(mesh.along(mesh_dim::pp), std::move(schedule),
-                   [&](int s) { return stage_type(c.model, nn::lm_stage_layout::of(s, stages, c.layers), init, make_strategy, mask); },
+                   [&](int s) {
+                     nn::transformer_config model = c.model;  // config.stage_recompute: a policy per stage
+                     if (!c.stage_recompute.empty()) model.recompute = c.stage_recompute[static_cast<std::size_t>(s)];
+                     return stage_type(model, nn::lm_stage_layout::of(s, stages, c.layers), init, make_strategy, mask);
+                   },
                    loss_type(nn::cross_entropy<T>(ignore_target).over(replicas)), options);
       exec->for_each_local_stage([&](int, stage_type& s) { nn::append_parameters(params, s); });
       optimizer.emplace(params, c.optimizer);

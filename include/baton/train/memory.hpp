@@ -24,19 +24,6 @@
 #include <string>
 #include <vector>
 
-namespace baton::detail::train {
-
-// Elements of one transformer block's weights (nn/block.hpp: two RMSNorm gains, wq wk wv wo,
-// SwiGLU's gate, up and down).
-inline double block_weights(const baton::nn::transformer_config& m) {
-  const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.head_dim);
-  const double h = static_cast<double>(m.heads), kv = static_cast<double>(m.kv_heads), f = static_cast<double>(m.ffn_hidden);
-  const double bias = m.qkv_bias ? (h + 2 * kv) * hd : 0;
-  return 2 * d + d * (h + 2 * kv) * hd + bias + h * hd * d + 3 * d * f;
-}
-
-}  // namespace baton::detail::train
-
 namespace baton::train {
 
 /// The bytes one rank of a mesh holds at its peak, by what holds them (docs/memory.md). The
@@ -112,7 +99,7 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
   const double b = static_cast<double>(element_bytes);
   const double per_stage = static_cast<double>(config.layers / stages);
   const detail::train::token_sizes z(m);
-  const double d = z.d, vocab = z.vocab;
+  const double vocab = z.vocab;
 
   // Tokens of one microbatch on one rank: its rows (the largest microbatch) times its shard.
   const mesh_shape& mesh = parallelism.mesh;
@@ -123,29 +110,14 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
   const int microbatches = std::max(1, shape.microbatches);
   const double rows = static_cast<double>((config.batch + microbatches - 1) / microbatches);
   const double n = rows * seq_local;
-  const double hidden = n * d * b;  // a stage's input or output, or its gradient
-  const double positions = seq_local * 8;
+  const detail::train::stage_sizes sizes(m, stages, per_stage, n, seq_local, b);
+  const double hidden = sizes.hidden();  // a stage's input or output, or its gradient
 
   const auto policy = [&](int s) { return stage_policies[static_cast<std::size_t>(s)]; };
-  const auto stage_weights = [&](int s) {
-    double w = per_stage * detail::train::block_weights(m);
-    if (s == 0) w += vocab * d;                   // the embedding
-    if (s == stages - 1) w += d + d * vocab;      // the final norm and the untied LM head
-    return w;
-  };
+  const auto stage_weights = [&](int s) { return sizes.weights(s); };
   // A microbatch-stage's saved state after its forward, and after its backward_input.
-  const auto forward_state = [&](int s) {
-    double e = per_stage * (z.block_forward(policy(s)) * n * b + positions);
-    if (s == 0) e += n * 8;                             // the embedding's token ids
-    if (s == stages - 1) e += (2 * d + 1) * n * b;      // the head's norm (x̂, 1/rms) and its linear's input
-    return e;
-  };
-  const auto input_state = [&](int s) {
-    double e = per_stage * (z.block_after_input() * n * b + positions);
-    if (s == 0) e += n * 8 + n * d * b;                      // + the embedding's dy
-    if (s == stages - 1) e += (3 * d + 1 + vocab) * n * b;   // + the norm's dy and the linear's dy (dlogits)
-    return e;
-  };
+  const auto forward_state = [&](int s) { return sizes.forward_state(s, policy(s)); };
+  const auto input_state = [&](int s) { return sizes.input_state(s); };
 
   // Context-parallel buffers, kept between calls (their pool and Ulysses' workspaces are
   // metered like tensors).
@@ -317,9 +289,12 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
   return out;
 }
 
-/// The same with every stage keeping what `config.model.recompute` says.
+/// The same with the stages keeping what `config.stage_recompute` says (one per stage), or,
+/// where it is empty, every stage what `config.model.recompute` says: what lm_trainer applies.
 inline std::vector<memory_estimate> estimate_memory(const lm_config& config, const lm_parallelism& parallelism,
                                                     const program& schedule, std::size_t element_bytes) {
+  if (!config.stage_recompute.empty())
+    return estimate_memory(config, parallelism, schedule, element_bytes, config.stage_recompute);
   const std::vector<nn::recompute_policy> policies(static_cast<std::size_t>(std::max(0, schedule.shape.num_stages())),
                                                    config.model.recompute);
   return estimate_memory(config, parallelism, schedule, element_bytes, policies);

@@ -2,7 +2,8 @@
 // read off the model layer's saved states (nn/block.hpp, nn/attention.hpp, nn/swiglu.hpp,
 // nn/rms_norm.hpp, nn/head.hpp), the executor's per-microbatch state
 // (pipeline/detail/microbatch_state.hpp) and the context-parallel buffers (cp/detail/ring_core.hpp,
-// cp/ulysses.hpp); estimate_memory (train/memory.hpp) walks a rank's program with them.
+// cp/ulysses.hpp); estimate_memory (train/memory.hpp) walks a rank's program with them, and
+// plan_under_memory_cap (train/memory_plan.hpp) gives the planner the same figures.
 #pragma once
 
 #include <baton/nn/config.hpp>
@@ -56,6 +57,55 @@ struct token_sizes {
   // Temporaries of a block's backward_input at its largest moment: the incoming gradient (d),
   // the result dx (d) and the MLP's product gradient (f) or the attention's output gradient (q).
   double backward_temporaries() const { return 2 * d + std::max(f, q); }
+};
+
+// Elements of one transformer block's weights (nn/block.hpp: two RMSNorm gains, wq wk wv wo,
+// SwiGLU's gate, up and down).
+inline double block_weights(const baton::nn::transformer_config& m) {
+  const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.head_dim);
+  const double h = static_cast<double>(m.heads), kv = static_cast<double>(m.kv_heads), f = static_cast<double>(m.ffn_hidden);
+  const double bias = m.qkv_bias ? (h + 2 * kv) * hd : 0;
+  return 2 * d + d * (h + 2 * kv) * hd + bias + h * hd * d + 3 * d * f;
+}
+
+// A stage's weights and what one of its microbatch-stages keeps, for `stages` stages of
+// `per_stage` blocks each, `n` tokens per microbatch on a rank (rows x the cp shard of
+// `seq_local` tokens) and `b` bytes per element: one place for the walk of estimate_memory and
+// the planner's menu.
+struct stage_sizes {
+  token_sizes z;
+  int stages = 1;
+  double per_stage = 1, n = 0, b = 0, positions = 0;
+  stage_sizes(const baton::nn::transformer_config& m, int stage_count, double blocks_per_stage, double tokens,
+              double seq_local, double element_bytes)
+      : z(m), stages(stage_count), per_stage(blocks_per_stage), n(tokens), b(element_bytes), positions(seq_local * 8),
+        block_elements(block_weights(m)) {}
+
+  // Elements of stage s's weights.
+  double weights(int s) const {
+    double w = per_stage * block_elements;
+    if (s == 0) w += z.vocab * z.d;                    // the embedding
+    if (s == stages - 1) w += z.d + z.d * z.vocab;     // the final norm and the untied LM head
+    return w;
+  }
+  // A microbatch-stage's saved state after its forward, and after its backward_input, in bytes.
+  double forward_state(int s, baton::nn::recompute_policy p) const {
+    double e = per_stage * (z.block_forward(p) * n * b + positions);
+    if (s == 0) e += n * 8;                                  // the embedding's token ids
+    if (s == stages - 1) e += (2 * z.d + 1) * n * b;         // the head's norm (x̂, 1/rms) and its linear's input
+    return e;
+  }
+  double input_state(int s) const {
+    double e = per_stage * (z.block_after_input() * n * b + positions);
+    if (s == 0) e += n * 8 + n * z.d * b;                            // + the embedding's dy
+    if (s == stages - 1) e += (3 * z.d + 1 + z.vocab) * n * b;       // + the norm's dy and the linear's dy (dlogits)
+    return e;
+  }
+  // A stage's input or output, or its gradient.
+  double hidden() const { return n * z.d * b; }
+
+ private:
+  double block_elements = 0;
 };
 
 // The bytes a workspace_pool (core/workspace.hpp) grows to when calls lease `a`, and other
