@@ -78,11 +78,10 @@ class transformer_block
     std::vector<std::int64_t> positions;
     std::shared_ptr<const host_tensor<std::int64_t>> documents;
     /// activation_storage::bf16: the float tensors above that the policy keeps (x̂ of both
-    /// norms, the attention's and the MLP's inputs; the input under full), in bf16 from the
-    /// forward step that last reads each to the backward step that first does (slots: the
-    /// block's `slot` enum). The MLP keeps gate, up and the product in bf16 itself
-    /// (swiglu_mlp::saved::keep_bf16).
-    detail::nn::bf16_pack<T, 5> packed;
+    /// norms, the attention's and the MLP's inputs, gate, up, product; the input under full),
+    /// in bf16 from the forward step that last reads each to the backward step that first
+    /// does (slots: the block's `slot` enum).
+    detail::nn::bf16_pack<T, 8> packed;
     std::size_t bytes() const {
       return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes() + packed.bytes() +
              static_cast<std::size_t>(input.size()) * sizeof(T) + positions.size() * sizeof(std::int64_t);
@@ -170,6 +169,8 @@ class transformer_block
     // bf16 storage: each packed tensor is widened just before the first step that reads it
     // (unpack does nothing for a slot that holds nothing: native storage, or a dropped tensor).
     auto& p = st.packed;
+    p.unpack(gate_slot, st.mlp.gate);
+    p.unpack(up_slot, st.mlp.up);
     if (st.policy == recompute_policy::selective) {
       p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
       st.mlp.x = mlp_norm_.output(st.mlp_norm);
@@ -186,10 +187,7 @@ class transformer_block
     detail::nn::add_into(dx, dh);
     // What only backward_weight reads, in float between I and W as under native storage.
     p.unpack(mlp_slot, st.mlp.x);
-    if (st.mlp.product16.size() > 0) {
-      st.mlp.product = detail::nn::widened<T>(st.mlp.product16);
-      st.mlp.product16 = host_tensor<bfloat16>();
-    }
+    p.unpack(product_slot, st.mlp.product);
     this->mark_input_done(st);
     return dx;
   }
@@ -210,6 +208,9 @@ class transformer_block
     attention_slot,       // attention.x
     mlp_norm_slot,        // mlp_norm.x_hat
     mlp_slot,             // mlp.x
+    gate_slot,
+    up_slot,
+    product_slot,
     input_slot,  // the block's input (full)
   };
 
@@ -235,7 +236,6 @@ class transformer_block
     detail::nn::add_into(h, x);
     tensor normed = mlp_norm_.forward(h, st.mlp_norm);
     if (pack) st.packed.pack(mlp_norm_slot, st.mlp_norm.x_hat);
-    st.mlp.keep_bf16 = pack;  // gate, up and the product rounded in the MLP's own loop
     if (!with_output) {
       mlp_.forward_state(std::move(normed), st.mlp);
       return tensor();
@@ -244,7 +244,6 @@ class transformer_block
     if (keep != recompute_policy::none) {  // the MLP's input (the norm's output) and the product
       st.mlp.x = tensor();
       st.mlp.product = tensor();
-      st.mlp.product16 = host_tensor<bfloat16>();
     }
     if (keep == recompute_policy::full) {
       st.mlp_norm = {};
@@ -252,7 +251,9 @@ class transformer_block
     }
     if (pack) {
       st.packed.pack(mlp_slot, st.mlp.x);
-      st.mlp.product = tensor();  // the MLP holds it in bf16 (product16)
+      st.packed.pack(gate_slot, st.mlp.gate);
+      st.packed.pack(up_slot, st.mlp.up);
+      st.packed.pack(product_slot, st.mlp.product);
     }
     detail::nn::add_into(y, h);
     return y;

@@ -4,7 +4,6 @@
 #include <baton/core/simd.hpp>
 #include <baton/nn/detail/checks.hpp>
 #include <baton/nn/detail/piece.hpp>
-#include <baton/nn/detail/storage.hpp>
 #include <baton/nn/linear.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
@@ -12,7 +11,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <numbers>
 #include <string>
 #include <utility>
@@ -26,9 +24,7 @@ namespace baton::nn {
 /// backward_input(saved, dy) returns dx and keeps the gradients the weights need;
 /// backward_weight(saved) adds the three weight gradients. For recomputation
 /// (recompute_policy): forward_state(x, saved) is the forward without its output projection,
-/// and restore_product(saved) recomputes a product that was freed from gate and up. With
-/// saved::keep_bf16 set before forward (activation_storage::bf16), gate, up and the product
-/// are kept in bf16 instead.
+/// and restore_product(saved) recomputes a product that was freed from gate and up.
 template <class T>
 class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu_mlp"> {
  public:
@@ -36,18 +32,10 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
 
   struct saved : detail::nn::saved_state {
     tensor x, gate, up, product, dy, d_gate, d_up;
-    /// Set before forward: keep gate, up and the product in bf16 (gate16, up16, product16;
-    /// the float ones stay empty). Each is rounded in the loop that computes the product, a
-    /// cache-sized chunk at a time, and gate and up are widened in the loop of backward_input
-    /// that reads them: no separate pass over a whole tensor. product16 is for the caller to
-    /// widen into `product` before backward_weight (transformer_block does).
-    bool keep_bf16 = false;
-    host_tensor<bfloat16> gate16, up16, product16;
     std::size_t bytes() const {
       return static_cast<std::size_t>(x.size() + gate.size() + up.size() + product.size() + dy.size() + d_gate.size() +
                                       d_up.size()) *
-                 sizeof(T) +
-             static_cast<std::size_t>(gate16.size() + up16.size() + product16.size()) * sizeof(bfloat16);
+             sizeof(T);
     }
   };
 
@@ -81,55 +69,30 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
     detail::nn::rows_of(x, d_model(), swiglu_mlp::name, "input", "d_model = " + std::to_string(d_model()));
     st.gate = gate_.apply(x);
     st.up = up_.apply(x);
-    compute_product(st, st.keep_bf16);
+    restore_product(st);
     st.x = std::move(x);
   }
 
-  /// product = silu(gate)∘up again from the saved pre-activations (widened first when they
-  /// are kept in bf16): bit for bit what forward computed (both run compute_product).
-  void restore_product(saved& st) const {
-    if (st.gate16.size() > 0) {  // kept in bf16: the product of the widened values
-      st.gate = detail::nn::widened<T>(st.gate16);
-      st.up = detail::nn::widened<T>(st.up16);
-      st.gate16 = host_tensor<bfloat16>();
-      st.up16 = host_tensor<bfloat16>();
-    }
-    compute_product(st, false);
+  /// product = silu(gate)∘up again from the saved pre-activations: bit for bit what forward
+  /// computed (forward computes it here too, and never inlined, so both run one machine code
+  /// whatever the compiler fuses).
+  BATON_NEVER_INLINE void restore_product(saved& st) const {
+    if (st.gate.size() != st.up.size() || st.gate.rank() < 1 || st.gate.shape().back() != hidden())
+      throw nn_error(std::string(swiglu_mlp::name) +
+                     ": restore_product needs the gate and up pre-activations of a forward that backward_input "
+                     "has not processed yet");
+    st.product = tensor::for_overwrite(st.gate.shape());
+    silu_product(st.gate.data(), st.up.data(), st.product.data(), st.gate.size());
   }
 
   tensor backward_input(saved& st, const tensor& dy) const {
     const tensor d_product = down_.input_grad(dy);
-    if (st.gate.size() == 0 && st.gate16.size() > 0) {
-      // bf16: a chunk of gate and up widened into the gradients' buffers, then overwritten
-      // by the gradients while it is in cache.
-      st.d_gate = tensor::for_overwrite(st.gate16.shape());
-      st.d_up = tensor::for_overwrite(st.gate16.shape());
-      const std::int64_t n = st.d_gate.size();
-      for (std::int64_t c0 = 0; c0 < n; c0 += chunk) {
-        const std::int64_t c = std::min(chunk, n - c0);
-        T* dg = st.d_gate.data() + c0;
-        T* du = st.d_up.data() + c0;
-        const bfloat16* g = st.gate16.data() + c0;
-        const bfloat16* u = st.up16.data() + c0;
-        for (std::int64_t i = 0; i < c; ++i) dg[i] = static_cast<T>(g[i].to_float());
-        for (std::int64_t i = 0; i < c; ++i) du[i] = static_cast<T>(u[i].to_float());
-        silu_product_grad(dg, du, d_product.data() + c0, dg, du, c);
-      }
-      st.gate16 = host_tensor<bfloat16>();
-      st.up16 = host_tensor<bfloat16>();
-    } else {
-      // The gradients overwrite the pre-activations they come from, element by element
-      // (nothing needs gate or up afterwards): no new buffers.
-      st.d_gate = std::move(st.gate);
-      st.d_up = std::move(st.up);
-      const std::int64_t n = st.d_gate.size();
-      for (std::int64_t c0 = 0; c0 < n; c0 += chunk) {
-        const std::int64_t c = std::min(chunk, n - c0);
-        T* dg = st.d_gate.data() + c0;
-        T* du = st.d_up.data() + c0;
-        silu_product_grad(dg, du, d_product.data() + c0, dg, du, c);
-      }
-    }
+    // The gradients overwrite the pre-activations they come from, element by element (nothing
+    // needs gate or up afterwards): no new buffers.
+    st.d_gate = std::move(st.gate);
+    st.d_up = std::move(st.up);
+    silu_product_grad(st.d_gate.data(), st.d_up.data(), d_product.data(), st.d_gate.data(), st.d_up.data(),
+                      st.d_gate.size());
     tensor dx = gate_.input_grad(st.d_gate);
     up_.add_input_grad(st.d_up, dx, true);
     st.dy = dy;
@@ -146,45 +109,6 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
   }
 
  private:
-  // Elements per chunk of the elementwise loops: a multiple of every vector width (so each
-  // element takes the vector or the scalar path it takes in one loop over the whole tensor)
-  // whose gate, up, product and bf16 copies stay in L1.
-  static constexpr std::int64_t chunk = 1024;
-
-  // product = silu(gate)∘up; with `round`, gate, up and the product also go to bf16 a chunk at
-  // a time and the float gate and up are freed. The forward and restore_product run this one
-  // function (never inlined: one machine code, whatever the compiler fuses), so a recomputed
-  // product has the bits of the first.
-  BATON_NEVER_INLINE void compute_product(saved& st, bool round) const {
-    if (st.gate.size() != st.up.size() || st.gate.rank() < 1 || st.gate.shape().back() != hidden())
-      throw nn_error(std::string(swiglu_mlp::name) +
-                     ": restore_product needs the gate and up pre-activations of a forward that backward_input "
-                     "has not processed yet");
-    st.product = tensor::for_overwrite(st.gate.shape());
-    const std::int64_t n = st.gate.size();
-    if (round) {
-      st.gate16 = host_tensor<bfloat16>::for_overwrite(st.gate.shape());
-      st.up16 = host_tensor<bfloat16>::for_overwrite(st.gate.shape());
-      st.product16 = host_tensor<bfloat16>::for_overwrite(st.gate.shape());
-    }
-    for (std::int64_t c0 = 0; c0 < n; c0 += chunk) {
-      const std::int64_t c = std::min(chunk, n - c0);
-      silu_product(st.gate.data() + c0, st.up.data() + c0, st.product.data() + c0, c);
-      if (round) {
-        round_chunk(st.gate.data() + c0, st.gate16.data() + c0, c);
-        round_chunk(st.up.data() + c0, st.up16.data() + c0, c);
-        round_chunk(st.product.data() + c0, st.product16.data() + c0, c);
-      }
-    }
-    if (round) {
-      st.gate = tensor();
-      st.up = tensor();
-    }
-  }
-  static void round_chunk(const T* src, bfloat16* dst, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = bfloat16(static_cast<float>(src[i]));
-  }
-
   static T sigmoid(T z) {
     if (z >= T(0)) return T(1) / (T(1) + std::exp(-z));
     const T e = std::exp(z);
