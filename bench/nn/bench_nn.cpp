@@ -46,7 +46,8 @@
 //
 // bf16 storage (docs/nn.md, "bf16 storage"): the same step with activation_storage native and
 // bf16 alternating, each one's best of --inner rounds per repetition; bf16_step_ratio is bf16 /
-// native per repetition (goal <= 1.0), storage_saved_bytes_* what each keeps after forward.
+// native per repetition (goal <= 1.0), storage_saved_bytes_* what each keeps after forward,
+// block_{forward,backward_input,backward_weight}_ms_storage_* the phases of each one's best round.
 //
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
