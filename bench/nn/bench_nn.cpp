@@ -4,10 +4,12 @@
 //   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./bench_nn           full run
 //   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./bench_nn --quick   what ctest runs
 //   ./bench_nn --reps N --inner C   N repetitions (at least 5) of C interleaved rounds each
+//   ./bench_nn --seq S              the block on S tokens (default 1024; the roof keeps its shape)
+//   ./bench_nn --only bf16          the bf16 storage figures alone (docs/nn.md, "bf16 storage")
 //
 // The block: transformer_block<float, no_cp<kokkos_attention>>, d_model 512, 8 heads, 2 kv
-// heads, head_dim 64, ffn_hidden from transformer_config::resolved(), batch 1, seq 1024,
-// causal. One repetition of the block is forward, backward_input, backward_weight (the split
+// heads, head_dim 64, ffn_hidden from transformer_config::resolved(), batch 1, seq 1024
+// (--seq), causal. One repetition of the block is forward, backward_input, backward_weight (the split
 // a zero-bubble schedule runs).
 //
 // FLOPs, counted once and printed: every matrix product 2 M N K (forward: the q, k, v, o,
@@ -44,7 +46,8 @@
 //
 // bf16 storage (docs/nn.md, "bf16 storage"): the same step with activation_storage native and
 // bf16 alternating, each one's best of --inner rounds per repetition; bf16_step_ratio is bf16 /
-// native per repetition (goal <= 1.0), storage_saved_bytes_* what each keeps after forward.
+// native per repetition (goal <= 1.0), storage_saved_bytes_* what each keeps after forward,
+// block_{forward,backward_input,backward_weight}_ms_storage_* the phases of each one's best round.
 //
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
@@ -85,7 +88,8 @@ using strategy_t = nn::no_cp<baton::kokkos_attention>;
 using block_t = nn::transformer_block<T, strategy_t>;
 using tensor = baton::host_tensor<T>;
 
-constexpr std::int64_t batch = 1, seq = 1024;
+constexpr std::int64_t batch = 1;
+std::int64_t seq = 1024;  // --seq
 constexpr int roof_m = 1024, roof_n = 1536, roof_k = 512;
 
 double thread_cpu_seconds() {
@@ -267,17 +271,22 @@ int main(int argc, char** argv) {
   // the CPU's own (see examples/support/native_blas.hpp).
   example_support::use_native_blas_kernel(argv);
   Kokkos::ScopeGuard kokkos(argc, argv);
-  bool quick = false;
+  bool quick = false, only_bf16 = false;
   int reps = 0, inner = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--seq") == 0 && i + 1 < argc) seq = std::atoll(argv[++i]);
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "bf16") == 0) {
+      only_bf16 = true;
+      ++i;
+    }
     else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--inner") == 0 && i + 1 < argc) inner = std::atoi(argv[++i]);
   }
   if (reps == 0) reps = quick ? 5 : 11;
   if (inner == 0) inner = quick ? 2 : 3;
-  if (reps < 5 || inner < 1) {
-    std::printf("FAILED: --reps must be at least 5 and --inner at least 1\n");
+  if (reps < 5 || inner < 1 || seq < 1) {
+    std::printf("FAILED: --reps must be at least 5, --inner at least 1 and --seq at least 1\n");
     return 1;
   }
   openblas_set_num_threads(1);
@@ -373,100 +382,102 @@ int main(int argc, char** argv) {
   run_roof();
   const double roof_flops = 2.0 * roof_m * double(roof_n) * roof_k;
 
-  // ---- interleaved repetitions ----
-  series block_gflops, sgemm_gflops, ratio, attn_frac, gemm_frac, other_frac, block_ms, fwd_ms, in_ms, w_ms,
-      attn_gflops, gemms_gflops, block_faults;
-  for (int r = 0; r < reps; ++r) {
-    // Each round runs the four once (the roof twice: it is short), in an order that rotates
-    // with the round and the repetition; each keeps its best round. A burst of other work
-    // then slows all four alike instead of whichever happened to be running.
-    double t_block = 1e300, t_roof = 1e300, t_attn = 1e300, t_gemm = 1e300, best_fwd = 0, best_in = 0, best_w = 0;
-    long best_faults = 0;
-    const std::array<std::function<void()>, 4> steps{
-        [&] { t_roof = std::min(t_roof, best_seconds(2, run_roof)); },
-        [&] {
+  if (!only_bf16) {  // --only bf16 skips the roof, the split and recomputation
+    // ---- interleaved repetitions ----
+    series block_gflops, sgemm_gflops, ratio, attn_frac, gemm_frac, other_frac, block_ms, fwd_ms, in_ms, w_ms,
+        attn_gflops, gemms_gflops, block_faults;
+    for (int r = 0; r < reps; ++r) {
+      // Each round runs the four once (the roof twice: it is short), in an order that rotates
+      // with the round and the repetition; each keeps its best round. A burst of other work
+      // then slows all four alike instead of whichever happened to be running.
+      double t_block = 1e300, t_roof = 1e300, t_attn = 1e300, t_gemm = 1e300, best_fwd = 0, best_in = 0, best_w = 0;
+      long best_faults = 0;
+      const std::array<std::function<void()>, 4> steps{
+          [&] { t_roof = std::min(t_roof, best_seconds(2, run_roof)); },
+          [&] {
+            const double t0 = thread_cpu_seconds();
+            (void)run_block();
+            const double t = thread_cpu_seconds() - t0;
+            if (t < t_block) {
+              t_block = t;
+              best_fwd = t_forward;
+              best_in = t_input;
+              best_w = t_weight;
+              best_faults = faults;
+            }
+          },
+          [&] { t_attn = std::min(t_attn, best_seconds(1, run_attention)); },
+          [&] { t_gemm = std::min(t_gemm, best_seconds(1, [&] { gemms.run_all(); })); }};
+      for (int c = 0; c < inner; ++c)
+        for (std::size_t s = 0; s < steps.size(); ++s)
+          steps[(s + static_cast<std::size_t>(r + c)) % steps.size()]();
+      const double bg = block_flops / t_block / 1e9, sg = roof_flops / t_roof / 1e9;
+      block_gflops.add(bg);
+      sgemm_gflops.add(sg);
+      ratio.add(bg / sg);
+      attn_frac.add(t_attn / t_block);
+      gemm_frac.add(t_gemm / t_block);
+      other_frac.add(1.0 - t_attn / t_block - t_gemm / t_block);
+      block_ms.add(1e3 * t_block);
+      fwd_ms.add(1e3 * best_fwd);
+      in_ms.add(1e3 * best_in);
+      w_ms.add(1e3 * best_w);
+      attn_gflops.add((attn_fwd + attn_bwd) / t_attn / 1e9);
+      gemms_gflops.add((gemm_fwd + gemm_bwd) / t_gemm / 1e9);
+      block_faults.add(static_cast<double>(best_faults));
+    }
+
+    print("block_gflops", block_gflops, "%.1f");
+    print("sgemm_gflops", sgemm_gflops, "%.1f");
+    print("block_vs_sgemm", ratio, "%.3f");
+    print("attention_fraction", attn_frac, "%.3f");
+    print("gemm_fraction", gemm_frac, "%.3f");
+    print("other_fraction", other_frac, "%.3f");
+    print("block_ms", block_ms, "%.1f");
+    print("block_forward_ms", fwd_ms, "%.1f");
+    print("block_backward_input_ms", in_ms, "%.1f");
+    print("block_backward_weight_ms", w_ms, "%.1f");
+    print("attention_gflops", attn_gflops, "%.1f");
+    print("gemms_gflops", gemms_gflops, "%.1f");
+    print("block_page_faults", block_faults, "%.0f");
+    // The first step faults its activations in; later ones reuse them (host_tensor's block
+    // cache). Goal: a steady step <= 1 % of the first step's faults.
+    std::printf("block_page_faults_first_step: %ld\n", first_step_faults);
+    std::printf("block_page_faults_steady_vs_first: %.4f\n",
+                first_step_faults > 0 ? block_faults.median() / static_cast<double>(first_step_faults) : 0.0);
+
+    // ---- recomputation: the block's step under each policy, interleaved ----
+    const std::array<nn::recompute_policy, 3> policies{nn::recompute_policy::none, nn::recompute_policy::selective,
+                                                       nn::recompute_policy::full};
+    for (const nn::recompute_policy p : policies) {
+      block.set_recompute(p);
+      block_t::saved st;
+      (void)block.forward(x, info, st);
+      std::printf("recompute_saved_bytes_%s: %zu\n", std::string(nn::to_string(p)).c_str(), st.bytes());
+      (void)block.backward(st, dy);
+    }
+    series full_ratio, selective_ratio, policy_ms[3];
+    for (int r = 0; r < reps; ++r) {
+      std::array<double, 3> best{1e300, 1e300, 1e300};
+      for (int c = 0; c < inner; ++c)
+        for (std::size_t s = 0; s < policies.size(); ++s) {
+          const std::size_t i = (s + static_cast<std::size_t>(r + c)) % policies.size();
+          block.set_recompute(policies[i]);
           const double t0 = thread_cpu_seconds();
           (void)run_block();
-          const double t = thread_cpu_seconds() - t0;
-          if (t < t_block) {
-            t_block = t;
-            best_fwd = t_forward;
-            best_in = t_input;
-            best_w = t_weight;
-            best_faults = faults;
-          }
-        },
-        [&] { t_attn = std::min(t_attn, best_seconds(1, run_attention)); },
-        [&] { t_gemm = std::min(t_gemm, best_seconds(1, [&] { gemms.run_all(); })); }};
-    for (int c = 0; c < inner; ++c)
-      for (std::size_t s = 0; s < steps.size(); ++s)
-        steps[(s + static_cast<std::size_t>(r + c)) % steps.size()]();
-    const double bg = block_flops / t_block / 1e9, sg = roof_flops / t_roof / 1e9;
-    block_gflops.add(bg);
-    sgemm_gflops.add(sg);
-    ratio.add(bg / sg);
-    attn_frac.add(t_attn / t_block);
-    gemm_frac.add(t_gemm / t_block);
-    other_frac.add(1.0 - t_attn / t_block - t_gemm / t_block);
-    block_ms.add(1e3 * t_block);
-    fwd_ms.add(1e3 * best_fwd);
-    in_ms.add(1e3 * best_in);
-    w_ms.add(1e3 * best_w);
-    attn_gflops.add((attn_fwd + attn_bwd) / t_attn / 1e9);
-    gemms_gflops.add((gemm_fwd + gemm_bwd) / t_gemm / 1e9);
-    block_faults.add(static_cast<double>(best_faults));
+          best[i] = std::min(best[i], thread_cpu_seconds() - t0);
+        }
+      full_ratio.add(best[2] / best[0]);
+      selective_ratio.add(best[1] / best[0]);
+      for (std::size_t i = 0; i < policies.size(); ++i) policy_ms[i].add(1e3 * best[i]);
+    }
+    block.set_recompute(nn::recompute_policy::none);
+    print("recompute_full_step_ratio", full_ratio, "%.3f");
+    print("recompute_selective_step_ratio", selective_ratio, "%.3f");
+    print("block_ms_recompute_none", policy_ms[0], "%.1f");
+    print("block_ms_recompute_selective", policy_ms[1], "%.1f");
+    print("block_ms_recompute_full", policy_ms[2], "%.1f");
   }
-
-  print("block_gflops", block_gflops, "%.1f");
-  print("sgemm_gflops", sgemm_gflops, "%.1f");
-  print("block_vs_sgemm", ratio, "%.3f");
-  print("attention_fraction", attn_frac, "%.3f");
-  print("gemm_fraction", gemm_frac, "%.3f");
-  print("other_fraction", other_frac, "%.3f");
-  print("block_ms", block_ms, "%.1f");
-  print("block_forward_ms", fwd_ms, "%.1f");
-  print("block_backward_input_ms", in_ms, "%.1f");
-  print("block_backward_weight_ms", w_ms, "%.1f");
-  print("attention_gflops", attn_gflops, "%.1f");
-  print("gemms_gflops", gemms_gflops, "%.1f");
-  print("block_page_faults", block_faults, "%.0f");
-  // The first step faults its activations in; later ones reuse them (host_tensor's block
-  // cache). Goal: a steady step <= 1 % of the first step's faults.
-  std::printf("block_page_faults_first_step: %ld\n", first_step_faults);
-  std::printf("block_page_faults_steady_vs_first: %.4f\n",
-              first_step_faults > 0 ? block_faults.median() / static_cast<double>(first_step_faults) : 0.0);
-
-  // ---- recomputation: the block's step under each policy, interleaved ----
-  const std::array<nn::recompute_policy, 3> policies{nn::recompute_policy::none, nn::recompute_policy::selective,
-                                                     nn::recompute_policy::full};
-  for (const nn::recompute_policy p : policies) {
-    block.set_recompute(p);
-    block_t::saved st;
-    (void)block.forward(x, info, st);
-    std::printf("recompute_saved_bytes_%s: %zu\n", std::string(nn::to_string(p)).c_str(), st.bytes());
-    (void)block.backward(st, dy);
-  }
-  series full_ratio, selective_ratio, policy_ms[3];
-  for (int r = 0; r < reps; ++r) {
-    std::array<double, 3> best{1e300, 1e300, 1e300};
-    for (int c = 0; c < inner; ++c)
-      for (std::size_t s = 0; s < policies.size(); ++s) {
-        const std::size_t i = (s + static_cast<std::size_t>(r + c)) % policies.size();
-        block.set_recompute(policies[i]);
-        const double t0 = thread_cpu_seconds();
-        (void)run_block();
-        best[i] = std::min(best[i], thread_cpu_seconds() - t0);
-      }
-    full_ratio.add(best[2] / best[0]);
-    selective_ratio.add(best[1] / best[0]);
-    for (std::size_t i = 0; i < policies.size(); ++i) policy_ms[i].add(1e3 * best[i]);
-  }
-  block.set_recompute(nn::recompute_policy::none);
-  print("recompute_full_step_ratio", full_ratio, "%.3f");
-  print("recompute_selective_step_ratio", selective_ratio, "%.3f");
-  print("block_ms_recompute_none", policy_ms[0], "%.1f");
-  print("block_ms_recompute_selective", policy_ms[1], "%.1f");
-  print("block_ms_recompute_full", policy_ms[2], "%.1f");
 
   // ---- bf16 storage: the block's step keeping its activations in bf16, interleaved with float ----
   const std::array<nn::activation_storage, 2> storages{nn::activation_storage::native, nn::activation_storage::bf16};
@@ -477,24 +488,40 @@ int main(int argc, char** argv) {
     std::printf("storage_saved_bytes_%s: %zu\n", std::string(nn::to_string(s)).c_str(), st.bytes());
     (void)block.backward(st, dy);
   }
-  series bf16_ratio, storage_ms[2];
+  // The phases (forward, backward_input, backward_weight) of each storage's best round, to
+  // show where bf16 gains or loses.
+  series bf16_ratio, storage_ms[2], storage_phase_ms[2][3];
   for (int r = 0; r < reps; ++r) {
     std::array<double, 2> best{1e300, 1e300};
+    std::array<std::array<double, 3>, 2> phases{};
     for (int c = 0; c < inner; ++c)
       for (std::size_t s = 0; s < storages.size(); ++s) {
         const std::size_t i = (s + static_cast<std::size_t>(r + c)) % storages.size();
         block.set_storage(storages[i]);
         const double t0 = thread_cpu_seconds();
         (void)run_block();
-        best[i] = std::min(best[i], thread_cpu_seconds() - t0);
+        const double t = thread_cpu_seconds() - t0;
+        if (t < best[i]) {
+          best[i] = t;
+          phases[i] = {t_forward, t_input, t_weight};
+        }
       }
     bf16_ratio.add(best[1] / best[0]);
-    for (std::size_t i = 0; i < storages.size(); ++i) storage_ms[i].add(1e3 * best[i]);
+    for (std::size_t i = 0; i < storages.size(); ++i) {
+      storage_ms[i].add(1e3 * best[i]);
+      for (std::size_t p = 0; p < 3; ++p) storage_phase_ms[i][p].add(1e3 * phases[i][p]);
+    }
   }
   block.set_storage(nn::activation_storage::native);
   print("bf16_step_ratio", bf16_ratio, "%.3f");
   print("block_ms_storage_native", storage_ms[0], "%.1f");
   print("block_ms_storage_bf16", storage_ms[1], "%.1f");
+  for (std::size_t i = 0; i < storages.size(); ++i) {
+    const std::string name(nn::to_string(storages[i]));
+    print("block_forward_ms_storage_" + name, storage_phase_ms[i][0], "%.1f");
+    print("block_backward_input_ms_storage_" + name, storage_phase_ms[i][1], "%.1f");
+    print("block_backward_weight_ms_storage_" + name, storage_phase_ms[i][2], "%.1f");
+  }
   bench::print_load("after");
   return 0;
 }

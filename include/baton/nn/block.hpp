@@ -79,8 +79,9 @@ class transformer_block
     std::shared_ptr<const host_tensor<std::int64_t>> documents;
     /// activation_storage::bf16: the float tensors above that the policy keeps (x̂ of both
     /// norms, the attention's and the MLP's inputs, gate, up, product; the input under full),
-    /// in bf16 from the end of forward to the start of backward_input.
-    detail::nn::bf16_pack<T> packed;
+    /// in bf16 from the forward step that last reads each to the backward step that first
+    /// does (slots: the block's `slot` enum).
+    detail::nn::bf16_pack<T, 8> packed;
     std::size_t bytes() const {
       return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes() + packed.bytes() +
              static_cast<std::size_t>(input.size()) * sizeof(T) + positions.size() * sizeof(std::int64_t);
@@ -138,18 +139,20 @@ class transformer_block
     if (std::string problem = attention_.input_problem(x, info, transformer_block::name); !problem.empty())
       attention_.reject(problem, false);
     st.policy = config_.recompute;
+    const bool bf16 = config_.storage == activation_storage::bf16;
     if (st.policy == recompute_policy::full) {
-      st.input = x;
+      if (bf16)
+        st.packed.held[input_slot] = detail::nn::to_bf16(x);
+      else
+        st.input = x;
       st.positions = info.positions;
       st.documents = info.documents;
     }
-    tensor y = run_forward(x, info, st, st.policy, true);
-    if (config_.storage == activation_storage::bf16) st.packed.pack(packed_tensors(st));
-    return y;
+    return run_forward(x, info, st, st.policy, true, bf16 && st.policy != recompute_policy::full);
   }
 
   grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
-    st.packed.unpack(packed_tensors(st));
+    st.packed.unpack(input_slot, st.input);
     // Under full the group's first collective here is the recomputed forward: a rank that
     // rejects takes part in that one.
     if (std::string problem = grad_problem(st, dy); !problem.empty())
@@ -161,17 +164,30 @@ class transformer_block
       const tensor x = std::move(st.input);
       st.positions = {};
       st.input = tensor();
-      run_forward(x, info, st, recompute_policy::none, false);
+      run_forward(x, info, st, recompute_policy::none, false, false);
     }
+    // bf16 storage: each packed tensor is widened just before the first step that reads it
+    // (unpack does nothing for a slot that holds nothing: native storage, or a dropped tensor).
+    auto& p = st.packed;
+    p.unpack(gate_slot, st.mlp.gate);
+    p.unpack(up_slot, st.mlp.up);
     if (st.policy == recompute_policy::selective) {
+      p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
       st.mlp.x = mlp_norm_.output(st.mlp_norm);
       mlp_.restore_product(st.mlp);
     }
-    tensor dh = mlp_norm_.backward_input(st.mlp_norm, mlp_.backward_input(st.mlp, dy));
+    tensor d_mlp = mlp_.backward_input(st.mlp, dy);
+    p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
+    tensor dh = mlp_norm_.backward_input(st.mlp_norm, d_mlp);
     detail::nn::add_into(dh, dy);
+    p.unpack(attention_norm_slot, st.attention_norm.x_hat);
     if (st.policy == recompute_policy::selective) st.attention.x = attention_norm_.output(st.attention_norm);
+    p.unpack(attention_slot, st.attention.x);  // the attention's backward reads its input's shape
     tensor dx = attention_norm_.backward_input(st.attention_norm, attention_.backward_input(st.attention, dh));
     detail::nn::add_into(dx, dh);
+    // What only backward_weight reads, in float between I and W as under native storage.
+    p.unpack(mlp_slot, st.mlp.x);
+    p.unpack(product_slot, st.mlp.product);
     this->mark_input_done(st);
     return dx;
   }
@@ -186,18 +202,26 @@ class transformer_block
   }
 
  private:
-  // What bf16 storage packs, in one order for pack and unpack.
-  static std::array<tensor*, 8> packed_tensors(saved& st) {
-    return {&st.attention_norm.x_hat, &st.attention.x, &st.mlp_norm.x_hat, &st.mlp.x,
-            &st.mlp.gate,             &st.mlp.up,      &st.mlp.product,    &st.input};
-  }
+  // bf16 storage's slots in saved::packed: which tensor each holds.
+  enum slot : std::size_t {
+    attention_norm_slot,  // attention_norm.x_hat
+    attention_slot,       // attention.x
+    mlp_norm_slot,        // mlp_norm.x_hat
+    mlp_slot,             // mlp.x
+    gate_slot,
+    up_slot,
+    product_slot,
+    input_slot,  // the block's input (full)
+  };
 
   // The forward, keeping in `st` what `keep` says; without `with_output` (a recomputation)
-  // it stops once the state is complete, before the MLP's output projection. The first
-  // forward and the recomputation run this one function (never inlined: one machine code,
-  // whatever the compiler fuses), so they compute the same bits.
+  // it stops once the state is complete, before the MLP's output projection. With `pack`
+  // (bf16 storage, none or selective) each kept tensor goes to bf16 as soon as the forward
+  // has read it for the last time, while it is still in cache. The first forward and the
+  // recomputation run this one function (never inlined: one machine code, whatever the
+  // compiler fuses), so they compute the same bits.
   BATON_NEVER_INLINE tensor run_forward(const tensor& x, const side& info, saved& st, recompute_policy keep,
-                                        bool with_output) {
+                                        bool with_output, bool pack) {
     tensor h = attention_.forward(attention_norm_.forward(x, st.attention_norm), info, st.attention);
     // The attention's input is the norm's output: selective recomputes it from x̂ and 1/rms.
     if (keep != recompute_policy::none) st.attention.x = tensor();
@@ -205,8 +229,13 @@ class transformer_block
       st.attention_norm = {};
       st.attention = {};
     }
+    if (pack) {
+      st.packed.pack(attention_norm_slot, st.attention_norm.x_hat);
+      st.packed.pack(attention_slot, st.attention.x);
+    }
     detail::nn::add_into(h, x);
     tensor normed = mlp_norm_.forward(h, st.mlp_norm);
+    if (pack) st.packed.pack(mlp_norm_slot, st.mlp_norm.x_hat);
     if (!with_output) {
       mlp_.forward_state(std::move(normed), st.mlp);
       return tensor();
@@ -220,6 +249,12 @@ class transformer_block
       st.mlp_norm = {};
       st.mlp = {};
     }
+    if (pack) {
+      st.packed.pack(mlp_slot, st.mlp.x);
+      st.packed.pack(gate_slot, st.mlp.gate);
+      st.packed.pack(up_slot, st.mlp.up);
+      st.packed.pack(product_slot, st.mlp.product);
+    }
     detail::nn::add_into(y, h);
     return y;
   }
@@ -230,13 +265,17 @@ class transformer_block
     const bool full = st.policy == recompute_policy::full;
     // What has the input's shape in each policy's state, and whether it is a forward's state
     // that backward_input has not processed yet (backward_input frees q; full frees the input).
-    const tensor& shaped = full ? st.input : st.attention_norm.x_hat;
+    // bf16 storage: x̂ may still be in its slot (backward_input widens it later).
+    const auto& packed_x_hat = st.packed.held[attention_norm_slot];
+    const std::vector<std::int64_t>& shape = full                      ? st.input.shape()
+                                             : packed_x_hat.size() > 0 ? packed_x_hat.shape()
+                                                                       : st.attention_norm.x_hat.shape();
     const bool live =
-        full ? st.input.rank() == 3 : st.attention.q.size() + st.attention.q16.size() > 0 && shaped.rank() == 3;
+        full ? st.input.rank() == 3 : st.attention.q.size() + st.attention.q16.size() > 0 && shape.size() == 3;
     if (!live) return who + ": backward_input needs the saved state of a forward that has not been backpropagated yet";
-    if (dy.shape() != shaped.shape())
+    if (dy.shape() != shape)
       return who + ": dy has shape " + detail::core::shape_text(dy.shape()) + " but expected " +
-             detail::core::shape_text(shaped.shape()) + " (the output gradient has the input's shape)";
+             detail::core::shape_text(shape) + " (the output gradient has the input's shape)";
     return {};
   }
 

@@ -6,11 +6,9 @@
 #include <baton/core/float16.hpp>
 #include <baton/payload/host_tensor.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <span>
-#include <utility>
-#include <vector>
 
 namespace baton::detail::nn {
 
@@ -32,31 +30,32 @@ host_tensor<T> widened(const host_tensor<bfloat16>& t) {
   return out;
 }
 
-/// Tensors of a saved state held in bf16 until they are needed: pack(tensors) rounds each
-/// non-empty one to bf16 and frees it, unpack(tensors) widens them back into the same places
-/// (the same list, in the same order). bytes() is what the bf16 copies hold.
-template <class T>
+/// Tensors of a saved state held in bf16 until they are needed, in N numbered slots:
+/// pack(i, t) rounds t to bf16 into slot i and frees t, unpack(i, t) widens slot i back into t
+/// and frees the slot (each a no-op when there is nothing to move). A block packs each tensor
+/// right after the last forward step that reads it and unpacks it right before the first
+/// backward step that does, so that both conversions meet the float values in cache instead
+/// of in one pass over every tensor at the end of the forward (and at the start of the
+/// backward). bytes() is what the bf16 copies hold.
+template <class T, std::size_t N>
 struct bf16_pack {
-  std::vector<host_tensor<bfloat16>> held;
+  std::array<host_tensor<bfloat16>, N> held;
 
-  void pack(std::span<host_tensor<T>* const> tensors) {
-    held.clear();
-    held.reserve(tensors.size());
-    for (host_tensor<T>* t : tensors) {
-      held.push_back(t->size() > 0 ? to_bf16(*t) : host_tensor<bfloat16>());
-      if (t->size() > 0) *t = host_tensor<T>();
-    }
+  void pack(std::size_t slot, host_tensor<T>& t) {
+    if (t.size() == 0) return;
+    held[slot] = to_bf16(t);
+    t = host_tensor<T>();
   }
-  void unpack(std::span<host_tensor<T>* const> tensors) {
-    if (held.empty()) return;
-    std::size_t i = 0;
-    for (host_tensor<T>* t : tensors) {
-      if (i < held.size() && held[i].size() > 0) *t = widened<T>(held[i]);
-      ++i;
-    }
-    held.clear();
+  void unpack(std::size_t slot, host_tensor<T>& t) {
+    if (held[slot].size() == 0) return;
+    t = widened<T>(held[slot]);
+    held[slot] = host_tensor<bfloat16>();
   }
-  [[nodiscard]] bool empty() const noexcept { return held.empty(); }
+  [[nodiscard]] bool empty() const noexcept {
+    for (const auto& h : held)
+      if (h.size() > 0) return false;
+    return true;
+  }
   [[nodiscard]] std::size_t bytes() const noexcept {
     std::size_t n = 0;
     for (const auto& h : held) n += static_cast<std::size_t>(h.size()) * sizeof(bfloat16);
