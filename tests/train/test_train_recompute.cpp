@@ -434,7 +434,9 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
     const auto predicted = train::estimate_memory(memory_config(m.policy, m.bf16), m.parallelism, m.schedule,
                                                   m.in_double ? sizeof(double) : sizeof(float));
     // bf16 counted at float's size (the estimate before it modelled bf16) must fall outside the
-    // band, or the band would not tell the bf16 model from no model.
+    // band where the peak is forward states (ZBV, none: measured 1.18-1.29), or the band would not
+    // tell the bf16 model from no model. (1F1B full's peak is a stage's float state between I
+    // and W inside its B, which bf16 does not shrink: 0.97-1.02 at float's size.)
     train::lm_config as_float = memory_config(m.policy, m.bf16);
     as_float.model.storage = nn::activation_storage::native;
     const auto at_float_size = train::estimate_memory(as_float, m.parallelism, m.schedule, sizeof(float));
@@ -447,7 +449,7 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
                                    static_cast<double>(measured[rank].peak);
         INFO("rank " << rank << ": counted at float's size the ratio would be " << float_ratio);
         if (std::getenv("BATON_MEMORY_TABLE")) std::printf("%-40s rank %zu: at float's size, ratio %.3f\n", m.name, rank, float_ratio);
-        CHECK(float_ratio > 1.1);
+        if (m.policy == recompute_policy::none) CHECK(float_ratio > 1.1);
       }
       INFO("rank " << rank << " (pp " << measured[rank].pp << "): predicted " << e.total() << " B = " << e.text()
                    << ", measured " << measured[rank].peak << " B, ratio " << ratio);
