@@ -602,10 +602,8 @@ std::string memory_plan_text(const options& o, const prepared& p) {
     std::snprintf(line, sizeof line, "each pp rank's %d dp x cp replicas hold as much\n", replicas);
     text += line;
   }
-  if (o.dtype == "bf16")  // estimate_memory takes one element size (docs/memory.md, "What the estimate leaves out")
-    text += "bf16: activations and messages are counted at float's size (the estimate does not model bf16 storage "
-            "yet), so this is an upper bound\n";
-  return text + p.plan_text + p.memory_line + "\n";
+  return text + p.plan_text + p.memory_line + "
+";
 }
 
 }  // namespace train_lm

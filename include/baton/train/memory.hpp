@@ -65,7 +65,8 @@ struct memory_estimate {
 };
 
 /// The memory of every pipeline rank (index: pp coordinate) of training `config` under
-/// `parallelism` with `schedule`, for element type size `element_bytes`, stage s keeping what
+/// `parallelism` with `schedule`, for element type size `element_bytes` (sizeof(float) with
+/// bf16 storage, config.model.storage: then each term at its own size, docs/memory.md), stage s keeping what
 /// `stage_policies[s]` says (one per stage of the schedule), per rank of the mesh (every dp
 /// and cp replica of a pp rank holds as much). Each rank's program is walked in order: a
 /// forward adds its microbatch-stage's saved state, input and output; backward_input grows the
@@ -96,7 +97,14 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
     if (p != nn::recompute_policy::none && p != nn::recompute_policy::selective && p != nn::recompute_policy::full)
       throw config_error("model", "estimate_memory: recompute = " + std::to_string(static_cast<int>(p)) +
                                       " is not a recompute policy; choose recompute_policy::none, selective or full");
+  const bool bf16 = m.storage == nn::activation_storage::bf16;
+  if (bf16 && element_bytes != sizeof(float))
+    throw config_error("model", "estimate_memory: bf16 storage (model.storage = activation_storage::bf16) keeps float "
+                                "blocks' activations in bf16, but element_bytes is " + std::to_string(element_bytes) +
+                                    "; give sizeof(float), or activation_storage::native for double");
   const double b = static_cast<double>(element_bytes);
+  // Each term at its element size: bf16 storage halves what is kept after a forward and sent.
+  const detail::train::element_sizes e{b, bf16 ? 2.0 : b};
   const double per_stage = static_cast<double>(config.layers / stages);
   const detail::train::token_sizes z(m);
   const double vocab = z.vocab;
@@ -110,7 +118,7 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
   const int microbatches = std::max(1, shape.microbatches);
   const double rows = static_cast<double>((config.batch + microbatches - 1) / microbatches);
   const double n = rows * seq_local;
-  const detail::train::stage_sizes sizes(m, stages, per_stage, n, seq_local, b);
+  const detail::train::stage_sizes sizes(m, stages, per_stage, n, seq_local, e);
   const double hidden = sizes.hidden();  // a stage's input or output, or its gradient
 
   const auto policy = [&](int s) { return stage_policies[static_cast<std::size_t>(s)]; };
@@ -133,13 +141,13 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
     const double lse_elems = ring_tokens * split(m.heads, ulysses);
     double bytes = 0;
     if (ring > 1)
-      bytes += b * detail::train::pool_bytes(detail::train::ring_forward_leases(ring, kv_elems, q_elems, lse_elems),
-                                             detail::train::ring_backward_leases(ring, kv_elems));
+      bytes += detail::train::pool_bytes(detail::train::ring_forward_leases(ring, kv_elems, q_elems, lse_elems, e),
+                                         detail::train::ring_backward_leases(ring, kv_elems, q_elems, e));
     if (ulysses > 1) {
       // Per block (ulysses_workspace): q, O, dO, dq and k, v, dk, dv gathered, the LSE, and the
       // exchange's send and receive scratch (q, k and v of this rank's shard at once).
       const double exchange = n * (z.q + 2 * z.k);
-      bytes += blocks_here * b * (4 * q_elems + 4 * kv_elems + lse_elems + 2 * exchange);
+      bytes += blocks_here * (e.stored * (4 * q_elems + 4 * kv_elems + 2 * exchange) + e.value * lse_elems);
     }
     return bytes;
   };
@@ -219,7 +227,7 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
               }
             }
             const double kept = forward_state(s);
-            const double extra = z.forward_extra(policy(s)) * n * b;
+            const double extra = z.forward_extra_bytes(policy(s), e) * n;
             consider(kept, 0, extra);  // the last block's largest moment, every block before it kept
             if (last) {
               consider(kept, 2 * n * vocab * b, 0);  // the loss: logits and their gradient

@@ -56,7 +56,9 @@ inline stage_sizes sizes_of(const baton::train::lm_config& config, const baton::
   const double seq_local = static_cast<double>((config.seq + cp - 1) / cp);
   const double rows = static_cast<double>((config.batch + microbatches - 1) / microbatches);
   const int stages = shape.num_stages();
-  return stage_sizes(m, stages, static_cast<double>(config.layers / stages), rows * seq_local, seq_local, element_bytes);
+  // As estimate_memory: bf16 storage keeps and sends the stored terms at 2 bytes.
+  const element_sizes e{element_bytes, m.storage == baton::nn::activation_storage::bf16 ? 2.0 : element_bytes};
+  return stage_sizes(m, stages, static_cast<double>(config.layers / stages), rows * seq_local, seq_local, e);
 }
 
 // FLOPs per token of one block: the matrix products, causal attention over the whole sequence

@@ -15,6 +15,17 @@
 
 namespace baton::detail::train {
 
+// Bytes of one element of each kind of state (docs/nn.md, "bf16 storage"). `stored`: what
+// activation_storage::bf16 keeps and sends in bf16 (q, k, v, O, the norms' x̂, the attention's
+// and the MLP's inputs, gate, up, product, the block's input under full; the messages between
+// stages and their gradients; the ring's K/V blocks). `value`: all else, in the model's type
+// (weights, gradients, AdamW, 1/rms, the LSE, what a block holds between I and W but O, the
+// ring's dK/dV and O accumulators, the logits, every temporary). Equal without bf16 storage.
+struct element_sizes {
+  double value = 4, stored = 4;
+  bool bf16() const noexcept { return stored != value; }
+};
+
 // Per-token sizes of one model, in elements.
 struct token_sizes {
   double d = 0, q = 0, k = 0, f = 0, h = 0, vocab = 0;
@@ -41,19 +52,48 @@ struct token_sizes {
   // gate's and up's gradients (written over the pre-activations).
   double block_after_input() const { return 2 * (2 * d + 1) + (2 * d + 2 * q + 2 * k) + (2 * d + 3 * f); }
 
-  // The part of a block's full (none) state alive beyond what `p` keeps, at the two moments of
-  // its forward that hold the most: inside the attention (the norm's state and the attention's)
-  // and when the MLP's output is made (the MLP norm's state and the MLP's).
-  double forward_extra(baton::nn::recompute_policy p) const {
-    using baton::nn::recompute_policy;
-    const double attention = p == recompute_policy::full ? (d + 1) + (d + 2 * q + 2 * k + h)
-                             : p == recompute_policy::selective ? d : 0;
-    const double mlp = p == recompute_policy::full ? (d + 1) + (d + 3 * f)
-                       : p == recompute_policy::selective ? d + f : 0;
-    // Temporaries: at the attention the previous block's output (d); at the MLP's output that,
-    // the residual stream h and the output y (3 d).
-    return std::max(attention + d, mlp + 3 * d);
+  // In bytes per token, each term at its element size (`e`): the forward's state (the
+  // elements of block_forward), the state backward_input leaves, and the part of a block's
+  // state alive beyond what `p` keeps at the two moments of its forward that hold the most:
+  // inside the attention (the norm's state and the attention's; temporaries: the previous
+  // block's output, d) and when the MLP's output is made (the MLP norm's state and the MLP's;
+  // temporaries: that, the residual stream h and the output y, 3 d). A bf16 forward
+  // keeps its tensors in float until the block's end (pack), so at the forward's largest moments
+  // the block being run holds them at float's size; its attention widens O for the output
+  // projection. backward_input widens the packed tensors back: what it leaves for W is float
+  // but O, which stays bf16 until W.
+  double block_forward_bytes(baton::nn::recompute_policy p, element_sizes e) const {
+    const double fp32 = (2 + h) * e.value;  // 1/rms of both norms, the LSE
+    switch (p) {
+      case baton::nn::recompute_policy::none: return (4 * d + 2 * q + 2 * k + 3 * f) * e.stored + fp32;
+      case baton::nn::recompute_policy::selective: return (2 * d + 2 * q + 2 * k + 2 * f) * e.stored + fp32;
+      case baton::nn::recompute_policy::full: return d * e.stored;
+    }
+    return block_forward_bytes(baton::nn::recompute_policy::none, e);
   }
+  double block_after_input_bytes(element_sizes e) const { return (block_after_input() - q) * e.value + q * e.stored; }
+  double forward_extra_bytes(baton::nn::recompute_policy p, element_sizes e) const {
+    using baton::nn::recompute_policy;
+    const double b = e.value, s = e.stored, widen = b - s;  // a kept tensor still in float
+    const double o_widened = e.bf16() ? q * b : 0;
+    double attention = 0, mlp = 0;
+    switch (p) {
+      case recompute_policy::none:
+        attention = 2 * d * widen;                        // x̂ and the attention's input
+        mlp = (4 * d + 3 * f) * widen;                    // every packed tensor of the block
+        break;
+      case recompute_policy::selective:
+        attention = d * b + d * widen;                    // the attention's input (dropped); x̂
+        mlp = (d + f) * b + (2 * d + 2 * f) * widen;      // the MLP's input and product (dropped); x̂ twice, gate, up
+        break;
+      case recompute_policy::full:
+        attention = (d + 1) * b + d * b + (2 * q + 2 * k) * s + h * b + d * widen;  // norm, attention; the input
+        mlp = (d + 1) * b + (d + 3 * f) * b + d * widen;
+        break;
+    }
+    return std::max(attention + d * b + o_widened, mlp + 3 * d * b);
+  }
+
   // Temporaries of a block's backward_input at its largest moment: the incoming gradient (d),
   // the result dx (d) and the MLP's product gradient (f) or the attention's output gradient (q).
   double backward_temporaries() const { return 2 * d + std::max(f, q); }
@@ -75,10 +115,11 @@ inline double block_weights(const baton::nn::transformer_config& m) {
 struct stage_sizes {
   token_sizes z;
   int stages = 1;
-  double per_stage = 1, n = 0, b = 0, positions = 0;
+  double per_stage = 1, n = 0, positions = 0;
+  element_sizes e{};
   stage_sizes(const baton::nn::transformer_config& m, int stage_count, double blocks_per_stage, double tokens,
-              double seq_local, double element_bytes)
-      : z(m), stages(stage_count), per_stage(blocks_per_stage), n(tokens), b(element_bytes), positions(seq_local * 8),
+              double seq_local, element_sizes sizes)
+      : z(m), stages(stage_count), per_stage(blocks_per_stage), n(tokens), positions(seq_local * 8), e(sizes),
         block_elements(block_weights(m)) {}
 
   // Elements of stage s's weights.
@@ -90,19 +131,19 @@ struct stage_sizes {
   }
   // A microbatch-stage's saved state after its forward, and after its backward_input, in bytes.
   double forward_state(int s, baton::nn::recompute_policy p) const {
-    double e = per_stage * (z.block_forward(p) * n * b + positions);
-    if (s == 0) e += n * 8;                                  // the embedding's token ids
-    if (s == stages - 1) e += (2 * z.d + 1) * n * b;         // the head's norm (x̂, 1/rms) and its linear's input
-    return e;
+    double bytes = per_stage * (z.block_forward_bytes(p, e) * n + positions);
+    if (s == 0) bytes += n * 8;                                        // the embedding's token ids
+    if (s == stages - 1) bytes += (2 * z.d + 1) * n * e.value;         // the head's norm (x̂, 1/rms) and its linear's input
+    return bytes;
   }
   double input_state(int s) const {
-    double e = per_stage * (z.block_after_input() * n * b + positions);
-    if (s == 0) e += n * 8 + n * z.d * b;                            // + the embedding's dy
-    if (s == stages - 1) e += (3 * z.d + 1 + z.vocab) * n * b;       // + the norm's dy and the linear's dy (dlogits)
-    return e;
+    double bytes = per_stage * (z.block_after_input_bytes(e) * n + positions);
+    if (s == 0) bytes += n * 8 + n * z.d * e.value;                              // + the embedding's dy
+    if (s == stages - 1) bytes += (3 * z.d + 1 + z.vocab) * n * e.value;         // + the norm's dy and the linear's dy (dlogits)
+    return bytes;
   }
-  // A stage's input or output, or its gradient.
-  double hidden() const { return n * z.d * b; }
+  // A stage's input or output, or its gradient (sent in bf16 under bf16 storage).
+  double hidden() const { return n * z.d * e.stored; }
 
  private:
   double block_elements = 0;
@@ -124,15 +165,22 @@ inline double pool_bytes(std::vector<double> a, std::vector<double> b) {
 // Ring attention's leases of one call (ring_forward, ring_backward for float or double, where
 // the accumulators are the caller's tensors): K/V blocks in flight (2 x capacity each; a second
 // once the ring has more than 2 ranks), the forward's block output and LSE for the merge, the
-// backward's three dK/dV accumulators. In elements of `q_tokens` x per-token sizes.
-inline std::vector<double> ring_forward_leases(int ring, double kv_capacity, double q_elems, double lse_elems) {
-  std::vector<double> l{2 * kv_capacity, q_elems, lse_elems};
-  if (ring > 2) l.push_back(2 * kv_capacity);
+// backward's three dK/dV accumulators.
+// In bytes, each at its element size (`e`). Under bf16 storage (the ring runs on bf16, its
+// accumulators are float): the forward's running O is a float buffer beside the bf16 one
+// given, and the backward's dQ accumulator too, with the bf16 dQ, dK, dV of each call.
+inline std::vector<double> ring_forward_leases(int ring, double kv_capacity, double q_elems, double lse_elems,
+                                               element_sizes e) {
+  std::vector<double> l{2 * kv_capacity * e.stored, q_elems * e.stored, lse_elems * e.value};
+  if (e.bf16()) l.push_back(q_elems * e.value);
+  if (ring > 2) l.push_back(2 * kv_capacity * e.stored);
   return l;
 }
-inline std::vector<double> ring_backward_leases(int ring, double kv_capacity) {
-  std::vector<double> l(4, 2 * kv_capacity);
-  if (ring > 2) l.push_back(2 * kv_capacity);
+inline std::vector<double> ring_backward_leases(int ring, double kv_capacity, double q_elems, element_sizes e) {
+  std::vector<double> l{2 * kv_capacity * e.stored, 2 * kv_capacity * e.value, 2 * kv_capacity * e.value,
+                        2 * kv_capacity * e.value};
+  if (e.bf16()) l.insert(l.end(), {q_elems * e.value, q_elems * e.stored, kv_capacity * e.stored, kv_capacity * e.stored});
+  if (ring > 2) l.push_back(2 * kv_capacity * e.stored);
   return l;
 }
 
