@@ -602,8 +602,7 @@ std::string memory_plan_text(const options& o, const prepared& p) {
     std::snprintf(line, sizeof line, "each pp rank's %d dp x cp replicas hold as much\n", replicas);
     text += line;
   }
-  return text + p.plan_text + p.memory_line + "
-";
+  return text + p.plan_text + p.memory_line + "\n";
 }
 
 }  // namespace train_lm
