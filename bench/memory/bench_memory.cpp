@@ -22,12 +22,15 @@
 //   predicted_peak_bytes_<policy>    estimate_memory's largest over the pipeline ranks.
 //
 // The longest sequence that fits (--fit, also part of the default run; --budget-mib N, default 512):
-//   max_seq_none_float, max_seq_best      the longest sequence whose every rank's peak, by
-//                                         estimate_memory, is within 98 % of the budget: recompute none
-//                                         in float, and the best of {none, selective, full} x
-//                                         {float, bf16} (the search: every multiple of 4, what
-//                                         zigzag over cp_ring 2 needs, by bisection; the next
-//                                         multiple must not fit);
+//   max_seq_<schedule>_<policy>_<dtype>  the longest sequence whose every rank's peak, by
+//                                         estimate_memory, is within 98 % of the budget, under ZBV
+//                                         and under 1F1B (whose fused backward frees each block as
+//                                         it goes), every policy, float and bf16 (the search: every
+//                                         multiple of 4, what zigzag over cp_ring 2 needs, by
+//                                         bisection; the next multiple must not fit);
+//   max_seq_none_float, max_seq_best      the longest with none in float, and with any policy and
+//                                         storage, each over both schedules;
+//   max_seq_fit_ratio_{zbv,1f1b}          best / none-float within one schedule;
 //   max_seq_fit_ratio                     their ratio (the goal: >= 4);
 //   fit_peak_bytes_{baseline,best}        the measured peak (largest over the ranks, second
 //                                         step) of one training step at each found length:
@@ -147,12 +150,13 @@ double predicted_peak(std::int64_t seq, recompute_policy p, bool bf16 = false, b
 
 // The measured peak of one training step (the second: the estimate is of a steady step), the
 // largest over the ranks, with a fresh trainer.
-double measured_peak(std::int64_t seq, recompute_policy p, bool bf16) {
+double measured_peak(std::int64_t seq, recompute_policy p, bool bf16, bool one_f_one_b = false) {
   train::lm_config config = model_config(seq);
   config.model.recompute = p;
   if (bf16) config.model.storage = nn::activation_storage::bf16;
   const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
-  const baton::program schedule = baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4));
+  const baton::program schedule = one_f_one_b ? baton::one_f_one_b::generate(baton::shape_for<baton::one_f_one_b>(2, 4))
+                                              : baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4));
   const auto peaks = baton::run_local(4, [&](baton::local_communicator& world) {
     train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(world, config, parallelism,
                                                                                         schedule);
@@ -186,49 +190,61 @@ std::int64_t longest_fit(double budget, recompute_policy p, bool bf16, bool one_
   return lo * seq_step;
 }
 
-// max_seq_fit_ratio and its checks; false when a check fails.
+// max_seq_fit_ratio and its checks; false when a check fails. Each side is the longest over the
+// two schedules (ZBV, whose W waits after I, and 1F1B, whose fused backward frees each block as
+// it goes): a user fitting a long context picks the schedule too.
 bool fit(double budget, bool verify) {
   bool ok = true;
   const auto check = [&](bool good, const std::string& what) {
     if (!good) std::printf("FAILED: %s\n", what.c_str());
     ok = ok && good;
   };
-  bench::print_value("fit_budget_bytes", budget, "%.0f");
-  const std::int64_t baseline = longest_fit(budget, recompute_policy::none, false);
-  std::int64_t best = 0;
-  recompute_policy best_policy = recompute_policy::none;
-  bool best_bf16 = false;
-  for (bool bf16 : {false, true})
-    for (recompute_policy p : policies) {
-      const std::int64_t s = longest_fit(budget, p, bf16);
-      std::printf("max_seq_%s_%s: %lld\n", std::string(nn::to_string(p)).c_str(), bf16 ? "bf16" : "float",
-                  static_cast<long long>(s));
-      if (s > best) best = s, best_policy = p, best_bf16 = bf16;
+  struct found {
+    std::int64_t seq = 0;
+    recompute_policy policy = recompute_policy::none;
+    bool bf16 = false, one_f_one_b = false;
+    std::string text() const {
+      return std::string(one_f_one_b ? "1f1b " : "zbv ") + std::string(nn::to_string(policy)) + (bf16 ? " bf16" : " float");
     }
-  // Not part of the ratio: the same search under 1F1B, which runs W right after I, so that no
-  // microbatch-stage waits between them in float (ZBV's largest rank holds such states).
-  for (bool bf16 : {false, true})
-    for (recompute_policy p : policies)
-      std::printf("max_seq_1f1b_%s_%s: %lld\n", std::string(nn::to_string(p)).c_str(), bf16 ? "bf16" : "float",
-                  static_cast<long long>(longest_fit(budget, p, bf16, true)));
-  std::printf("max_seq_best_policy: %s %s\n", std::string(nn::to_string(best_policy)).c_str(), best_bf16 ? "bf16" : "float");
-  bench::print_value("max_seq_none_float", static_cast<double>(baseline), "%.0f");
-  bench::print_value("max_seq_best", static_cast<double>(best), "%.0f");
-  bench::print_value("max_seq_fit_ratio", baseline > 0 ? static_cast<double>(best) / static_cast<double>(baseline) : 0, "%.3f");
+  };
+  bench::print_value("fit_budget_bytes", budget, "%.0f");
+  found baseline, best;
+  std::int64_t best_same[2] = {0, 0}, baseline_same[2] = {0, 0};
+  for (bool one_f_one_b : {false, true})
+    for (bool bf16 : {false, true})
+      for (recompute_policy p : policies) {
+        const found f{longest_fit(budget, p, bf16, one_f_one_b), p, bf16, one_f_one_b};
+        std::printf("max_seq_%s_%s_%s: %lld\n", one_f_one_b ? "1f1b" : "zbv", std::string(nn::to_string(p)).c_str(),
+                    bf16 ? "bf16" : "float", static_cast<long long>(f.seq));
+        if (p == recompute_policy::none && !bf16) {
+          baseline_same[one_f_one_b] = f.seq;
+          if (f.seq > baseline.seq) baseline = f;
+        }
+        best_same[one_f_one_b] = std::max(best_same[one_f_one_b], f.seq);
+        if (f.seq > best.seq) best = f;
+      }
+  for (int k : {0, 1})
+    bench::print_value(std::string("max_seq_fit_ratio_") + (k ? "1f1b" : "zbv"),
+                       baseline_same[k] > 0 ? static_cast<double>(best_same[k]) / static_cast<double>(baseline_same[k]) : 0,
+                       "%.3f");
+  std::printf("max_seq_baseline: %s\nmax_seq_best_policy: %s\n", baseline.text().c_str(), best.text().c_str());
+  bench::print_value("max_seq_none_float", static_cast<double>(baseline.seq), "%.0f");
+  bench::print_value("max_seq_best", static_cast<double>(best.seq), "%.0f");
+  bench::print_value("max_seq_fit_ratio", baseline.seq > 0 ? static_cast<double>(best.seq) / static_cast<double>(baseline.seq) : 0,
+                     "%.3f");
   std::fflush(stdout);
-  check(baseline > 0 && best >= baseline, "the search found a sequence that fits");
-  for (auto [seq, p, bf16] : {std::tuple{baseline, recompute_policy::none, false}, std::tuple{best, best_policy, best_bf16}}) {
-    const std::string what = "seq " + std::to_string(seq) + " " + std::string(nn::to_string(p)) + (bf16 ? " bf16" : " float");
-    check(predicted_peak(seq, p, bf16) <= headroom * budget, what + " fits by the estimate");
-    check(predicted_peak(seq + seq_step, p, bf16) > headroom * budget, what + ": the next length does not fit by the estimate");
+  check(baseline.seq > 0 && best.seq >= baseline.seq, "the search found a sequence that fits");
+  for (const found& f : {baseline, best}) {
+    check(predicted_peak(f.seq, f.policy, f.bf16, f.one_f_one_b) <= headroom * budget, "seq " + std::to_string(f.seq) + " " + f.text() + " fits by the estimate");
+    check(predicted_peak(f.seq + seq_step, f.policy, f.bf16, f.one_f_one_b) > headroom * budget,
+          "seq " + std::to_string(f.seq) + " " + f.text() + ": the next length does not fit by the estimate");
   }
   if (!verify) return ok;
-  for (auto [name, seq, p, bf16] : {std::tuple{"baseline", baseline, recompute_policy::none, false},
-                                    std::tuple{"best", best, best_policy, best_bf16}}) {
+  for (auto [name, f] : {std::pair{"baseline", baseline}, std::pair{"best", best}}) {
     const auto start = std::chrono::steady_clock::now();
-    const double measured = measured_peak(seq, p, bf16);
+    const double measured = measured_peak(f.seq, f.policy, f.bf16, f.one_f_one_b);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double predicted = predicted_peak(seq, p, bf16);
+    const double predicted = predicted_peak(f.seq, f.policy, f.bf16, f.one_f_one_b);
     bench::print_value(std::string("fit_peak_bytes_") + name, measured, "%.0f");
     bench::print_value(std::string("fit_predicted_over_measured_") + name, predicted / measured, "%.4f");
     bench::print_value(std::string("fit_two_steps_seconds_") + name, seconds, "%.1f");

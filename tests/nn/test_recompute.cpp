@@ -290,6 +290,53 @@ TEST_CASE("recompute: the policy is a value of the config, of a block and of a s
   }
 }
 
+// A stage's fused backward (what a schedule's B runs) makes each piece's weight gradients and
+// frees it before the next piece's backward_input: the same bits as backward_input then
+// backward_weight, holding one block's backward state at a time instead of every block's.
+TEST_CASE("recompute: a stage's fused backward equals backward_input then backward_weight, and holds less", "[nn][memory]") {
+  using strategy = nn::no_cp<baton::reference_attention>;
+  using stage_type = nn::lm_stage<double, strategy>;
+  using activation = nn::lm_activation<double>;
+  for (recompute_policy p : all_policies) {
+    INFO("policy " << nn::to_string(p));
+    std::vector<baton::host_tensor<double>> dx;
+    std::vector<std::map<std::string, baton::host_tensor<double>>> grads;
+    std::vector<std::int64_t> held;  // the most the meter saw above the forward's state
+    for (bool fused : {true, false}) {
+      auto model = config(p);
+      model.vocab = 32;
+      stage_type stage(model, nn::lm_stage_layout::of(1, 3, 9), nn::initializer(7), [] { return strategy{}; });
+      REQUIRE(stage.blocks().size() == 3);
+      const auto rows_only = [](std::int64_t rows) {
+        return baton::constant<baton::host_tensor<std::int64_t>>(baton::host_tensor<std::int64_t>({rows, 0}));
+      };
+      const activation x(rows_only(batch), nn_test::random_tensor<double>({batch, seq, d_model}, 11),
+                         baton::host_tensor<baton::bfloat16>({batch, 0}));
+      const baton::grad_t<activation> dy(nn_test::random_tensor<double>({batch, seq, d_model}, 12),
+                                         baton::host_tensor<baton::bfloat16>({batch, 0}));
+      stage_type::saved st;
+      (void)stage.forward(x, nn::sequence_info::whole(seq), st);
+      baton::host_tensor_memory_reset_peak();
+      const std::int64_t before = baton::host_tensor_memory().live;
+      if (fused) {
+        dx.push_back(get<"hidden">(stage.backward(st, dy)));
+      } else {
+        dx.push_back(get<"hidden">(stage.backward_input(st, dy)));
+        stage.backward_weight(st);
+      }
+      held.push_back(baton::host_tensor_memory().peak - before);
+      CHECK(st.bytes() == 0);
+      grads.push_back(nn_test::gradients_of<double>(stage));
+    }
+    CHECK(same_bits(dx[0], dx[1]));
+    CHECK(same_bits(grads[0], grads[1]));
+    // Split: every block grown to what W reads at once; fused: one block at a time (3 blocks).
+    CHECK(held[0] < held[1]);
+    // At least two blocks' growth from their forward's state to what W reads is never held.
+    CHECK(held[1] - held[0] >= 2 * static_cast<std::int64_t>(bytes_after_input<double>() - bytes_after_forward<double>(p)));
+  }
+}
+
 enum class cp_kind { ring, ulysses, hybrid };
 
 struct cp_rank_run {

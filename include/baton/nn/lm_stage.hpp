@@ -201,6 +201,39 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
     return grad_t<input>(std::move(dh), host_tensor<bfloat16>(st.input_bf16_shape));
   }
 
+  /// backward_input then backward_weight, one piece at a time (the head, each block from the
+  /// last, the embedding): a piece's weight gradients are made and its state freed before the
+  /// next piece's backward_input, so a fused backward holds one block's backward state above
+  /// what its forwards kept, not every block's (docs/memory.md). The gradients are the same
+  /// bits as backward_input then backward_weight: no piece reads another's weight gradients.
+  grad_t<input> backward(saved& st, const grad_t<output>& dy) {
+    const host_tensor<bfloat16>& dy_bf16 = get<"hidden_bf16">(dy);
+    host_tensor<T> dh;
+    if (head_) {
+      dh = head_->backward_input(st.head, get<"hidden">(dy));
+      head_->backward_weight(st.head);
+      st.head = {};
+    } else {
+      dh = dy_bf16.size() > 0 ? detail::nn::widened<T>(dy_bf16) : get<"hidden">(dy);
+    }
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      dh = blocks_[i].backward_input(st.blocks[i], dh);
+      blocks_[i].backward_weight(st.blocks[i]);
+      st.blocks[i] = {};
+    }
+    if (embed_) {
+      embed_->backward_input(st.embed, dh);
+      embed_->backward_weight(st.embed);
+      dh = host_tensor<T>(st.input_hidden_shape);  // tokens have no gradient
+    }
+    const bool input_bf16 = st.input_bf16;
+    const auto hidden_shape = st.input_hidden_shape;
+    const auto bf16_shape = st.input_bf16_shape;
+    st = saved{};
+    if (input_bf16) return grad_t<input>(host_tensor<T>(hidden_shape), detail::nn::to_bf16(dh));
+    return grad_t<input>(std::move(dh), host_tensor<bfloat16>(bf16_shape));
+  }
+
   void backward_weight(saved& st) {
     this->expect_input_done(st);
     if (head_) head_->backward_weight(st.head);

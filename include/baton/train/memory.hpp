@@ -259,7 +259,7 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
                 most_grad = std::max(most_grad, ++in_use_grad);
               }
             }
-            const double grown = input_state(s);
+            const double grown = a.kind == action_kind::backward ? sizes.fused_backward_state(s, policy(s)) : input_state(s);
             saved += grown - state[c];
             saved_forward -= state[c];
             state[c] = grown;

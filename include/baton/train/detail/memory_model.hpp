@@ -142,6 +142,15 @@ struct stage_sizes {
     if (s == stages - 1) bytes += (3 * z.d + 1 + z.vocab) * n * e.value;         // + the norm's dy and the linear's dy (dlogits)
     return bytes;
   }
+  // The most a microbatch-stage holds inside a fused backward (lm_stage::backward): each piece's
+  // backward_input is followed by its backward_weight, which frees it, so at most one piece is
+  // grown to what W reads (the head first, then the last block) while the others still hold
+  // what their forward kept.
+  double fused_backward_state(int s, baton::nn::recompute_policy p) const {
+    double growth = (z.block_after_input_bytes(e) - z.block_forward_bytes(p, e)) * n;
+    if (s == stages - 1) growth = std::max(growth, (z.d + z.vocab) * n * e.value);  // the head's dy and dlogits
+    return forward_state(s, p) + std::max(0.0, growth);
+  }
   // A stage's input or output, or its gradient (sent in bf16 under bf16 storage).
   double hidden() const { return n * z.d * e.stored; }
 
