@@ -9,8 +9,10 @@
 #include <baton/comm/mesh.hpp>
 #include <baton/cp.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -315,6 +317,25 @@ void for_each_mask(std::int64_t seq, F&& f) {
   f(baton::block_mask([](std::int64_t q, std::int64_t k) { return k <= q && (k < 2 || q - k < 6) && q % 7 != 3; }, seq,
                       seq, 4),
     "block mask (sink + window, rows q%7==3 empty)");
+}
+
+// Runs f on every rank of an n-rank local world; returns each rank's cp_error message ("" if
+// none), so that a test can assert that every rank stopped with the same message.
+inline std::vector<std::string> rank_cp_errors(int n, const std::function<void(baton::local_communicator&)>& f) {
+  std::vector<std::string> messages(static_cast<std::size_t>(n));
+  baton::local_options options;
+  options.timeout = std::chrono::seconds(20);
+  baton::run_local(
+      n,
+      [&](baton::local_communicator& comm) {
+        try {
+          f(comm);
+        } catch (const baton::cp_error& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      },
+      options);
+  return messages;
 }
 
 }  // namespace cp_test

@@ -108,23 +108,8 @@ TEST_CASE("cross-attention: the check can fail (keys placed one position off und
 
 namespace cross_test {
 
-// Runs f on every rank; returns each rank's cp_error message ("" if none).
-inline std::vector<std::string> rank_errors(int n, const std::function<void(baton::local_communicator&)>& f) {
-  std::vector<std::string> messages(static_cast<std::size_t>(n));
-  baton::local_options options;
-  options.timeout = std::chrono::seconds(20);
-  baton::run_local(
-      n,
-      [&](baton::local_communicator& comm) {
-        try {
-          f(comm);
-        } catch (const baton::cp_error& e) {
-          messages[static_cast<std::size_t>(comm.rank())] = e.what();
-        }
-      },
-      options);
-  return messages;
-}
+// Each rank's cp_error message (cp_test_support.hpp).
+constexpr auto rank_errors = &cp_test::rank_cp_errors;
 
 // A forward on every rank with shards of the lengths `qs` and `kv` give it (or `k_len` keys
 // where >= 0), through ring or Ulysses.

@@ -11,23 +11,8 @@ using baton::shard_layout;
 
 namespace {
 
-// Runs f on every rank of an n-rank world; returns each rank's cp_error message ("" if none).
-std::vector<std::string> cp_errors(int n, const std::function<void(baton::local_communicator&)>& f) {
-  std::vector<std::string> messages(static_cast<std::size_t>(n));
-  baton::local_options options;
-  options.timeout = std::chrono::seconds(20);
-  baton::run_local(
-      n,
-      [&](baton::local_communicator& comm) {
-        try {
-          f(comm);
-        } catch (const baton::cp_error& e) {
-          messages[static_cast<std::size_t>(comm.rank())] = e.what();
-        }
-      },
-      options);
-  return messages;
-}
+// Each rank's cp_error message (cp_test_support.hpp).
+constexpr auto cp_errors = &cp_test::rank_cp_errors;
 
 void every_rank_says(const std::vector<std::string>& messages, const std::string& needle) {
   for (std::size_t r = 0; r < messages.size(); ++r) {
