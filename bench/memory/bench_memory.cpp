@@ -134,14 +134,25 @@ figures measure(std::int64_t seq, int pairs) {
   return out;
 }
 
+// One fit run's configuration: the model at `seq` under policy p (and bf16 storage), pp 2 x
+// cp_ring 2, and its schedule, ZBV (the bench's) or 1F1B.
+struct fit_run {
+  train::lm_config config;
+  train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
+  baton::program schedule;
+  fit_run(std::int64_t seq, recompute_policy p, bool bf16, bool one_f_one_b)
+      : config(model_config(seq)),
+        schedule(one_f_one_b ? baton::one_f_one_b::generate(baton::shape_for<baton::one_f_one_b>(2, 4))
+                             : baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4))) {
+    config.model.recompute = p;
+    if (bf16) config.model.storage = nn::activation_storage::bf16;
+  }
+};
+
 // The largest estimate over the pipeline ranks, under ZBV (the bench's schedule) or 1F1B.
 double predicted_peak(std::int64_t seq, recompute_policy p, bool bf16 = false, bool one_f_one_b = false) {
-  train::lm_config config = model_config(seq);
-  config.model.recompute = p;
-  if (bf16) config.model.storage = nn::activation_storage::bf16;
-  const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
-  const baton::program schedule = one_f_one_b ? baton::one_f_one_b::generate(baton::shape_for<baton::one_f_one_b>(2, 4))
-                                              : baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4));
+  const fit_run run(seq, p, bf16, one_f_one_b);
+  const auto& [config, parallelism, schedule] = run;
   double most = 0;
   for (const auto& e : train::estimate_memory(config, parallelism, schedule, sizeof(float)))
     most = std::max(most, e.total());
@@ -151,12 +162,8 @@ double predicted_peak(std::int64_t seq, recompute_policy p, bool bf16 = false, b
 // The measured peak of one training step (the second: the estimate is of a steady step), the
 // largest over the ranks, with a fresh trainer.
 double measured_peak(std::int64_t seq, recompute_policy p, bool bf16, bool one_f_one_b = false) {
-  train::lm_config config = model_config(seq);
-  config.model.recompute = p;
-  if (bf16) config.model.storage = nn::activation_storage::bf16;
-  const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
-  const baton::program schedule = one_f_one_b ? baton::one_f_one_b::generate(baton::shape_for<baton::one_f_one_b>(2, 4))
-                                              : baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4));
+  const fit_run run(seq, p, bf16, one_f_one_b);
+  const auto& [config, parallelism, schedule] = run;
   const auto peaks = baton::run_local(4, [&](baton::local_communicator& world) {
     train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention> trainer(world, config, parallelism,
                                                                                         schedule);
