@@ -373,8 +373,10 @@ train::lm_config memory_config(recompute_policy policy, bool bf16 = false) {
     c.model.storage = nn::activation_storage::bf16;
     // The Kokkos attention's packing buffer (metered, not modelled: docs/memory.md) holds a
     // round of K/V heads whose size does not grow with the rows; at 2 rows per microbatch it
-    // was 15 % of world rank 0's peak, at 8 rows a few %.
-    c.batch = 32;
+    // was 15 % of world rank 0's peak, at 8 rows a few %. Since a block's fused backward frees
+    // piece by piece, 1F1B full's peak is small enough that at 8 rows world rank 0 measured
+    // 0.888-0.906; at 32 rows 0.930.
+    c.batch = 128;
   }
   return c;
 }
@@ -434,9 +436,9 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
     const auto predicted = train::estimate_memory(memory_config(m.policy, m.bf16), m.parallelism, m.schedule,
                                                   m.in_double ? sizeof(double) : sizeof(float));
     // bf16 counted at float's size (the estimate before it modelled bf16) must fall outside the
-    // band where the peak is forward states (ZBV, none: measured 1.18-1.29), or the band would not
-    // tell the bf16 model from no model. (1F1B full's peak is a stage's float state between I
-    // and W inside its B, which bf16 does not shrink: 0.97-1.02 at float's size.)
+    // band where the peak is forward states (ZBV, none: measured 1.30-1.36), or the band would not
+    // tell the bf16 model from no model. (1F1B full's peak is one block's float state inside its
+    // fused backward, which bf16 shrinks little: 0.97-1.07 at float's size.)
     train::lm_config as_float = memory_config(m.policy, m.bf16);
     as_float.model.storage = nn::activation_storage::native;
     const auto at_float_size = train::estimate_memory(as_float, m.parallelism, m.schedule, sizeof(float));

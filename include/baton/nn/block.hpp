@@ -69,6 +69,9 @@ class transformer_block
   struct saved : detail::nn::saved_state {
     /// The policy the forward kept this state under (the block's may change in between).
     recompute_policy policy = recompute_policy::none;
+    /// Whether the forward kept it in bf16 (activation_storage::bf16): a recomputation keeps
+    /// what it re-creates the same way.
+    bool bf16 = false;
     typename rms_norm<T>::saved attention_norm;
     typename attention_type::saved attention;
     typename rms_norm<T>::saved mlp_norm;
@@ -80,7 +83,8 @@ class transformer_block
     /// activation_storage::bf16: the float tensors above that the policy keeps (x̂ of both
     /// norms, the attention's and the MLP's inputs, gate, up, product; the input under full),
     /// in bf16 from the forward step that last reads each to the backward step that first
-    /// does (slots: the block's `slot` enum).
+    /// does (slots: the block's `slot` enum). What a recomputation re-creates (full: all of
+    /// none's state; selective: the MLP's input and the product) is packed the same way.
     detail::nn::bf16_pack<T, 8> packed;
     std::size_t bytes() const {
       return attention_norm.bytes() + attention.bytes() + mlp_norm.bytes() + mlp.bytes() + packed.bytes() +
@@ -140,6 +144,7 @@ class transformer_block
       attention_.reject(problem, false);
     st.policy = config_.recompute;
     const bool bf16 = config_.storage == activation_storage::bf16;
+    st.bf16 = bf16;
     if (st.policy == recompute_policy::full) {
       if (bf16)
         st.packed.held[input_slot] = detail::nn::to_bf16(x);
@@ -151,50 +156,24 @@ class transformer_block
     return run_forward(x, info, st, st.policy, true, bf16 && st.policy != recompute_policy::full);
   }
 
-  grad_t<input> backward_input(saved& st, const grad_t<output>& dy) {
-    st.packed.unpack(input_slot, st.input);
-    // Under full the group's first collective here is the recomputed forward: a rank that
-    // rejects takes part in that one.
-    if (std::string problem = grad_problem(st, dy); !problem.empty())
-      attention_.reject(problem, st.policy != recompute_policy::full);
-    if (st.policy == recompute_policy::full) {
-      sequence_info info;
-      info.positions = std::move(st.positions);
-      info.documents = std::move(st.documents);
-      const tensor x = std::move(st.input);
-      st.positions = {};
-      st.input = tensor();
-      run_forward(x, info, st, recompute_policy::none, false, false);
-    }
-    // bf16 storage: each packed tensor is widened just before the first step that reads it
-    // (unpack does nothing for a slot that holds nothing: native storage, or a dropped tensor).
-    auto& p = st.packed;
-    p.unpack(gate_slot, st.mlp.gate);
-    p.unpack(up_slot, st.mlp.up);
-    if (st.policy == recompute_policy::selective) {
-      p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
-      st.mlp.x = mlp_norm_.output(st.mlp_norm);
-      mlp_.restore_product(st.mlp);
-    }
-    tensor d_mlp = mlp_.backward_input(st.mlp, dy);
-    p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
-    tensor dh = mlp_norm_.backward_input(st.mlp_norm, d_mlp);
-    detail::nn::add_into(dh, dy);
-    p.unpack(attention_norm_slot, st.attention_norm.x_hat);
-    if (st.policy == recompute_policy::selective) st.attention.x = attention_norm_.output(st.attention_norm);
-    p.unpack(attention_slot, st.attention.x);  // the attention's backward reads its input's shape
-    tensor dx = attention_norm_.backward_input(st.attention_norm, attention_.backward_input(st.attention, dh));
-    detail::nn::add_into(dx, dh);
-    // What only backward_weight reads, in float between I and W as under native storage.
-    p.unpack(mlp_slot, st.mlp.x);
-    p.unpack(product_slot, st.mlp.product);
-    this->mark_input_done(st);
+  grad_t<input> backward_input(saved& st, const grad_t<output>& dy) { return backward_pieces(st, dy, false); }
+
+  /// backward_input then backward_weight, one piece at a time (the MLP, its norm, the
+  /// attention, its norm): each piece's weight gradients are made and its state freed before
+  /// the next piece's backward_input, so the block never holds every piece's backward state at
+  /// once — the MLP's (its input, product and the gate's and up's gradients, 3 ffn_hidden + 2
+  /// d_model values a token) is gone before the attention's backward and its ring buffers
+  /// (docs/memory.md). The same bits as backward_input then backward_weight: no piece reads
+  /// another's weight gradients, and each weight gradient gets the same one addition.
+  grad_t<input> backward(saved& st, const grad_t<output>& dy) {
+    tensor dx = backward_pieces(st, dy, true);
+    st = saved{};
     return dx;
   }
 
   void backward_weight(saved& st) {
     this->expect_input_done(st);
-    mlp_.backward_weight(st.mlp);
+    mlp_weight(st);
     mlp_norm_.backward_weight(st.mlp_norm);
     attention_.backward_weight(st.attention);
     attention_norm_.backward_weight(st.attention_norm);
@@ -213,6 +192,70 @@ class transformer_block
     product_slot,
     input_slot,  // the block's input (full)
   };
+
+  // The MLP's weight gradients. bf16 storage keeps the MLP's input and the product packed from
+  // the forward to here (they are read by nothing before), so between I and W they hold half
+  // the bytes; widening them here or at the end of backward_input gives the same floats.
+  void mlp_weight(saved& st) {
+    st.packed.unpack(mlp_slot, st.mlp.x);
+    st.packed.unpack(product_slot, st.mlp.product);
+    mlp_.backward_weight(st.mlp);
+  }
+
+  // backward_input, and with `fused` each piece's backward_weight right after its
+  // backward_input (backward): one code path, so the fused and the split backward compute the
+  // same bits in the same order.
+  tensor backward_pieces(saved& st, const tensor& dy, bool fused) {
+    st.packed.unpack(input_slot, st.input);
+    // Under full the group's first collective here is the recomputed forward: a rank that
+    // rejects takes part in that one.
+    if (std::string problem = grad_problem(st, dy); !problem.empty())
+      attention_.reject(problem, st.policy != recompute_policy::full);
+    if (st.policy == recompute_policy::full) {
+      sequence_info info;
+      info.positions = std::move(st.positions);
+      info.documents = std::move(st.documents);
+      const tensor x = std::move(st.input);
+      st.positions = {};
+      st.input = tensor();
+      // Kept as none keeps it: under bf16 storage every tensor packed once the recomputation
+      // has read it, widened before the step that first reads it, so the MLP's input and the
+      // product wait for W in bf16 (and the rounding is the one none's forward makes).
+      run_forward(x, info, st, recompute_policy::none, false, st.bf16);
+    }
+    // bf16 storage: each packed tensor is widened just before the first step that reads it
+    // (unpack does nothing for a slot that holds nothing: native storage, or a dropped tensor).
+    auto& p = st.packed;
+    p.unpack(gate_slot, st.mlp.gate);
+    p.unpack(up_slot, st.mlp.up);
+    if (st.policy == recompute_policy::selective) {
+      p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
+      st.mlp.x = mlp_norm_.output(st.mlp_norm);
+      mlp_.restore_product(st.mlp);
+      if (st.bf16) {  // read by W only: packed as none's forward packs them
+        p.pack(mlp_slot, st.mlp.x);
+        p.pack(product_slot, st.mlp.product);
+      }
+    }
+    tensor d_mlp = mlp_.backward_input(st.mlp, dy);
+    if (fused) mlp_weight(st);
+    p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
+    tensor dh = mlp_norm_.backward_input(st.mlp_norm, d_mlp);
+    d_mlp = tensor();
+    if (fused) mlp_norm_.backward_weight(st.mlp_norm);
+    detail::nn::add_into(dh, dy);
+    p.unpack(attention_norm_slot, st.attention_norm.x_hat);
+    if (st.policy == recompute_policy::selective) st.attention.x = attention_norm_.output(st.attention_norm);
+    p.unpack(attention_slot, st.attention.x);  // the attention's backward reads its input's shape
+    tensor d_attention = attention_.backward_input(st.attention, dh);
+    if (fused) attention_.backward_weight(st.attention);
+    tensor dx = attention_norm_.backward_input(st.attention_norm, d_attention);
+    d_attention = tensor();
+    if (fused) attention_norm_.backward_weight(st.attention_norm);
+    detail::nn::add_into(dx, dh);
+    if (!fused) this->mark_input_done(st);
+    return dx;
+  }
 
   // The forward, keeping in `st` what `keep` says; without `with_output` (a recomputation)
   // it stops once the state is complete, before the MLP's output projection. With `pack`
@@ -238,6 +281,7 @@ class transformer_block
     if (pack) st.packed.pack(mlp_norm_slot, st.mlp_norm.x_hat);
     if (!with_output) {
       mlp_.forward_state(std::move(normed), st.mlp);
+      if (pack) pack_mlp(st);
       return tensor();
     }
     tensor y = mlp_.forward(std::move(normed), st.mlp);
@@ -249,14 +293,16 @@ class transformer_block
       st.mlp_norm = {};
       st.mlp = {};
     }
-    if (pack) {
-      st.packed.pack(mlp_slot, st.mlp.x);
-      st.packed.pack(gate_slot, st.mlp.gate);
-      st.packed.pack(up_slot, st.mlp.up);
-      st.packed.pack(product_slot, st.mlp.product);
-    }
+    if (pack) pack_mlp(st);
     detail::nn::add_into(y, h);
     return y;
+  }
+
+  static void pack_mlp(saved& st) {
+    st.packed.pack(mlp_slot, st.mlp.x);
+    st.packed.pack(gate_slot, st.mlp.gate);
+    st.packed.pack(up_slot, st.mlp.up);
+    st.packed.pack(product_slot, st.mlp.product);
   }
 
   // Empty when dy is a valid output gradient for `st`; else the message.

@@ -203,8 +203,9 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
 
   /// backward_input then backward_weight, one piece at a time (the head, each block from the
   /// last, the embedding): a piece's weight gradients are made and its state freed before the
-  /// next piece's backward_input, so a fused backward holds one block's backward state above
-  /// what its forwards kept, not every block's (docs/memory.md). The gradients are the same
+  /// next piece's backward_input (a block fuses its own pieces the same way), so a fused
+  /// backward holds one piece's backward state above what its forwards kept, not every
+  /// block's (docs/memory.md). The gradients are the same
   /// bits as backward_input then backward_weight: no piece reads another's weight gradients.
   grad_t<input> backward(saved& st, const grad_t<output>& dy) {
     const host_tensor<bfloat16>& dy_bf16 = get<"hidden_bf16">(dy);
@@ -217,9 +218,7 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
       dh = dy_bf16.size() > 0 ? detail::nn::widened<T>(dy_bf16) : get<"hidden">(dy);
     }
     for (std::size_t i = blocks_.size(); i-- > 0;) {
-      dh = blocks_[i].backward_input(st.blocks[i], dh);
-      blocks_[i].backward_weight(st.blocks[i]);
-      st.blocks[i] = {};
+      dh = blocks_[i].backward(st.blocks[i], dh);  // itself fused, piece by piece
     }
     if (embed_) {
       embed_->backward_input(st.embed, dh);

@@ -263,8 +263,10 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
             saved += grown - state[c];
             saved_forward -= state[c];
             state[c] = grown;
-            // The end of backward_input: every block grown, its temporaries and the result dx.
-            consider(0, 0, z.backward_temporaries() * n * b + (s > 0 ? hidden : 0));
+            // The end of backward_input: every block grown, its temporaries and the result dx;
+            // a fused backward's temporaries are in its growth, beside the incoming gradient.
+            const double temporaries = a.kind == action_kind::backward ? z.d : z.backward_temporaries();
+            consider(0, 0, temporaries * n * b + (s > 0 ? hidden : 0));
             if (last) {
               held_logits -= loss_grad[c];
               loss_grad[c] = 0;

@@ -71,7 +71,46 @@ struct token_sizes {
     }
     return block_forward_bytes(baton::nn::recompute_policy::none, e);
   }
-  double block_after_input_bytes(element_sizes e) const { return (block_after_input() - q) * e.value + q * e.stored; }
+  // Under bf16 storage O stays bf16 until W, and so do the MLP's input and the product
+  // (packed by the forward or the recomputation, widened by the MLP's backward_weight),
+  // whatever the policy.
+  double block_after_input_bytes(element_sizes e) const {
+    const double packed = q + d + f;
+    return (block_after_input() - packed) * e.value + packed * e.stored;
+  }
+
+  // The most one block holds, per token, during its fused backward (transformer_block::backward:
+  // each piece's backward_input then its backward_weight, the MLP first), its own temporaries
+  // included and the incoming gradient not. Three moments:
+  //  - the end of the MLP's backward_input: the whole state (recomputed under full) with the
+  //    gate's and up's gradients written over them, the MLP's dy kept for W, its product
+  //    gradient and its result;
+  //  - the MLP's backward_weight: the same with the MLP's input and product widened (bf16
+  //    storage, none) and the product gradient gone;
+  //  - the end of the attention's backward_input, the MLP and its norm gone: the attention's
+  //    norm, its input and state, the gradient reaching it, dO, dq, dk, dv (and under bf16
+  //    storage their bf16 copies), its result and its dy kept for W.
+  // What a tensor is held in: q, k, v and O in `stored` (the attention keeps them so under bf16
+  // storage); the rest in `stored` from when the forward or the recomputation packed it to the
+  // step that first reads it (bf16 storage), else in `value`. Selective recomputes the
+  // attention's input only when the attention's backward needs it.
+  double block_fused_peak_bytes(baton::nn::recompute_policy p, element_sizes e) const {
+    using baton::nn::recompute_policy;
+    const double v = e.value, s = e.stored;
+    const double attention_input = p == recompute_policy::selective ? 0 : d * s;  // until its backward
+    const double qkvo = (2 * q + 2 * k) * s + h * v;                              // with the LSE
+    const double attention_side = d * s + v + attention_input + qkvo;             // its norm (x̂, 1/rms), input, state
+    const double mlp_norm = d * s + v;
+    const double mlp_end_of_input = (d + f) * s + 2 * f * v + d * v  // x and product (packed), d_gate, d_up, dy
+                                    + f * v + d * v;                 // d_product, dx
+    const double mlp_weight = (d + f) * v + 2 * f * v + d * v + d * v;                   // widened; its result kept
+    const double moment_a = attention_side + mlp_norm + mlp_end_of_input;
+    const double moment_b = attention_side + mlp_norm + mlp_weight;
+    const double attention_end = (d + 1) * v + d * v + qkvo + d * v  // norm (widened), input, state, dh
+                                   + q * v + (q + 2 * k) * v + 2 * d * v  // dO, dq dk dv, dx and its dy
+                                   + (e.bf16() ? (2 * q + 2 * k) * s : 0);  // dO, dq, dk, dv in bf16
+    return std::max({moment_a, moment_b, attention_end});
+  }
   double forward_extra_bytes(baton::nn::recompute_policy p, element_sizes e) const {
     using baton::nn::recompute_policy;
     const double b = e.value, s = e.stored, widen = b - s;  // a kept tensor still in float
@@ -144,10 +183,11 @@ struct stage_sizes {
   }
   // The most a microbatch-stage holds inside a fused backward (lm_stage::backward): each piece's
   // backward_input is followed by its backward_weight, which frees it, so at most one piece is
-  // grown to what W reads (the head first, then the last block) while the others still hold
-  // what their forward kept.
+  // grown (the head first, then each block from the last, itself piece by piece:
+  // block_fused_peak_bytes, temporaries included) while the others still hold what their
+  // forward kept.
   double fused_backward_state(int s, baton::nn::recompute_policy p) const {
-    double growth = (z.block_after_input_bytes(e) - z.block_forward_bytes(p, e)) * n;
+    double growth = (z.block_fused_peak_bytes(p, e) - z.block_forward_bytes(p, e)) * n;
     if (s == stages - 1) growth = std::max(growth, (z.d + z.vocab) * n * e.value);  // the head's dy and dlogits
     return forward_state(s, p) + std::max(0.0, growth);
   }
