@@ -137,8 +137,9 @@ baton::tensor_view<T, N> real_tensor(const fake_device& dev, baton::tensor_view<
 // Per rank: what the "stream" has pending and what was called.
 struct rank_state {
   fake_device* dev = nullptr;
-  bool pending = false;  // work issued since the last synchronize()
+  bool pending = false;  // work issued since the last synchronize() (or order_before)
   int copies = 0, fills = 0, accumulates = 0, merges = 0, syncs = 0, staged = 0, transfers = 0, backend_calls = 0;
+  int orders_before = 0, orders_after = 0;  // the stream-ordered hooks (ordered_fake_memory)
 };
 
 // The memory space: host_memory's loops on translated views.
@@ -319,6 +320,26 @@ class fake_comm {
 
 static_assert(baton::ring_communicator<fake_comm> && baton::all_to_all_communicator<fake_comm>);
 
+// fake_memory with the stream-ordered transfer hooks cuda_device_memory offers over NCCL
+// (cp/memory.hpp): order_before(comm) stands for the communicator's streams waiting for an
+// event on this "stream", so the work pending so far no longer forbids a transfer (without
+// a synchronize); order_after(request) for this stream waiting for the transfer (here the
+// host waits: the fake's "kernels" run at once on the host, so they need the data now).
+class ordered_fake_memory : public fake_memory {
+ public:
+  using fake_memory::fake_memory;
+  void order_before(fake_comm&) {
+    ++state().orders_before;
+    state().pending = false;
+  }
+  template <class Request>
+  void order_after(Request& request) {
+    ++state().orders_after;
+    request.wait();
+  }
+};
+static_assert(baton::cp_memory_space<ordered_fake_memory>);
+
 }  // namespace
 
 // The trait path: a fake_backend's memory space is fake_memory, made from the backend.
@@ -464,6 +485,62 @@ TEST_CASE("cp memory: ring, Ulysses and hybrid through a fake device equal the h
       }
     });
   }
+}
+
+TEST_CASE("cp memory: a ring over stream-ordered transfer hooks makes no synchronisation per step", "[cp][memory]") {
+  // The ring's transfers through order_before / order_after (what cuda_device_memory does
+  // over NCCL) instead of synchronize() / wait(): the same bits, every transfer still
+  // ordered after the work before it (fake_comm refuses one that is not), and a count of
+  // synchronisations per call that does not grow with the ring's steps; with plain
+  // synchronize() it does (the control).
+  cp_test::dims d;
+  d.batch = 1;
+  d.heads_q = 2;
+  d.heads_kv = 1;
+  d.dim = 4;
+  const baton::no_mask mask;  // every step active
+  struct counts {
+    int syncs = 0, orders_before = 0, orders_after = 0, transfers = 0;
+  };
+  const auto run = [&](int ranks, bool ordered) {
+    d.seq = 6 * ranks;
+    const auto p = cp_test::make_problem<double>(d, mask, 3);
+    const baton::sequence_sharding sharding(baton::shard_layout::contiguous, d.seq, ranks);
+    fake_device dev;
+    cp_test::tensors<double> result(d);
+    std::vector<counts> per_rank(static_cast<std::size_t>(ranks));
+    baton::run_local(ranks, [&](baton::local_communicator& comm) {
+      auto state = std::make_shared<rank_state>();
+      state->dev = &dev;
+      fake_comm ring(comm, state);
+      if (ordered) {
+        baton::ring_attention attn(ring, fake_backend{state}, sharding, ordered_fake_memory(state));
+        run_fake_rank<double>(dev, attn, sharding, attn.shard_index(), p, mask, result);
+      } else {
+        baton::ring_attention attn(ring, fake_backend{state}, sharding, fake_memory(state));
+        run_fake_rank<double>(dev, attn, sharding, attn.shard_index(), p, mask, result);
+      }
+      per_rank[static_cast<std::size_t>(comm.rank())] = {state->syncs, state->orders_before, state->orders_after,
+                                                         state->transfers};
+    });
+    const auto host = cp_test::run_cp_sharded<double>({mode::ring, baton::shard_layout::contiguous, ranks, 1}, sharding, p, mask);
+    INFO(ranks << " ranks, " << (ordered ? "ordered" : "synchronised"));
+    CHECK(cp_test::same_bits(result, host));
+    CHECK(dev.live() == 0);
+    for (std::size_t r = 1; r < per_rank.size(); ++r) CHECK(per_rank[r].syncs == per_rank[0].syncs);
+    return per_rank[0];
+  };
+  const counts ordered2 = run(2, true), ordered4 = run(4, true), plain2 = run(2, false), plain4 = run(4, false);
+  CHECK(ordered4.transfers > ordered2.transfers);  // more steps, more transfers...
+  CHECK(ordered4.syncs == ordered2.syncs);         // ...and no more synchronisations
+  // The ring's transfers were ordered after the queue (fake_comm refused any that was not;
+  // the agreement's own transfers go through with_host_bytes, which stages and waits).
+  CHECK(ordered2.orders_before > 0);
+  CHECK(ordered4.orders_before > ordered2.orders_before);
+  CHECK(ordered4.orders_after > 0);
+  CHECK(plain4.syncs > plain2.syncs);  // the control: synchronize() per transfer
+  CHECK(plain2.orders_before == 0);
+  CHECK(ordered2.syncs < plain2.syncs);
 }
 
 TEST_CASE("cp memory: host tensors given to a device memory space fail on every rank together", "[cp][memory]") {

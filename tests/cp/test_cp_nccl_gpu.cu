@@ -357,6 +357,12 @@ TEST_CASE("cp gpu: the device memory space and the adapters model the concepts",
   STATIC_REQUIRE(baton::ring_communicator<baton::nccl_communicator>);
   STATIC_REQUIRE(baton::all_to_all_communicator<baton::nccl_communicator>);
   STATIC_REQUIRE(std::is_same_v<baton::cp_memory_space_t<baton::cuda_attention>, baton::cuda_device_memory>);
+  // The ring's transfers over NCCL are ordered by events, not host synchronisations
+  // (detail::cp::before_transfer and transfer_settler take these paths).
+  STATIC_REQUIRE(requires(baton::cuda_device_memory& m, baton::nccl_communicator& c) { m.order_before(c); });
+  STATIC_REQUIRE(requires(baton::cuda_device_memory& m, baton::nccl_request& r) { m.order_after(r); });
+  // The backend takes the ring's reservation (no allocation between ring steps).
+  STATIC_REQUIRE(baton::backend_with_workspace<baton::cuda_attention>);
 }
 
 TEST_CASE("cp gpu: ring, Ulysses and hybrid on one device (staged reference backend), double", "[cp][cuda][gpu][one_device][can-skip]") {

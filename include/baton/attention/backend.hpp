@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -57,6 +58,27 @@ struct attention_params {
   /// can sum the contributions of several key/value blocks (ring steps).
   bool accumulate = false;
 };
+
+/// The largest call a backend with a device workspace must serve without allocating: given
+/// to its `reserve_workspace(shape)` when it has one (cuda_attention). Context parallelism
+/// calls that at the start of every ring call with the ring's largest step, so that no
+/// allocation happens between the steps.
+struct attention_workspace_shape {
+  std::int64_t batch = 1, heads_q = 1, heads_kv = 1, seq_q = 0, seq_k = 0, dim = 128;
+  /// sizeof the storage type (2: bfloat16, float16; 4: float; 8: double).
+  int element_bytes = 2;
+  /// Device bytes kept for cached tile plans (cuda_attention). 0: the backend's default
+  /// (cuda_attention: room for one forward and one backward plan of this shape with every
+  /// tile partial, the most one call can need, which holds several real plans, as a causal
+  /// plan has partial tiles on its diagonal only). Either way a later reservation also
+  /// grows the room to the distinct plans built since the previous one, so calls that
+  /// evicted one another's plans fit from the next reservation on.
+  std::size_t plan_bytes = 0;
+};
+
+/// Whether backend B takes attention_workspace_shape reservations.
+template <class B>
+concept backend_with_workspace = requires(const B& b, const attention_workspace_shape& s) { b.reserve_workspace(s); };
 
 /// A backend B models attention_backend<B, T> (T = float or double; a backend may also take
 /// 16-bit storage, baton::bfloat16, with a float LSE) when, with q, k, v, out,

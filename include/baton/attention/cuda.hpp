@@ -30,6 +30,7 @@
 #include <baton/attention/cuda/detail/call.hpp>
 #include <baton/attention/cuda/detail/forward.cuh>
 #include <baton/attention/cuda/plan.hpp>
+#include <baton/attention/cuda/plan_cache.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/cuda_check.hpp>
@@ -46,13 +47,16 @@ namespace baton {
 ///    with fp32 accumulation; float through 3xTF32 (fp32-level accuracy);
 ///  - backward: a pre-pass D = rowsum(dO * O), a key-tile pass (dK, dV) and a query-tile
 ///    pass (dQ); deterministic, no atomics;
-///  - every mask through the CPU kernels' tile classification, made on the host per call
-///    (empty tiles skipped, full tiles unmasked, partial tiles by a bitmask);
+///  - every mask through the CPU kernels' tile classification, made on the host (empty
+///    tiles skipped, full tiles unmasked, partial tiles by a bitmask) and cached on the
+///    device by (mask fingerprint, positions, lengths, tiles): a repeated call neither
+///    plans nor uploads (plan_cache.hpp says which masks have a fingerprint);
 ///  - the non-finite rule of docs/attention.md;
 ///  - ASYNCHRONOUS: a call queues its kernels on the object's stream (the constructor's
 ///    argument; default: the legacy default stream) and returns. Synchronise that stream
-///    before reading the results on the host. Each object owns a device workspace (the tile
-///    plan, flags) reused across calls; the stream orders the calls that share it. Calls from
+///    before reading the results on the host. Each object owns a device workspace (cached
+///    tile plans, flags) reused across calls; the stream orders the calls that share it;
+///    reserve_workspace sizes it up front so that no call allocates. Calls from
 ///    several threads on one object are serialised while they queue (a mutex), so they are
 ///    safe; for concurrency across streams make one object per stream.
 class cuda_attention : public detail::attention::mask_argument_check {
@@ -61,13 +65,37 @@ class cuda_attention : public detail::attention::mask_argument_check {
   /// Takes bfloat16 storage (backend_stores_bfloat16).
   static constexpr bool stores_bfloat16 = true;
 
-  explicit cuda_attention(cudaStream_t stream = nullptr) : stream_(stream) {}
+  explicit cuda_attention(cudaStream_t stream = nullptr)
+      : stream_(stream), workspace_(std::make_shared<workspace_t>(device_ops{stream})) {}
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
 
+  /// Allocates now the device workspace every call up to `shape` needs (the scratch and room
+  /// for cached tile plans; see attention_workspace_shape), so that such calls allocate and free
+  /// nothing: no cudaMalloc / cudaFree between a ring's steps. Allocates only what is
+  /// missing (a second call with a covered shape does nothing), plus room for the distinct
+  /// plans built since the previous reservation (so calls that evicted one another's plans
+  /// fit from now on); growing frees the old block after a stream synchronisation.
+  /// ring_attention (and hybrid's ring) call it before the first step of every call, with
+  /// their largest step's shape. Copies of this object share the workspace.
+  void reserve_workspace(const attention_workspace_shape& shape) const {
+    const auto need = detail::attention::cuda::workspace_need_for(shape, name);
+    std::lock_guard lock(workspace_->mutex());
+    workspace_->reserve(need.scratch, need.plans);
+  }
+
   /// Frees the device workspace after the stream has finished with it (copies of this object
-  /// share it); the next call allocates again.
-  void release_workspace() const { workspace_->release(stream_); }
+  /// share it), cached plans included; the next call allocates again.
+  void release_workspace() const {
+    std::lock_guard lock(workspace_->mutex());
+    workspace_->release();
+  }
+
+  /// Allocations, plan builds, uploads and cache hits so far (shared by copies).
+  [[nodiscard]] detail::attention::cuda::workspace_stats workspace_stats() const {
+    std::lock_guard lock(workspace_->mutex());
+    return workspace_->stats();
+  }
 
   // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
   using detail::attention::mask_argument_check::forward;
@@ -80,15 +108,13 @@ class cuda_attention : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::forward_call f = dc::prepare_forward(q, k, v, mask, out, lse, params, name);
     if (f.call.batch * f.call.heads_q * f.call.seq_q == 0) return;
-    const std::size_t plan_bytes = dc::align256(f.plan.size_bytes());
-    const std::size_t flag_bytes = dc::align256(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k));
-    std::lock_guard lock(workspace_->mutex);
-    std::byte* base = workspace_->reserve(plan_bytes + flag_bytes, stream_);
-    workspace_->upload_plan(base, f.plan, stream_);
-    auto* key_bad = reinterpret_cast<std::uint8_t*>(base + plan_bytes);
+    std::lock_guard lock(workspace_->mutex());
+    const dc::tile_plan_view plan = dc::plan_from(*workspace_, f, mask);  // cached: no build, no upload
+    auto* key_bad = reinterpret_cast<std::uint8_t*>(
+        workspace_->scratch(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k)));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v;
     dc::launch_key_flags(dc::key_flag_args_for<S>(kc, vc, f.call, key_bad), stream_);
-    dc::launch_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, f.plan.view(base), key_bad), stream_);
+    dc::launch_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, plan, key_bad), stream_);
   }
 
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
@@ -100,74 +126,51 @@ class cuda_attention : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
     const auto& c = bc.call;
-    const std::size_t plan_bytes = dc::align256(bc.plan.size_bytes());
-    const std::size_t work_bytes = dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k);
-    std::lock_guard lock(workspace_->mutex);
-    std::byte* base = workspace_->reserve(plan_bytes + work_bytes, stream_);
-    workspace_->upload_plan(base, bc.plan, stream_);
+    std::lock_guard lock(workspace_->mutex());
+    const dc::tile_plan_view plan = dc::plan_from(*workspace_, bc, mask);
+    std::byte* work = workspace_->scratch(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v, oc = out, doc = dout;
     const tensor_view<const float, 3> lc = lse;
-    dc::launch_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, doc, dq, dk, dv, c, params.accumulate,
-                                                 bc.plan.view(base), base + plan_bytes),
+    dc::launch_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, doc, dq, dk, dv, c, params.accumulate, plan, work),
                         stream_);
   }
 
  private:
-  // One device allocation, grown when a call needs more, freed with the last copy of the
-  // object (or release_workspace). The plan uploaded last is remembered: a call whose plan is
-  // byte-identical (the same mask and shapes, every training step) skips the upload, and
-  // with it the host-side wait that a copy from pageable memory implies.
-  struct device_workspace {
-    std::mutex mutex;
-    std::byte* data = nullptr;
-    std::size_t bytes = 0;
-    std::vector<std::uint64_t> uploaded;  // the plan blob at the start of `data`
-    std::byte* uploaded_at = nullptr;
-
-    std::byte* reserve(std::size_t need, cudaStream_t stream) {
-      if (need <= bytes && data != nullptr) return data;
-      release_locked(stream);
+  // The workspace's device operations (plan_cache.hpp): cudaMalloc, a stream-ordered upload,
+  // and a free that first waits for the kernels queued earlier (they may still read it).
+  struct device_ops {
+    cudaStream_t stream = nullptr;
+    void* allocate(std::size_t bytes) {
       void* p = nullptr;
-      detail::core::check_cuda<std::runtime_error>(cudaMalloc(&p, need == 0 ? 256 : need), name,
-                                                   "cudaMalloc (attention workspace)");
-      data = static_cast<std::byte*>(p);
-      bytes = need;
-      return data;
+      detail::core::check_cuda<std::runtime_error>(cudaMalloc(&p, bytes), name, "cudaMalloc (attention workspace)");
+      return p;
     }
-    void upload_plan(std::byte* at, const detail::attention::cuda::tile_plan& plan, cudaStream_t stream) {
-      const std::size_t n = plan.size_bytes();
-      if (at == uploaded_at && uploaded.size() * 8 == n && std::memcmp(uploaded.data(), plan.blob(), n) == 0) return;
-      // From pageable memory: the call returns once the bytes are staged, so `plan` may die.
-      detail::core::check_cuda<std::runtime_error>(cudaMemcpyAsync(at, plan.blob(), n, cudaMemcpyHostToDevice, stream),
-                                                   name, "cudaMemcpyAsync (tile plan)");
-      uploaded.assign(plan.blob(), plan.blob() + n / 8);
-      uploaded_at = at;
-    }
-    void release(cudaStream_t stream) {
-      std::lock_guard lock(mutex);
-      release_locked(stream);
-    }
-    void release_locked(cudaStream_t stream) {
-      if (data == nullptr) return;
-      // Kernels queued earlier may still read it.
+    void free(void* p) {
       detail::core::check_cuda<std::runtime_error>(cudaStreamSynchronize(stream), name,
                                                    "cudaStreamSynchronize (before freeing the attention workspace)");
-      detail::core::check_cuda<std::runtime_error>(cudaFree(data), name, "cudaFree (attention workspace)");
-      data = nullptr;
-      bytes = 0;
-      uploaded.clear();
-      uploaded_at = nullptr;
+      detail::core::check_cuda<std::runtime_error>(cudaFree(p), name, "cudaFree (attention workspace)");
     }
-    ~device_workspace() {
-      if (data != nullptr) {
-        (void)cudaDeviceSynchronize();  // the stream may be gone; no throw from a destructor
-        (void)cudaFree(data);
-      }
+    void free_at_exit(void* p) noexcept {
+      (void)cudaDeviceSynchronize();  // the stream may be gone; no throw from a destructor
+      (void)cudaFree(p);
+    }
+    // From pageable memory, so the runtime waits for the stream before it copies (a host
+    // synchronisation) and returns once the bytes are staged: `src` may die. A cached plan
+    // is uploaded once, so this wait happens on a cache miss only.
+    void upload(void* dst, const void* src, std::size_t bytes) {
+      detail::core::check_cuda<std::runtime_error>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                                                   name, "cudaMemcpyAsync (tile plan)");
+    }
+    // Cached plans moving into a grown arena (before the old one is freed).
+    void copy(void* dst, const void* src, std::size_t bytes) {
+      detail::core::check_cuda<std::runtime_error>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+                                                   name, "cudaMemcpyAsync (moving cached tile plans)");
     }
   };
+  using workspace_t = detail::attention::cuda::plan_workspace<device_ops>;
 
   cudaStream_t stream_ = nullptr;
-  std::shared_ptr<device_workspace> workspace_ = std::make_shared<device_workspace>();
+  std::shared_ptr<workspace_t> workspace_;
 };
 
 }  // namespace baton

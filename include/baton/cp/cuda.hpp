@@ -2,8 +2,8 @@
 //
 // cuda_device_memory is the context-parallel layer's memory space (cp/memory.hpp) on one
 // CUDA stream: buffers from cudaMallocAsync (the driver's stream-ordered pool), copies,
-// fills, accumulations and merges as kernels on the stream, and a stream synchronisation
-// before any buffer is handed to the communicator. Including this header maps CUDA backends
+// fills, accumulations and merges as kernels on the stream, and transfers ordered after
+// that work. Including this header maps CUDA backends
 // (any backend with a `stream()` member returning a cudaStream_t, as baton::cuda_attention
 // has) to it — by that member, so this header names no backend and needs none — so
 //
@@ -11,27 +11,38 @@
 //
 // keeps its buffers on the device and takes q, k, v, out, lse (and the gradients) as views
 // of device memory. The backend must run on the memory space's stream: the stream comes from
-// the backend's `stream()`. The communicator
-// may use its own stream: every transfer starts after a synchronize() and the layer waits
-// for it (request.wait(), or the collective's own completion) before touching its buffers.
+// the backend's `stream()`. The communicator may use its own streams.
 //
-// Why a host synchronisation and not an event the communicator's stream waits on: the
-// communicator concepts take spans, not streams, and nccl_communicator's collectives already
-// block the host until they complete; so the simplest rule that is right for every
-// communicator is "the memory space's work is complete when a transfer starts". It costs one
-// cudaStreamSynchronize per transfer (a few per ring step); the overlap of the ring's
-// transfer with its compute is kept (the transfer runs on the communicator's stream while
-// the backend runs on this one).
+// Ring transfers over nccl_communicator make no host synchronisation per step: before a
+// shift the communicator's streams wait for an event recorded on this stream
+// (order_before -> nccl_communicator::enqueue_after), and where the ring needs a
+// transfer's data this stream waits for the request's event (order_after ->
+// nccl_request::wait_on). The host queues every step while the GPU orders them; the
+// requests are waited for on the host once, at the end of the ring call, with the
+// communicator's timeout. The host synchronisations that remain, and why:
+//  - the end of every forward / backward call (front_end): the results are complete when
+//    the call returns, which is every memory space's contract;
+//  - the agreement (with_host_bytes): its descriptors are host bytes, read on the host;
+//  - before a transfer over a communicator that takes no stream (anything but NCCL: the
+//    communicator concepts take spans, not streams), and around Ulysses' all-to-alls
+//    (nccl_communicator's collectives block the host until they complete anyway): once or
+//    twice per call, not per ring step;
+//  - in cuda_attention, a tile plan upload on a cache miss (a copy from pageable memory
+//    waits for the stream) and growing its workspace (freeing waits): neither happens in a
+//    ring's steady state (attention/cuda/plan_cache.hpp; the ring reserves the workspace
+//    before its first step).
 //
 // The kernels (cp/detail/cuda_kernels.cuh) need nvcc: a translation unit that instantiates
 // a copy, fill, accumulation or merge of this memory space must be CUDA (.cu). Compiled with
 // g++ this header still declares everything (so that host code can name the types), and an
 // instantiation that would launch a kernel is a compile error saying so.
 //
-// Status: compiled (g++ and nvcc, sm_80 / sm_90), not yet run on a GPU. On the CPU: what
-// each kernel thread does (cp/detail/cuda_elementwise.hpp) against host_memory, over every
-// index (tests/cp/test_cp_cuda_elementwise.cpp), and the layer's use of a memory space
-// through a fake device whose memory host code cannot touch (tests/cp/test_cp_memory.cpp).
+// Status: compiled (g++ and nvcc, sm_80 / sm_90), not yet run on a GPU; the event ordering
+// above has never run either. On the CPU: what each kernel thread does
+// (cp/detail/cuda_elementwise.hpp) against host_memory, over every index
+// (tests/cp/test_cp_cuda_elementwise.cpp), and the layer's use of a memory space through a
+// fake device whose memory host code cannot touch, with and without the stream-ordered
+// transfer hooks (tests/cp/test_cp_memory.cpp).
 // The device test is tests/cp/test_cp_nccl_gpu.cu.
 #pragma once
 
@@ -188,8 +199,28 @@ class cuda_device_memory {
 #endif
   }
 
+  /// The communicator's next transfers start on the GPU after the work queued on this
+  /// stream so far, and the host does not wait: for a communicator that takes a stream to
+  /// order after (nccl_communicator::enqueue_after). The ring calls it before each transfer
+  /// instead of synchronize() (detail::cp::before_transfer).
+  template <class Ring>
+    requires requires(Ring& r, cudaStream_t s) { r.enqueue_after(s); }
+  void order_before(Ring& ring) {
+    ring.enqueue_after(stream_);
+  }
+  /// Work queued on this stream from now on starts after the transfer, and the host does not
+  /// wait: for a request that a stream can wait on (nccl_request::wait_on). The ring calls
+  /// it where it would wait for a transfer, and waits for the requests on the host once, at
+  /// the end of its call (detail::cp::transfer_settler).
+  template <class Request>
+    requires requires(Request& r, cudaStream_t s) { r.wait_on(s); }
+  void order_after(Request& request) {
+    request.wait_on(stream_);
+  }
+
   /// Waits until the stream has done everything issued on it (kernels, and the backend's work
-  /// when it shares the stream): called before every transfer and at the end of each call.
+  /// when it shares the stream): before a transfer when the communicator cannot be ordered
+  /// after the stream, around the agreement's staged bytes, and at the end of each call.
   void synchronize() {
     detail::core::check_cuda<cp_error>(cudaStreamSynchronize(stream_), "baton::cuda_device_memory",
                                        "cudaStreamSynchronize");

@@ -177,7 +177,15 @@ struct host_memory {
   }
 
   /// Called before a buffer is handed to the communicator: every operation issued so far
-  /// has completed (host: they complete as they are called).
+  /// has completed (host: they complete as they are called). A space that queues work may
+  /// instead offer two optional members, which the ring then uses around its transfers
+  /// (detail::cp::before_transfer and transfer_settler in ring_core.hpp):
+  ///   m.order_before(comm)   the communicator's next transfers start after the work
+  ///                          queued so far, without the host waiting for it;
+  ///   m.order_after(request) work queued from now on starts after the transfer, without
+  ///                          the host waiting for it.
+  /// cuda_device_memory offers both for a communicator and requests that take CUDA events
+  /// (nccl_communicator), so a ring step makes no host synchronisation.
   void synchronize() noexcept {}
 
   /// Calls f(send, recv) with spans the communicator can move: the agreement's descriptors

@@ -135,17 +135,27 @@ TEST_CASE("cuda_attention on the device: one object, changing masks and shapes (
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
   {
-    // Copies share the workspace: the plan uploaded by one call is skipped by the next only
-    // when it is byte-identical, and a larger call reallocates.
+    // Copies share the workspace. Reserved for the larger shape, no call allocates; a
+    // repeated call finds its plan cached on the device (no build, no upload) and computes
+    // the right thing with it; release_workspace frees everything, and the next round
+    // starts over.
     const baton::cuda_attention backend(stream);
     const device_run run{&backend};
     const problem<baton::bfloat16> small = make_problem<baton::bfloat16>({1, 100, 100, 2, 1, 64}, 7000);
     const problem<baton::bfloat16> large = make_problem<baton::bfloat16>({2, 600, 600, 2, 2, 64}, 7001);
     for (int round = 0; round < 2; ++round) {
+      backend.reserve_workspace({.batch = 2, .heads_q = 2, .heads_kv = 2, .seq_q = 600, .seq_k = 600, .dim = 64});
+      const auto reserved = backend.workspace_stats();
       cuda_test::check_forward_with(run, small, baton::causal_mask{}, {}, "reuse: causal");
       cuda_test::check_forward_with(run, small, baton::no_mask{}, {}, "reuse: no mask");
+      const auto before = backend.workspace_stats();
       cuda_test::check_forward_with(run, small, baton::causal_mask{}, {}, "reuse: causal again");
+      const auto after = backend.workspace_stats();
+      CHECK(after.plan_builds == before.plan_builds);
+      CHECK(after.plan_uploads == before.plan_uploads);
+      CHECK(after.plan_hits == before.plan_hits + 1);
       cuda_test::check_forward_with(run, large, baton::sliding_window_mask{50, 0}, {}, "reuse: larger, window");
+      CHECK(backend.workspace_stats().allocations == reserved.allocations);
       backend.release_workspace();
     }
   }

@@ -277,3 +277,55 @@ TEST_CASE("cuda_attention_emulated: backward wiring (strides, lse layout, scale,
   for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * want.dk[i];
   CHECK(close(dk, twice));
 }
+
+TEST_CASE("cuda_attention_emulated: a repeated call reuses its cached plan; another mask or shape plans again",
+          "[cuda][plan][cache]") {
+  // The backend's own workspace (the class cuda_attention runs on the device): counts of
+  // plans built and uploaded, and results that prove each call used its own mask's plan.
+  const shape s{1, 40, 40, 2, 1, 64};
+  const auto in = attn_test::random_inputs<float>(s, 77);
+  const baton::cuda_attention_emulated backend;
+  // Room for a forward and a backward plan of this shape (the default), as a ring reserves.
+  backend.reserve_workspace({.batch = 1, .heads_q = 2, .heads_kv = 1, .seq_q = 40, .seq_k = 40, .dim = 64,
+                             .element_bytes = 4});
+  const auto reserved = backend.workspace_stats();
+  CHECK(reserved.allocations == 2);
+  const auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return attn_test::max_abs_error(a, b) <= 2e-5 * attn_test::max_magnitude(b);
+  };
+  const auto check = [&](const auto& mask, const baton::attention_params& params, const char* what) {
+    INFO(what);
+    const auto want = attn_test::run(baton::reference_attention{}, in, mask, params);
+    const auto got = attn_test::run(backend, in, mask, params);  // forward and backward
+    CHECK(close(got.out, want.out));
+    CHECK(close(got.dq, want.dq));
+    CHECK(close(got.dk, want.dk));
+  };
+  const baton::attention_params plain;
+  check(baton::causal_mask{}, plain, "causal");
+  const auto first = backend.workspace_stats();
+  CHECK(first.plan_builds == 2);  // a forward plan and a backward plan (other tiles)
+  CHECK(first.plan_uploads == 2);
+  CHECK(first.allocations == reserved.allocations);
+  check(baton::causal_mask{}, plain, "causal again");
+  const auto second = backend.workspace_stats();
+  CHECK(second.plan_builds == 2);  // nothing planned
+  CHECK(second.plan_uploads == 2);  // nothing uploaded
+  CHECK(second.plan_hits == 2);
+  CHECK(second.allocations == first.allocations);
+  // Same shape, other mask: planned afresh, and the results are that mask's (a stale causal
+  // plan would leave the future keys out).
+  check(baton::no_mask{}, plain, "no mask");
+  CHECK(backend.workspace_stats().plan_builds == 4);
+  // Same mask, other positions (a ring step's shifted queries): planned afresh.
+  baton::attention_params shifted;
+  shifted.q_pos = baton::positions(17, 40);
+  check(baton::causal_mask{}, shifted, "causal, shifted queries");
+  CHECK(backend.workspace_stats().plan_builds == 6);
+  // Copies share the workspace (as cuda_attention's copies share the device memory).
+  const baton::cuda_attention_emulated copy = backend;
+  const auto hits = backend.workspace_stats().plan_hits;
+  (void)attn_test::run(copy, in, baton::causal_mask{}, shifted);
+  CHECK(backend.workspace_stats().plan_hits + backend.workspace_stats().plan_builds == hits + 8);
+  CHECK(copy.workspace_stats().plan_builds == backend.workspace_stats().plan_builds);
+}

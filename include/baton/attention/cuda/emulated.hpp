@@ -10,12 +10,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <type_traits>
-#include <vector>
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/cuda/detail/call.hpp>
 #include <baton/attention/cuda/detail/emulate.hpp>
+#include <baton/attention/cuda/plan_cache.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
@@ -30,6 +32,22 @@ class cuda_attention_emulated : public detail::attention::mask_argument_check {
   /// Takes bfloat16 storage (backend_stores_bfloat16).
   static constexpr bool stores_bfloat16 = true;
 
+  /// cuda_attention::reserve_workspace, on host memory (the tests count its allocations).
+  void reserve_workspace(const attention_workspace_shape& shape) const {
+    const auto need = detail::attention::cuda::workspace_need_for(shape, name);
+    std::lock_guard lock(workspace_->mutex());
+    workspace_->reserve(need.scratch, need.plans);
+  }
+  void release_workspace() const {
+    std::lock_guard lock(workspace_->mutex());
+    workspace_->release();
+  }
+  /// cuda_attention::workspace_stats: the same workspace logic, so the same counts.
+  [[nodiscard]] detail::attention::cuda::workspace_stats workspace_stats() const {
+    std::lock_guard lock(workspace_->mutex());
+    return workspace_->stats();
+  }
+
   // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
   using detail::attention::mask_argument_check::forward;
   using detail::attention::mask_argument_check::backward;
@@ -41,10 +59,15 @@ class cuda_attention_emulated : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::forward_call f = dc::prepare_forward(q, k, v, mask, out, lse, params, name);
     if (f.call.batch * f.call.heads_q * f.call.seq_q == 0) return;
-    std::vector<std::uint8_t> key_bad(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k) + 1);
+    // Held for the whole call: the "kernels" below read the workspace (on a GPU the stream
+    // orders that; here copies of this object on other threads must wait).
+    std::lock_guard lock(workspace_->mutex());
+    const dc::tile_plan_view plan = dc::plan_from(*workspace_, f, mask);
+    auto* key_bad = reinterpret_cast<std::uint8_t*>(
+        workspace_->scratch(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k)));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v;
-    if (f.call.seq_k > 0) dc::emulate_key_flags(dc::key_flag_args_for<S>(kc, vc, f.call, key_bad.data()));
-    dc::emulate_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, f.plan.view(), key_bad.data()));
+    if (f.call.seq_k > 0) dc::emulate_key_flags(dc::key_flag_args_for<S>(kc, vc, f.call, key_bad));
+    dc::emulate_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, plan, key_bad));
   }
 
   template <class TQ, class TK, class TV, class TO, class TL, class TD, attention_mask Mask, class TG1, class TG2,
@@ -56,13 +79,19 @@ class cuda_attention_emulated : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
     const auto& c = bc.call;
-    // 256-byte aligned offsets inside the buffer; its own base is 16-byte aligned (new).
-    std::vector<std::uint64_t> workspace(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k) / 8 + 1);
+    std::lock_guard lock(workspace_->mutex());
+    const dc::tile_plan_view plan = dc::plan_from(*workspace_, bc, mask);
+    std::byte* work = workspace_->scratch(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v, oc = out, dc_out = dout;
     const tensor_view<const float, 3> lc = lse;
-    dc::emulate_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, dc_out, dq, dk, dv, c, params.accumulate,
-                                                  bc.plan.view(), workspace.data()));
+    dc::emulate_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, dc_out, dq, dk, dv, c, params.accumulate, plan, work));
   }
+
+ private:
+  // cuda_attention's workspace on host memory: plans cached and "uploaded" (copied) into
+  // an arena, the scratch reused; copies of this object share it, as cuda_attention's do.
+  using workspace_t = detail::attention::cuda::plan_workspace<detail::attention::cuda::host_workspace_ops>;
+  std::shared_ptr<workspace_t> workspace_ = std::make_shared<workspace_t>();
 };
 
 }  // namespace baton

@@ -84,6 +84,7 @@ class nccl_communicator {
       s_->stream = stream;
     }
     cuda(cudaEventCreateWithFlags(&s_->done, cudaEventDisableTiming), "cudaEventCreate");
+    cuda(cudaEventCreateWithFlags(&s_->ready, cudaEventDisableTiming), "cudaEventCreate");
     cuda(cudaMalloc(&s_->scratch, sizeof(std::int32_t) * (static_cast<std::size_t>(s_->size) + 1)), "cudaMalloc");
     // The lanes: every rank splits twice with one color, so each is a copy of this
     // communicator with its own NCCL resources and its own stream.
@@ -119,6 +120,19 @@ class nccl_communicator {
     }
     if (s_->comm != nullptr) ncclCommAbort(s_->comm);
     s_->comm = nullptr;
+  }
+
+  /// Transfers posted from now on start on the GPU only after the work queued on `producer`
+  /// so far: an event recorded there, which this communicator's streams (the main one and
+  /// both point-to-point lanes) wait for. The host does not wait. What
+  /// cuda_device_memory::order_before calls before a ring transfer, in place of a host
+  /// stream synchronisation.
+  void enqueue_after(cudaStream_t producer) {
+    usable("enqueue_after");
+    detail::comm::nccl::device_scope on(s_->device, rank_text());
+    cuda(cudaEventRecord(s_->ready, producer), "cudaEventRecord (enqueue_after)");
+    for (cudaStream_t each : {s_->stream, s_->up.stream, s_->down.stream})
+      cuda(cudaStreamWaitEvent(each, s_->ready, 0), "cudaStreamWaitEvent (enqueue_after)");
   }
 
   // ---- point to point (device buffers; issued inside a group) -----------------------
@@ -438,7 +452,8 @@ class nccl_communicator {
   struct state {
     ncclComm_t comm = nullptr;
     cudaStream_t stream = nullptr;
-    cudaEvent_t done = nullptr;  // recorded after each collective, for the host wait
+    cudaEvent_t done = nullptr;   // recorded after each collective, for the host wait
+    cudaEvent_t ready = nullptr;  // enqueue_after's: recorded on the producer, waited for by the streams
     void* scratch = nullptr;     // size()+1 int32 on the device: barrier and split
     bool owns_comm = false;
     bool owns_stream = false;
@@ -475,6 +490,7 @@ class nccl_communicator {
         *each = {};
       }
       if (done != nullptr) cudaEventDestroy(done);
+      if (ready != nullptr) cudaEventDestroy(ready);
       if (scratch != nullptr) cudaFree(scratch);
       if (owns_stream && stream != nullptr) cudaStreamDestroy(stream);
       if (owns_comm && comm != nullptr) {
@@ -482,6 +498,7 @@ class nccl_communicator {
         else ncclCommAbort(comm);
       }
       done = nullptr;
+      ready = nullptr;
       scratch = nullptr;
       stream = nullptr;
       comm = nullptr;

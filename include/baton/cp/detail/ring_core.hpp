@@ -66,6 +66,7 @@ class in_flight {
   ~in_flight() { drain(); }
 
   bool active() const noexcept { return request_ != nullptr; }
+  Request& request() noexcept { return *request_; }
   void wait() {
     if (!request_) return;
     const std::unique_ptr<Request> r = std::move(request_);
@@ -88,12 +89,58 @@ template <class Ring>
 using shift_request_t =
     decltype(std::declval<Ring&>().shift(std::span<const std::byte>{}, std::span<std::byte>{}, 1, 0));
 
-// Sends `send` k ranks on around the ring and receives from k ranks back, once everything
-// the memory space was asked to do has completed.
+// Before a transfer is posted: the communicator must read what the memory space's queued
+// work wrote, and may overwrite only what that work has finished reading. A space that can
+// order the communicator after its queue (cuda_device_memory over nccl_communicator: an
+// event the communicator's streams wait for) does so without the host waiting; any other
+// waits on the host.
+template <class M, class Ring>
+void before_transfer(M& mem, Ring& ring) {
+  if constexpr (requires { mem.order_before(ring); })
+    mem.order_before(ring);
+  else
+    mem.synchronize();
+}
+
+// The transfers of a ring call, made usable by the memory space's later work. settle(t):
+// from now on, work queued on the memory space may use what t moved. A space that can
+// order its queue after a request (cuda_device_memory with an nccl_request: the stream
+// waits for the request's event) does so without the host waiting, and keeps the request;
+// finish() then waits for every kept one on the host, once per call, with the
+// communicator's timeout (so a transfer that never completes is reported, not hung on in
+// the final stream synchronisation). Any other space waits on the host at settle. Kept
+// requests not finished (an exception) are waited for by their destructors, ignoring
+// their outcome, before the buffers they use are freed.
+template <class M, class Request>
+class transfer_settler {
+ public:
+  explicit transfer_settler(M& mem) : mem_(&mem) {}
+
+  void settle(in_flight<Request>& t) {
+    if (!t.active()) return;
+    if constexpr (requires { mem_->order_after(t.request()); }) {
+      mem_->order_after(t.request());
+      kept_.push_back(std::move(t));
+    } else {
+      t.wait();
+    }
+  }
+  void finish() {
+    for (in_flight<Request>& t : kept_) t.wait();
+    kept_.clear();
+  }
+
+ private:
+  M* mem_;
+  std::vector<in_flight<Request>> kept_;
+};
+
+// Sends `send` k ranks on around the ring and receives from k ranks back, after everything
+// the memory space was asked to do (before_transfer).
 template <class Ring, class M, class Buffer>
 in_flight<shift_request_t<Ring>> start_shift(Ring& ring, M& mem, const Buffer& send, Buffer& recv, int k, int tag) {
   using T = std::remove_cvref_t<decltype(*send.data())>;
-  mem.synchronize();
+  before_transfer(mem, ring);
   return in_flight<shift_request_t<Ring>>(ring.shift(std::as_bytes(std::span<const T>(send.data(), send.size())),
                                                      std::as_writable_bytes(std::span<T>(recv.data(), recv.size())),
                                                      k, tag));
@@ -145,9 +192,10 @@ template <class Ring>
 struct kv_transfer {
   in_flight<shift_request_t<Ring>> k, v;
   bool active() const noexcept { return k.active(); }
-  void wait() {
-    k.wait();
-    v.wait();
+  template <class M>
+  void settle(transfer_settler<M, shift_request_t<Ring>>& settler) {
+    settler.settle(k);
+    settler.settle(v);
   }
 };
 
@@ -193,7 +241,7 @@ class kv_blocks {
     const T* v_send = own_in_place_ ? v_.data : held_.data() + capacity_;
     const auto n = static_cast<std::size_t>(capacity_);
     if (next_.size() == 0) next_ = mem_->template allocate<T>(2 * n);  // (none when nothing travels)
-    mem_->synchronize();
+    before_transfer(*mem_, ring);
     kv_transfer<Ring> t;
     t.k = in_flight<shift_request_t<Ring>>(ring.shift(std::as_bytes(std::span<const T>(k_send, n)),
                                                       std::as_writable_bytes(std::span<T>(next_.data(), n)), hops, tag_kv));
@@ -202,7 +250,7 @@ class kv_blocks {
                                                       tag_kv));
     return t;
   }
-  // After a transfer's wait(): the block that arrived is the one held.
+  // After a transfer was settled: the block that arrived is the one held.
   void take_arrived() noexcept {
     std::swap(held_, next_);
     own_in_place_ = false;
@@ -271,15 +319,18 @@ std::vector<int> active_ring_steps(const Mask& mask, const ring_geometry& g) {
 
 // A rank's walk over the active steps, the same for forward and backward: the K/V block held
 // at each (the first needed one fetched up front when the own block is not), and the next
-// one's transfer started before the step's work and waited for after it, so that the two
+// one's transfer started before the step's work and settled after it, so that the two
 // overlap. `step_work(i, owner, k, v)` does active step i on the block of `owner` (its K and
-// V, g.kv_len(owner) positions long).
+// V, g.kv_len(owner) positions long). On a stream-ordered memory space nothing here makes
+// the host wait (before_transfer, transfer_settler): the host queues every step and the
+// GPU orders them.
 template <class T, class Ring, class M, class StepWork>
 void walk_ring(Ring& ring, kv_blocks<T, M>& blocks, const ring_geometry& g, const std::vector<int>& active,
-               StepWork&& step_work) {
+               transfer_settler<M, shift_request_t<Ring>>& settler, StepWork&& step_work) {
   const ring_schedule schedule{ring.size()};
   if (!active.empty() && active.front() != 0) {
-    blocks.start_shift(ring, active.front()).wait();
+    kv_transfer<Ring> first = blocks.start_shift(ring, active.front());
+    first.settle(settler);
     blocks.take_arrived();
   }
   for (std::size_t i = 0; i < active.size(); ++i) {
@@ -291,7 +342,7 @@ void walk_ring(Ring& ring, kv_blocks<T, M>& blocks, const ring_geometry& g, cons
     const std::int64_t kl = g.kv_len(owner);
     step_work(i, owner, blocks.k(kl), blocks.v(kl));
     if (next_block.active()) {
-      next_block.wait();
+      next_block.settle(settler);
       blocks.take_arrived();
     }
   }
@@ -309,6 +360,25 @@ inline attention_params call_params(std::span<const shard_piece> q_pieces, std::
   return params;
 }
 
+// A backend with a device workspace (cuda_attention) sizes it for the largest call of this
+// ring before anything is queued or posted: then no step allocates, and no step frees a
+// block (which would wait for the stream), whatever order the calls come in. Every call of
+// a step has at most the rank's queries and the longest key/value shard.
+template <class T, class Backend>
+void reserve_backend(const Backend& backend, const ring_geometry& g, int me) {
+  if constexpr (backend_with_workspace<Backend>) {
+    attention_workspace_shape shape;
+    shape.batch = g.batch;
+    shape.heads_q = g.heads_q;
+    shape.heads_kv = g.heads_kv;
+    shape.seq_q = g.len(me);
+    shape.seq_k = g.max_kv_len();
+    shape.dim = g.dim;
+    shape.element_bytes = static_cast<int>(sizeof(T));
+    backend.reserve_workspace(shape);
+  }
+}
+
 template <class T, class Ring, class Backend, class Mask, class M>
 void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, tensor_view<const T, 4> q,
                   tensor_view<const T, 4> k, tensor_view<const T, 4> v, const Mask& mask, tensor_view<T, 4> out,
@@ -319,6 +389,7 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   const std::int64_t b = g.batch, sl = g.len(me), hq = g.heads_q, d = g.dim;
   const std::span<const shard_piece> my_pieces(g.q_of(me));
   const std::vector<int> active = active_ring_steps(mask, g);
+  if (!active.empty()) reserve_backend<T>(backend, g, me);
 
   const auto out_size = static_cast<std::size_t>(b * sl * hq * d), lse_size = static_cast<std::size_t>(b * hq * sl);
   kv_blocks<T, M> blocks(mem, k, v, g.kv_capacity());
@@ -370,8 +441,9 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   auto out_blk = mem.template allocate<T>(blk_size * out_size);
   auto lse_blk = mem.template allocate<L>(blk_size * lse_size);
   std::vector<std::int64_t> q_store, k_store;
+  transfer_settler<M, shift_request_t<Ring>> settler(mem);
 
-  walk_ring<T>(ring, blocks, g, active, [&](std::size_t, int owner, const auto& kb, const auto& vb) {
+  walk_ring<T>(ring, blocks, g, active, settler, [&](std::size_t, int owner, const auto& kb, const auto& vb) {
     const std::span<const shard_piece> k_pieces(g.kv_of(owner));
     for (block_call c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
@@ -403,6 +475,7 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   touch(0, sl, true);  // rows no block reached: the empty result
   if (!out_in_place) mem.copy(out_all.as_const(), out);
   if (!lse_in_place) mem.copy(lse_all.as_const(), lse_as_bshd(lse));
+  settler.finish();
 }
 
 template <class T, class Ring, class Backend, class Mask, class M>
@@ -418,6 +491,7 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   const std::int64_t capacity = g.kv_capacity();
   const std::span<const shard_piece> my_pieces(g.q_of(me));
   const std::vector<int> active = active_ring_steps(mask, g);
+  if (!active.empty()) reserve_backend<T>(backend, g, me);
 
   const auto kv_size = static_cast<std::size_t>(2 * capacity), dq_size = static_cast<std::size_t>(b * sl * hq * d);
   kv_blocks<T, M> blocks(mem, k, v, capacity);
@@ -440,9 +514,10 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   auto dq_blk = mem.template allocate<T>(block_size), dk_blk = mem.template allocate<T>(kv_block_size),
        dv_blk = mem.template allocate<T>(kv_block_size);
   std::vector<std::int64_t> q_store, k_store;
+  transfer_settler<M, shift_request_t<Ring>> settler(mem);
   in_flight<shift_request_t<Ring>> grad_transfer;
 
-  walk_ring<T>(ring, blocks, g, active, [&](std::size_t i, int owner, const auto& kb, const auto& vb) {
+  walk_ring<T>(ring, blocks, g, active, settler, [&](std::size_t i, int owner, const auto& kb, const auto& vb) {
     const int step = active[i];
     const bool last = i + 1 == active.size();
     mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
@@ -476,8 +551,8 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     }
     // The held block's accumulator so far arrives from its previous holder (none at the first
     // active step) and is added to this step's in place; the sum becomes grad_out (whose
-    // previous send has completed: grad_transfer was waited for) and grad_step is reused.
-    grad_transfer.wait();
+    // previous send has completed: grad_transfer was settled) and grad_step is reused.
+    settler.settle(grad_transfer);
     if (i != 0)
       mem.accumulate(flat_view(grad_step.data(), 2 * capacity), flat_view(grad_in.data(), 2 * capacity).as_const());
     std::swap(grad_step, grad_out);
@@ -489,13 +564,14 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     else
       std::swap(grad_in, grad_out);
   });
-  grad_transfer.wait();  // grad_in now holds the dK/dV of my own keys, from every rank's queries
+  settler.settle(grad_transfer);  // grad_in now holds the dK/dV of my own keys, from every rank's queries
   if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 
   if (!dq_in_place) mem.copy(dq_all.as_const(), dq);
   const std::int64_t kl = g.kv_len(me);
   mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, kl, hkv, d), dk);
   mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, kl, hkv, d), dv);
+  settler.finish();
 }
 
 }  // namespace baton::detail::cp

@@ -4,6 +4,7 @@
 // argument structs built from tensor_views. Plain C++ (g++-compilable).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <baton/attention/cuda/detail/backward_args.hpp>
 #include <baton/attention/cuda/detail/forward_args.hpp>
 #include <baton/attention/cuda/plan.hpp>
+#include <baton/attention/cuda/plan_cache.hpp>
 #include <baton/attention/cuda/storage.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/core/tensor_view.hpp>
@@ -76,14 +78,16 @@ void check_layouts(const char* backend, const std::array<const char*, sizeof...(
   (check_layout(t, names[i++], backend), ...);
 }
 
-/// A checked forward call and its plan.
+/// A checked forward call and its tiling (the plan is the workspace's business: a cached
+/// one, or build_plan's).
 struct forward_call {
   attention::checked_call call;
   forward_config config;
-  tile_plan plan;
+  [[nodiscard]] std::int32_t tile_q() const noexcept { return config.tile_q; }
+  [[nodiscard]] std::int32_t tile_k() const noexcept { return config.tile_k; }
 };
 
-/// Every check of a forward, then the plan (forward_config_for's tiles).
+/// Every check of a forward (forward_config_for's tiles); no planning yet.
 template <class TQ, class TK, class TV, class Mask, class TO, class TL>
 [[nodiscard]] forward_call prepare_forward(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
                                            const tensor_view<TV, 4>& v, const Mask& mask, const tensor_view<TO, 4>& out,
@@ -97,7 +101,6 @@ template <class TQ, class TK, class TV, class Mask, class TO, class TL>
   check_layouts(backend, {"q", "k", "v", "out"}, q, k, v, out);
   baton::validate_mask(mask, f.call.q_pos, f.call.k_pos);
   f.config = forward_config_for(static_cast<int>(sizeof(std::remove_const_t<TQ>)), static_cast<int>(f.call.dim));
-  f.plan = make_tile_plan(mask, f.call.q_pos, f.call.k_pos, f.call.seq_q, f.call.seq_k, f.config.tile_q, f.config.tile_k);
   (void)forward_launch(f.config, f.call.seq_q, f.call.heads_q, f.call.batch);  // grid limits, before any work
   return f;
 }
@@ -134,10 +137,12 @@ template <class S>
   return a;
 }
 
-/// A checked backward call and its plan (backward_shape_for's tiles).
+/// A checked backward call and its tiling (backward_shape_for's tiles).
 struct backward_call {
   attention::checked_call call;
-  tile_plan plan;
+  backward_shape shape;
+  [[nodiscard]] std::int32_t tile_q() const noexcept { return shape.tile_q; }
+  [[nodiscard]] std::int32_t tile_k() const noexcept { return shape.tile_k; }
 };
 
 template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask, class TG1, class TG2, class TG3>
@@ -155,9 +160,49 @@ template <class TQ, class TK, class TV, class TO, class TL, class TD, class Mask
   check_head_dim(b.call.dim, backend);
   check_layouts(backend, {"q", "k", "v", "out", "dout", "dq", "dk", "dv"}, q, k, v, out, dout, dq, dk, dv);
   baton::validate_mask(mask, b.call.q_pos, b.call.k_pos);
-  const backward_shape shape = backward_shape_for<S>(static_cast<int>(b.call.dim));
-  b.plan = make_tile_plan(mask, b.call.q_pos, b.call.k_pos, b.call.seq_q, b.call.seq_k, shape.tile_q, shape.tile_k);
+  b.shape = backward_shape_for<S>(static_cast<int>(b.call.dim));
   return b;
+}
+
+/// The call's plan, built on the host (what a workspace does on a cache miss).
+template <class Call, class Mask>
+[[nodiscard]] tile_plan build_plan(const Call& c, const Mask& mask) {
+  return make_tile_plan(mask, c.call.q_pos, c.call.k_pos, c.call.seq_q, c.call.seq_k, c.tile_q(), c.tile_k());
+}
+
+/// The call's plan from `workspace` (cached by plan_key_for, else built and uploaded).
+template <class Workspace, class Call, class Mask>
+[[nodiscard]] tile_plan_view plan_from(Workspace& workspace, const Call& c, const Mask& mask) {
+  return workspace.plan(plan_key_for(mask, c.call.q_pos, c.call.k_pos, c.call.seq_q, c.call.seq_k, c.tile_q(), c.tile_k()),
+                        [&] { return build_plan(c, mask); });
+}
+
+/// What a workspace must hold so that no call up to these sizes allocates: the scratch of
+/// the largest forward and backward, and `plans` (0: room for one forward and one backward
+/// plan with every tile partial, the most one call can need).
+struct workspace_need {
+  std::size_t scratch = 0, plans = 0;
+};
+[[nodiscard]] inline workspace_need workspace_need_for(const attention_workspace_shape& s, const char* backend) {
+  const std::string where = std::string(backend) + "::reserve_workspace: ";
+  check_head_dim(s.dim, backend);
+  if (s.element_bytes != 2 && s.element_bytes != 4)
+    throw attention_error(where + "element_bytes is " + std::to_string(s.element_bytes) +
+                          "; give sizeof the storage: 2 (bfloat16, float16) or 4 (float)");
+  if (s.batch < 0 || s.heads_q < 0 || s.heads_kv < 0 || s.seq_q < 0 || s.seq_k < 0)
+    throw attention_error(where + "batch, heads and sequence lengths must be >= 0");
+  const std::int64_t batch = s.batch, heads_q = s.heads_q, heads_kv = s.heads_kv, seq_q = s.seq_q, seq_k = s.seq_k;
+  const std::size_t plan_bytes = s.plan_bytes;
+  const forward_config f = forward_config_for(s.element_bytes, static_cast<int>(s.dim));
+  const backward_shape b = s.element_bytes == 4 ? backward_shape_for<float>(static_cast<int>(s.dim))
+                                                : backward_shape_for<bfloat16>(static_cast<int>(s.dim));
+  workspace_need need;
+  need.scratch = std::max(align_up(key_flag_bytes(batch, heads_kv, seq_k)),
+                          backward_workspace_bytes(batch, heads_q, seq_q, heads_kv, seq_k));
+  need.plans = plan_bytes != 0 ? plan_bytes
+                               : align_up(tile_plan_bytes_bound(seq_q, seq_k, f.tile_q, f.tile_k)) +
+                                     align_up(tile_plan_bytes_bound(seq_q, seq_k, b.tile_q, b.tile_k));
+  return need;
 }
 
 template <class S>
