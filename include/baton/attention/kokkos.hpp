@@ -148,7 +148,13 @@ class kokkos_attention : public detail::attention::mask_argument_check {
     baton::validate_mask(mask, call.q_pos, call.k_pos);
 
     const da::flash_layout<T> layout(call, threads());
-    const auto [memory, packed] = lease_packing([&](auto& carver) { return da::carve_backward_packing(layout, carver); });
+    // The key pass runs as `runs` runs of items, each adding its keys' share of dQ to its
+    // own partial (flash_backward.hpp): one run per thread, so the partials cost
+    // threads x one round's dQ. Items are dealt to runs round-robin, which balances a
+    // causal mask's uneven key blocks. At least one run: with no keys it leaves dQ zero.
+    const std::int64_t runs = std::max<std::int64_t>(1, std::min(threads(), layout.round_units * layout.k_blocks));
+    const auto [memory, packed] =
+        lease_packing([&](auto& carver) { return da::carve_backward_packing(layout, runs, carver); });
     const bool accumulate = params.accumulate;
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
       const da::head_round round = layout.round(r);
@@ -158,13 +164,19 @@ class kokkos_attention : public detail::attention::mask_argument_check {
         da::pack_kv_block(layout, round, item, k, v, packed.kt, static_cast<T*>(nullptr), packed.vt, packed.k,
                           packed.key_bad, packed.block_bad);
       });
-      launch_chunked<T>("baton::attention::backward_kv", layout.kv_items(round), layout.dim_padded,
-                        [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::backward_kv_tile(layout, round, item, mask, packed, dk, dv, accumulate, work);
-                        });
+      const std::int64_t items = layout.kv_items(round);
+      const std::int64_t round_runs = std::max<std::int64_t>(1, std::min(runs, items));
+      const std::int64_t partial_size = layout.round_units * call.group() * layout.seq_q_padded * layout.dim_padded;
+      launch("baton::attention::backward_kv", round_runs, [&](std::int64_t run) {
+        da::item_scratch<T> work(layout.dim_padded);
+        T* const dq_partial = packed.dq_partial + run * partial_size;
+        std::fill(dq_partial, dq_partial + partial_size, T(0));
+        for (std::int64_t item = run; item < items; item += round_runs)
+          da::backward_kv_tile(layout, round, item, mask, packed, dq_partial, dk, dv, accumulate, work);
+      });
       launch_chunked<T>("baton::attention::backward_q", layout.q_items(round), layout.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::backward_q_tile(layout, round, item, mask, packed, dq, accumulate, work);
+                          da::backward_q_tile(layout, round, item, mask, packed, round_runs, dq, accumulate, work);
                         });
     }
   }
