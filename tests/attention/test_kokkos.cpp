@@ -260,6 +260,23 @@ TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[
     CHECK(attn_test::max_abs_error(got.dk, expected.dk) <= 1e-12 * attn_test::max_magnitude(expected.dk));
     CHECK(attn_test::max_abs_error(got.dv, expected.dv) <= 1e-12 * attn_test::max_magnitude(expected.dv));
   }
+  // float: the forward's lazy rescale. A row is exponentiated against a max that a later tile
+  // may pass by more than 8 (log2 units); that row then takes the exact path again from its
+  // scores and rescales O and l. Five key tiles per row (the last one partial), scores spread
+  // over ~+-30: most rows do so at least once (a forward that skips the rescale is off by
+  // ~1e2 here). float's bound as in the grid tests (1e-5 of the largest magnitude; measured
+  // ~3e-6, larger magnitudes exceed it in the old kernels too: the scores' own rounding).
+  const shape wide{1, 67, 300, 8, 2, 64};
+  for (unsigned seed : {1u, 2u}) {
+    const auto in = attn_test::random_inputs<float>(wide, seed, 1.0);
+    const auto expected = attn_test::run(baton::reference_attention{}, in, baton::no_mask{}, params);
+    const auto got = attn_test::run(baton::kokkos_attention{}, in, baton::no_mask{}, params);
+    CHECK(attn_test::max_abs_error(got.out, expected.out) <= 1e-5 * attn_test::max_magnitude(expected.out));
+    CHECK(attn_test::max_abs_error(got.lse, expected.lse) <= 1e-5 * attn_test::max_magnitude(expected.lse));
+    CHECK(attn_test::max_abs_error(got.dq, expected.dq) <= 1e-5 * attn_test::max_magnitude(expected.dq));
+    CHECK(attn_test::max_abs_error(got.dk, expected.dk) <= 1e-5 * attn_test::max_magnitude(expected.dk));
+    CHECK(attn_test::max_abs_error(got.dv, expected.dv) <= 1e-5 * attn_test::max_magnitude(expected.dv));
+  }
 }
 
 TEST_CASE("kokkos_attention runs in rounds of heads that cover every head once, across batch entries",

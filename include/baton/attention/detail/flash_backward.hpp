@@ -155,7 +155,7 @@ inline void softmax_gradient_tile(const tile_extent<T>& t, T* s, T* dprob, T c, 
     const V neg_lse = broadcast(-lse2[i]);
     const V dv = broadcast(delta[i]);
     for (std::int64_t j = j_begin; j < j_end; j += W) {
-      const V prob = exp2(fma(load(srow + j), cv, neg_lse));
+      const V prob = exp2_scores<false, T>(fma(load(srow + j), cv, neg_lse));
       store(srow + j, prob);
       store(drow + j, prob * (load(drow + j) - dv));
     }
