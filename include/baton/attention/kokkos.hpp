@@ -34,6 +34,16 @@
 
 namespace baton {
 
+class kokkos_attention;
+namespace detail::attention {
+/// Test seam: sets how many runs a kokkos_attention's backward key pass uses (0: one per
+/// thread), so that a one-thread build also tests the sum of several runs' dQ partials,
+/// which several threads produce.
+struct backward_runs_for_tests {
+  static void set(kokkos_attention& attention, std::int64_t runs) noexcept;
+};
+}  // namespace detail::attention
+
 /// A tensor_view of a Kokkos::View's data (any layout: strides come from the view). The
 /// view must be host-accessible and stay alive while the tensor_view is used.
 ///
@@ -152,7 +162,8 @@ class kokkos_attention : public detail::attention::mask_argument_check {
     // own partial (flash_backward.hpp): one run per thread, so the partials cost
     // threads x one round's dQ. Items are dealt to runs round-robin, which balances a
     // causal mask's uneven key blocks. At least one run: with no keys it leaves dQ zero.
-    const std::int64_t runs = std::max<std::int64_t>(1, std::min(threads(), layout.round_units * layout.k_blocks));
+    const std::int64_t wanted_runs = backward_runs_ > 0 ? backward_runs_ : threads();
+    const std::int64_t runs = std::max<std::int64_t>(1, std::min(wanted_runs, layout.round_units * layout.k_blocks));
     const auto [memory, packed] =
         lease_packing([&](auto& carver) { return da::carve_backward_packing(layout, runs, carver); });
     const bool accumulate = params.accumulate;
@@ -228,6 +239,12 @@ class kokkos_attention : public detail::attention::mask_argument_check {
   // reallocated: a fresh allocation costs page faults comparable to a short causal forward.
   // The pool is thread-safe and hands concurrent calls distinct buffers.
   std::shared_ptr<detail::core::workspace_pool> workspace_ = std::make_shared<detail::core::workspace_pool>();
+  std::int64_t backward_runs_ = 0;  // 0: one per thread (backward_runs_for_tests sets others)
+  friend struct detail::attention::backward_runs_for_tests;
 };
+
+inline void detail::attention::backward_runs_for_tests::set(kokkos_attention& attention, std::int64_t runs) noexcept {
+  attention.backward_runs_ = runs;
+}
 
 }  // namespace baton
