@@ -1,7 +1,7 @@
 // baton/attention/detail/flash_forward.hpp — the forward of the host flash kernels: per
 // (batch, head, block of 64 queries), S = Q K^T for each key block the mask leaves, an online
-// softmax in the log2 domain (running max m, running sum l), and O += P V; at the end
-// out = O / l and lse = (m + log2 l) ln 2. Key blocks are packed once per round
+// softmax in the log2 domain (a reference max m moved lazily, running sum l), and O += P V;
+// at the end out = O / l and lse = (m + log2 l) ln 2. Key blocks are packed once per round
 // (flash_tiles.hpp: pack_kv_block); each work item packs its own query block.
 #pragma once
 

@@ -10,12 +10,13 @@
 //
 // Algorithm (FlashAttention-2, on a CPU):
 //   forward, per (batch, head, block of 64 queries): S = Q K^T for a block of 64 keys as a
-//     register-tiled GEMM, an online softmax in the log2 domain (running max m, sum l), and
-//     O += P V; out = O / l, lse = (m + log2 l) ln 2.
+//     register-tiled GEMM, an online softmax in the log2 domain (a lazily moved reference
+//     max m, sum l), and O += P V; out = O / l, lse = (m + log2 l) ln 2.
 //   backward: D = rowsum(dO * O); a key-block pass (per batch, kv head, key block: loop over
 //     every query block of every query head of the group) accumulating dV += P^T dO and
-//     dK += dS^T Q; and a query-block pass accumulating dQ += dS K. Each output element is
-//     written by exactly one work item: deterministic, no atomics.
+//     dK += dS^T Q, and dQ += dS K into its run's dQ partial; and a query-block pass summing
+//     the partials in run order. Each output element is written by exactly one work item and
+//     every sum runs in a fixed order: deterministic, no atomics.
 // Inputs are packed into contiguous, zero-padded blocks (K^T per key block, V rows, ...), so
 // the inner loops read unit-stride memory that stays in L1/L2 whatever the caller's strides
 // (a [batch, seq, heads, dim] row is heads*dim elements from the next). A call runs in
