@@ -81,7 +81,8 @@ template <class DataType, class... Properties>
 ///    once, when it is written (with params.accumulate: the float sum of the old value and
 ///    the new contribution, rounded once);
 ///  - deterministic: each output element is written by one work item, sums run in a fixed
-///    order, no atomics; the same inputs give bit-identical outputs;
+///    order, no atomics; the same inputs give bit-identical outputs (on the same number of
+///    threads: the backward sums dQ from one partial per thread);
 ///  - skips tiles the mask classifies empty and computes full tiles without mask tests;
 ///  - safe to call from several threads at once, on one object or several (each call leases
 ///    its own packing buffer and each work item allocates its own tile scratch);
