@@ -260,6 +260,51 @@ TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[
     CHECK(attn_test::max_abs_error(got.dk, expected.dk) <= 1e-12 * attn_test::max_magnitude(expected.dk));
     CHECK(attn_test::max_abs_error(got.dv, expected.dv) <= 1e-12 * attn_test::max_magnitude(expected.dv));
   }
+  // float: the forward's lazy rescale. A row is exponentiated against a max that a later tile
+  // may pass by more than 8 (log2 units); that row then takes the exact path again from its
+  // scores and rescales O and l. Five key tiles per row (the last one partial), scores spread
+  // over ~+-30: many rows do so at least once (a forward that skips the rescale is off by
+  // ~1e2 here). float's bound as in the grid tests (1e-5 of the largest magnitude; measured
+  // ~3e-6, larger magnitudes exceed it in the old kernels too: the scores' own rounding).
+  const shape wide{1, 67, 300, 8, 2, 64};
+  for (unsigned seed : {1u, 2u}) {
+    const auto in = attn_test::random_inputs<float>(wide, seed, 1.0);
+    const auto expected = attn_test::run(baton::reference_attention{}, in, baton::no_mask{}, params);
+    const auto got = attn_test::run(baton::kokkos_attention{}, in, baton::no_mask{}, params);
+    CHECK(attn_test::max_abs_error(got.out, expected.out) <= 1e-5 * attn_test::max_magnitude(expected.out));
+    CHECK(attn_test::max_abs_error(got.lse, expected.lse) <= 1e-5 * attn_test::max_magnitude(expected.lse));
+    CHECK(attn_test::max_abs_error(got.dq, expected.dq) <= 1e-5 * attn_test::max_magnitude(expected.dq));
+    CHECK(attn_test::max_abs_error(got.dk, expected.dk) <= 1e-5 * attn_test::max_magnitude(expected.dk));
+    CHECK(attn_test::max_abs_error(got.dv, expected.dv) <= 1e-5 * attn_test::max_magnitude(expected.dv));
+  }
+}
+
+TEST_CASE("kokkos_attention backward: dQ summed from several key-pass runs, as several threads make it",
+          "[attention][kokkos]") {
+  // The key pass adds each key block's share of dQ to its run's partial, and the query pass
+  // sums the runs' partials; with one thread (Serial) there is one run, so this forces 1..5.
+  // dK and dV do not depend on the runs (same bits); dQ is the same terms summed in another
+  // association: within 1e-6 of its largest magnitude (a few float roundings of a sum of up
+  // to 3 x 2 terms, each below that magnitude), and within the float grid's 1e-5 of the
+  // reference. GQA, a causal mask with an offset (partial and empty tiles), lengths across
+  // tile edges, two batch entries (several kv units per round).
+  const shape s{2, 150, 190, 4, 2, 24};
+  baton::attention_params params;
+  params.q_pos = baton::positions(40, s.seq_q);
+  const auto in = attn_test::random_inputs<float>(s, 17);
+  const auto expected = attn_test::run(baton::reference_attention{}, in, baton::causal_mask{}, params);
+  const auto one = attn_test::run(baton::kokkos_attention{}, in, baton::causal_mask{}, params);
+  for (std::int64_t runs : {2, 3, 5}) {
+    INFO("runs " << runs);
+    baton::kokkos_attention several;
+    baton::detail::attention::backward_runs_for_tests::set(several, runs);
+    const auto got = attn_test::run(several, in, baton::causal_mask{}, params);
+    CHECK(got.dk == one.dk);
+    CHECK(got.dv == one.dv);
+    CHECK(attn_test::max_abs_error(got.dq, one.dq) <= 1e-6 * attn_test::max_magnitude(one.dq));
+    CHECK(attn_test::max_abs_error(got.dq, expected.dq) <= 1e-5 * attn_test::max_magnitude(expected.dq));
+    CHECK(attn_test::max_magnitude(got.dq) > 1e-2);
+  }
 }
 
 TEST_CASE("kokkos_attention runs in rounds of heads that cover every head once, across batch entries",

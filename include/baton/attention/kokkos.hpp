@@ -34,6 +34,16 @@
 
 namespace baton {
 
+class kokkos_attention;
+namespace detail::attention {
+/// Test seam: sets how many runs a kokkos_attention's backward key pass uses (0: one per
+/// thread), so that a one-thread build also tests the sum of several runs' dQ partials,
+/// which several threads produce.
+struct backward_runs_for_tests {
+  static void set(kokkos_attention& attention, std::int64_t runs) noexcept;
+};
+}  // namespace detail::attention
+
 /// A tensor_view of a Kokkos::View's data (any layout: strides come from the view). The
 /// view must be host-accessible and stay alive while the tensor_view is used.
 ///
@@ -71,7 +81,8 @@ template <class DataType, class... Properties>
 ///    once, when it is written (with params.accumulate: the float sum of the old value and
 ///    the new contribution, rounded once);
 ///  - deterministic: each output element is written by one work item, sums run in a fixed
-///    order, no atomics; the same inputs give bit-identical outputs;
+///    order, no atomics; the same inputs give bit-identical outputs (on the same number of
+///    threads: the backward sums dQ from one partial per thread);
 ///  - skips tiles the mask classifies empty and computes full tiles without mask tests;
 ///  - safe to call from several threads at once, on one object or several (each call leases
 ///    its own packing buffer and each work item allocates its own tile scratch);
@@ -148,7 +159,14 @@ class kokkos_attention : public detail::attention::mask_argument_check {
     baton::validate_mask(mask, call.q_pos, call.k_pos);
 
     const da::flash_layout<T> layout(call, threads());
-    const auto [memory, packed] = lease_packing([&](auto& carver) { return da::carve_backward_packing(layout, carver); });
+    // The key pass runs as `runs` runs of items, each adding its keys' share of dQ to its
+    // own partial (flash_backward.hpp): one run per thread, so the partials cost
+    // threads x one round's dQ. Items are dealt to runs round-robin, which balances a
+    // causal mask's uneven key blocks. At least one run: with no keys it leaves dQ zero.
+    const std::int64_t wanted_runs = backward_runs_ > 0 ? backward_runs_ : threads();
+    const std::int64_t runs = std::max<std::int64_t>(1, std::min(wanted_runs, layout.round_units * layout.k_blocks));
+    const auto [memory, packed] =
+        lease_packing([&](auto& carver) { return da::carve_backward_packing(layout, runs, carver); });
     const bool accumulate = params.accumulate;
     for (std::int64_t r = 0; r < layout.rounds(); ++r) {
       const da::head_round round = layout.round(r);
@@ -158,13 +176,19 @@ class kokkos_attention : public detail::attention::mask_argument_check {
         da::pack_kv_block(layout, round, item, k, v, packed.kt, static_cast<T*>(nullptr), packed.vt, packed.k,
                           packed.key_bad, packed.block_bad);
       });
-      launch_chunked<T>("baton::attention::backward_kv", layout.kv_items(round), layout.dim_padded,
-                        [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::backward_kv_tile(layout, round, item, mask, packed, dk, dv, accumulate, work);
-                        });
+      const std::int64_t items = layout.kv_items(round);
+      const std::int64_t round_runs = std::max<std::int64_t>(1, std::min(runs, items));
+      const std::int64_t partial_size = layout.round_units * call.group() * layout.seq_q_padded * layout.dim_padded;
+      launch("baton::attention::backward_kv", round_runs, [&](std::int64_t run) {
+        da::item_scratch<T> work(layout.dim_padded);
+        T* const dq_partial = packed.dq_partial + run * partial_size;
+        std::fill(dq_partial, dq_partial + partial_size, T(0));
+        for (std::int64_t item = run; item < items; item += round_runs)
+          da::backward_kv_tile(layout, round, item, mask, packed, dq_partial, dk, dv, accumulate, work);
+      });
       launch_chunked<T>("baton::attention::backward_q", layout.q_items(round), layout.dim_padded,
                         [&](std::int64_t item, da::item_scratch<T>& work) {
-                          da::backward_q_tile(layout, round, item, mask, packed, dq, accumulate, work);
+                          da::backward_q_tile(layout, round, item, mask, packed, round_runs, dq, accumulate, work);
                         });
     }
   }
@@ -216,6 +240,12 @@ class kokkos_attention : public detail::attention::mask_argument_check {
   // reallocated: a fresh allocation costs page faults comparable to a short causal forward.
   // The pool is thread-safe and hands concurrent calls distinct buffers.
   std::shared_ptr<detail::core::workspace_pool> workspace_ = std::make_shared<detail::core::workspace_pool>();
+  std::int64_t backward_runs_ = 0;  // 0: one per thread (backward_runs_for_tests sets others)
+  friend struct detail::attention::backward_runs_for_tests;
 };
+
+inline void detail::attention::backward_runs_for_tests::set(kokkos_attention& attention, std::int64_t runs) noexcept {
+  attention.backward_runs_ = runs;
+}
 
 }  // namespace baton

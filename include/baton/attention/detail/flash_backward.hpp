@@ -1,8 +1,11 @@
 // baton/attention/detail/flash_backward.hpp — the backward of the host flash kernels:
 // D = rowsum(dO * O) and lse in log2 units, packed per query block; a key-block pass (per
-// batch, kv head, key block: every query block of every query head of the group) accumulating
-// dV += P^T dO and dK += dS^T Q; and a query-block pass accumulating dQ += dS K. Each output
-// element is written by exactly one work item: deterministic, no atomics.
+// batch, kv head, key block: every query block of every query head of the group) that
+// recomputes P and dS once per tile and accumulates all three products from them: dV += P^T dO
+// and dK += dS^T Q into the item's own rows, and dQ += dS K into a partial dQ of its run of
+// items (one per run, see kokkos.hpp); then a query-block pass that sums the runs' partials in
+// run order and writes dQ. Each output element is written by exactly one work item, and every
+// sum runs in a fixed order: deterministic, no atomics.
 #pragma once
 
 #include <baton/attention/backend.hpp>
@@ -37,10 +40,16 @@ struct backward_packed {
   unsigned char* q_block_bad = nullptr;
   unsigned char* key_bad = nullptr;
   unsigned char* block_bad = nullptr;
+  // dQ partial sums, one per run of key-pass items: [runs][query rows][dim_padded]; a run
+  // zeroes its own before adding to it.
+  T* dq_partial = nullptr;
+  std::int64_t dq_runs = 0;
 };
 
+/// runs: how many key-pass runs (dQ partials) a round may have at most.
 template <class T>
-backward_packed<T> carve_backward_packing(const flash_layout<T>& layout, core::workspace_carver& carver) {
+backward_packed<T> carve_backward_packing(const flash_layout<T>& layout, std::int64_t runs,
+                                          core::workspace_carver& carver) {
   const std::int64_t q_rows = layout.round_units * layout.call.group() * layout.seq_q_padded;
   const std::int64_t kv_blocks = layout.round_units * layout.k_blocks;
   backward_packed<T> packed;
@@ -55,6 +64,8 @@ backward_packed<T> carve_backward_packing(const flash_layout<T>& layout, core::w
   packed.q_block_bad = carver.take<unsigned char>(q_rows / block_q);
   packed.key_bad = carver.take<unsigned char>(layout.round_units * layout.seq_k_padded);
   packed.block_bad = carver.take<unsigned char>(kv_blocks);
+  packed.dq_partial = carver.take<T>(runs * q_rows * layout.dim_padded);
+  packed.dq_runs = runs;
   return packed;
 }
 
@@ -144,7 +155,7 @@ inline void softmax_gradient_tile(const tile_extent<T>& t, T* s, T* dprob, T c, 
     const V neg_lse = broadcast(-lse2[i]);
     const V dv = broadcast(delta[i]);
     for (std::int64_t j = j_begin; j < j_end; j += W) {
-      const V prob = exp2(fma(load(srow + j), cv, neg_lse));
+      const V prob = exp2_scores<false, T>(fma(load(srow + j), cv, neg_lse));
       store(srow + j, prob);
       store(drow + j, prob * (load(drow + j) - dv));
     }
@@ -152,17 +163,20 @@ inline void softmax_gradient_tile(const tile_extent<T>& t, T* s, T* dprob, T c, 
 }
 
 /// Work item (kv head, key block) of a round's key pass: dK and dV of 64 keys, summed over
-/// every query head of the group and every query block.
+/// every query head of the group and every query block, and these keys' share of dQ added to
+/// dq_partial (the item's run's partial dQ, laid out as packed.q).
 template <class T, class Mask, class TG>
 inline void backward_kv_tile(const flash_layout<T>& layout, const head_round& round, std::int64_t item,
-                             const Mask& mask, const backward_packed<T>& packed, const tensor_view<TG, 4>& dk,
-                             const tensor_view<TG, 4>& dv, bool accumulate, item_scratch<T>& work) {
+                             const Mask& mask, const backward_packed<T>& packed, T* dq_partial,
+                             const tensor_view<TG, 4>& dk, const tensor_view<TG, 4>& dv, bool accumulate,
+                             item_scratch<T>& work) {
   const auto& call = layout.call;
   const std::int64_t dim_padded = layout.dim_padded;
   const auto [unit, b, hk, kb, k0, kc] = layout.kv_item_at(round, item);
   const T c = static_cast<T>(call.scale * std::numbers::log2e);
   const T* kt = packed.kt + layout.kv_block_index(round, unit, kb) * call.dim * block_k;
   const T* vt = packed.vt + layout.kv_block_index(round, unit, kb) * call.dim * block_k;
+  const T* k_rows = packed.k + layout.kv_row_index(round, unit, k0) * dim_padded;
 
   T* const s = work.s.data();
   T* const dprob = work.dprob.data();
@@ -198,6 +212,8 @@ inline void backward_kv_tile(const flash_layout<T>& layout, const head_round& ro
       softmax_gradient_tile(tile, s, dprob, c, packed.lse2 + r, packed.delta + r);
       tile_accumulate_keys(tile, dv_acc, dim_padded, dim_padded, s, grows, dim_padded);   // dV += P^T dO
       tile_accumulate_keys(tile, dk_acc, dim_padded, dim_padded, dprob, qrows, dim_padded);  // dK += dS^T Q
+      tile_accumulate_rows(tile, dq_partial + r * dim_padded, dim_padded, dim_padded, dprob, k_rows,
+                           dim_padded);  // dQ += dS K
     }
 
   const T scale = static_cast<T>(call.scale);
@@ -212,24 +228,22 @@ inline void backward_kv_tile(const flash_layout<T>& layout, const head_round& ro
   }
 }
 
-/// Work item (query head, query block) of a round's query pass: dQ of 64 queries.
+/// Work item (query head, query block) of a round's query pass: dQ of 64 queries, the sum of
+/// the key pass's runs' partials in run order (a fixed order: the same bits on every call).
+/// The non-finite rule needs each row's allowed pairs: only for a block with a bad row or
+/// next to a bad key block (rare) does it visit the key tiles, without any arithmetic.
 template <class T, class Mask, class TG>
 inline void backward_q_tile(const flash_layout<T>& layout, const head_round& round, std::int64_t item, const Mask& mask,
-                            const backward_packed<T>& packed, const tensor_view<TG, 4>& dq, bool accumulate,
-                            item_scratch<T>& work) {
+                            const backward_packed<T>& packed, std::int64_t runs, const tensor_view<TG, 4>& dq,
+                            bool accumulate, item_scratch<T>& work) {
+  using V = vec_t<T>;
+  constexpr int W = width_v<T>;
   const auto& call = layout.call;
   const std::int64_t dim_padded = layout.dim_padded;
   const auto [unit, b, h, hk, qb, q0, qc, kv_unit] = layout.q_item_at(round, item, true);
-  const T c = static_cast<T>(call.scale * std::numbers::log2e);
   const std::int64_t r = layout.q_row_index(round, unit, q0);
-  const T* qrows = packed.q + r * dim_padded;
-  const T* grows = packed.dout + r * dim_padded;
-  const T* k_rows = packed.k + layout.kv_row_index(round, kv_unit, 0) * dim_padded;
+  const std::int64_t run_stride = layout.round_units * call.group() * layout.seq_q_padded * dim_padded;
 
-  T* const s = work.s.data();
-  T* const dprob = work.dprob.data();
-  T* const dq_acc = work.rows_a.data();
-  std::fill(dq_acc, dq_acc + block_q * dim_padded, T(0));
   const bool rows_bad = packed.q_block_bad[r / block_q] != 0;
   unsigned char row_bad[block_q], row_live[block_q], row_poisoned[block_q] = {};
   for (std::int64_t i = 0; i < block_q; ++i) {
@@ -237,27 +251,33 @@ inline void backward_q_tile(const flash_layout<T>& layout, const head_round& rou
     row_live[i] = packed.row_state[r + i] != 0;
   }
   tile_extent<T>& tile = *work.tile;
-  for_each_key_tile(layout, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
-    const T* kt = packed.kt + layout.kv_block_index(round, kv_unit, kb) * call.dim * block_k;
-    const T* vt = packed.vt + layout.kv_block_index(round, kv_unit, kb) * call.dim * block_k;
-    if (rows_bad || packed.block_bad[layout.kv_block_index(round, kv_unit, kb)])
-      mark_bad_pairs(tile, qc, row_bad, row_live, packed.key_bad + layout.kv_row_index(round, kv_unit, k0),
-                     row_poisoned, nullptr);
-
-    tile_scores(tile, s, qrows, dim_padded, kt, call.dim);
-    tile_mask(tile, s);
-    tile_scores(tile, dprob, grows, dim_padded, vt, call.dim);
-    softmax_gradient_tile(tile, s, dprob, c, packed.lse2 + r, packed.delta + r);
-    // dQ += dS K
-    tile_accumulate_rows(tile, dq_acc, dim_padded, dim_padded, dprob, k_rows + k0 * dim_padded, dim_padded);
-  });
+  for (std::int64_t kb = 0; kb < layout.k_blocks; ++kb) {
+    if (!rows_bad && !packed.block_bad[layout.kv_block_index(round, kv_unit, kb)]) continue;
+    const block_kind kind = mask.classify(layout.q_tiles[qb], layout.k_tiles[kb]);
+    if (kind == block_kind::empty) continue;
+    const std::int64_t k0 = kb * block_k;
+    tile.set(kind, mask, layout.q_tiles[qb], layout.k_tiles[kb], qc, std::min(block_k, call.seq_k - k0));
+    mark_bad_pairs(tile, qc, row_bad, row_live, packed.key_bad + layout.kv_row_index(round, kv_unit, k0), row_poisoned,
+                   nullptr);
+  }
 
   const T scale = static_cast<T>(call.scale);
+  T* const sum = work.rows_a.data();
   for (std::int64_t i = 0; i < qc; ++i) {
-    if (row_poisoned[i])
+    if (row_poisoned[i]) {
       write_nan_row(row_of(dq, b, q0 + i, h), call.dim);
-    else
-      write_scaled_row(row_of(dq, b, q0 + i, h), dq_acc + i * dim_padded, scale, call.dim, accumulate);
+      continue;
+    }
+    const T* part = packed.dq_partial + (r + i) * dim_padded;
+    if (runs > 1) {
+      for (std::int64_t d = 0; d < dim_padded; d += W) {
+        V acc = load(part + d);
+        for (std::int64_t run = 1; run < runs; ++run) acc = acc + load(part + run * run_stride + d);
+        store(sum + d, acc);
+      }
+      part = sum;
+    }
+    write_scaled_row(row_of(dq, b, q0 + i, h), part, scale, call.dim, accumulate);
   }
 }
 

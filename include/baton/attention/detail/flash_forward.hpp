@@ -1,7 +1,7 @@
 // baton/attention/detail/flash_forward.hpp — the forward of the host flash kernels: per
 // (batch, head, block of 64 queries), S = Q K^T for each key block the mask leaves, an online
-// softmax in the log2 domain (running max m, running sum l), and O += P V; at the end
-// out = O / l and lse = (m + log2 l) ln 2. Key blocks are packed once per round
+// softmax in the log2 domain (a reference max m moved lazily, running sum l), and O += P V;
+// at the end out = O / l and lse = (m + log2 l) ln 2. Key blocks are packed once per round
 // (flash_tiles.hpp: pack_kv_block); each work item packs its own query block.
 #pragma once
 
@@ -19,6 +19,11 @@
 #include <numbers>
 
 namespace baton::detail::attention {
+
+/// How far (log2 units) a score may pass its row's reference max before the forward rescales
+/// (see forward_tile): P <= 2^8 keeps every sum far from overflow and loses no precision.
+template <class T>
+inline constexpr T lazy_rescale_log2 = T(8);
 
 template <class T>
 struct forward_packed {
@@ -93,11 +98,54 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     tile_mask(tile, s);
 
     // Online softmax, one row at a time, in the log2 domain, over the columns computed.
+    // Lazy rescaling: a row's scores are exponentiated against its reference max m[i], which
+    // moves only when a score exceeds it by more than lazy_rescale_log2; P is then at most
+    // 2^lazy_rescale_log2 (out = O / l and lse = m + log2 l do not depend on which m). So a
+    // tile needs no pass for the row max and no horizontal max: one pass computes P, the
+    // row's sum and whether a score went past m + threshold, and only such a row (rare after
+    // a row's first tile), or a row's first tile, takes the exact path: max, then P again,
+    // and rescale l and O when m moved.
     const V cv = broadcast(c);
+    const V threshold = broadcast(lazy_rescale_log2<T>);
     for (std::int64_t i = 0; i < rows; ++i) {
       const std::int64_t j_begin = tile.col_begin[i / tile_rows], j_end = tile.col_end[i / tile_rows];
       if (j_begin >= j_end) continue;
       T* row = s + i * block_k;
+      T* li = l + i * W;
+      if (m[i] != neg_inf) {
+        const V msub = broadcast(-m[i]);
+        V sum{};
+        unsigned over = 0;
+        // The row keeps its scores until it is known not to need the exact path, which
+        // reads them again.
+        if (j_begin == 0 && j_end == block_k) {  // a whole row: unrolled, P held in registers
+          constexpr int NV = static_cast<int>(block_k / W);
+          V e[NV];
+          for (int v = 0; v < NV; ++v) {
+            const V x = fma(load(row + v * W), cv, msub);
+            over |= greater_bits<T>(x, threshold);
+            e[v] = exp2_scores<true, T>(x);
+          }
+          if (over == 0) {
+            sum = e[0];
+            for (int v = 0; v < NV; ++v) store(row + v * W, e[v]);
+            for (int v = 1; v < NV; ++v) sum = sum + e[v];
+          }
+        } else {  // a partial row: test first, then exponentiate in place
+          for (std::int64_t j = j_begin; j < j_end; j += W)
+            over |= greater_bits<T>(fma(load(row + j), cv, msub), threshold);
+          if (over == 0)
+            for (std::int64_t j = j_begin; j < j_end; j += W) {
+              const V e = exp2_scores<true, T>(fma(load(row + j), cv, msub));
+              store(row + j, e);
+              sum = sum + e;
+            }
+        }
+        if (over == 0) {
+          store(li, load(li) + sum);
+          continue;
+        }
+      }
       V vmx = load(row + j_begin);
       for (std::int64_t j = j_begin + W; j < j_end; j += W) vmx = vmax<T>(vmx, load(row + j));
       const T row_max = hmax<T>(vmx) * c;
@@ -106,11 +154,10 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
       const V msub = broadcast(-m_sub);
       V sum{};
       for (std::int64_t j = j_begin; j < j_end; j += W) {
-        const V e = exp2(fma(load(row + j), cv, msub));
+        const V e = exp2_scores<true, T>(fma(load(row + j), cv, msub));
         store(row + j, e);
         sum = sum + e;
       }
-      T* li = l + i * W;
       if (m_new != m[i]) {  // the max moved: rescale the running sum and the output row
         const T alpha = std::exp2(m[i] - m_sub);
         const V av = broadcast(alpha);
