@@ -227,6 +227,23 @@ BATON_ALWAYS_INLINE T hsum(const vec_t<T>& v) noexcept {
 #endif
 }
 
+/// 2^f for f in [-1/2, 1/2]: exp2's polynomial (degree-7 Taylor of e^(f ln 2)), one definition
+/// for every exponential built on it (attention's softmax tiles too), so they give the same values.
+BATON_ALWAYS_INLINE vec_t<float> exp2_fraction(vec_t<float> f) noexcept {
+  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
+                  c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
+                  c7 = 1.525273380405984e-05f;
+  vec_t<float> p = broadcast(c7);
+  p = fma(p, f, broadcast(c6));
+  p = fma(p, f, broadcast(c5));
+  p = fma(p, f, broadcast(c4));
+  p = fma(p, f, broadcast(c3));
+  p = fma(p, f, broadcast(c2));
+  p = fma(p, f, broadcast(c1));
+  p = fma(p, f, broadcast(1.0f));
+  return p;
+}
+
 /// 2^x per lane. Inputs below the smallest normal exponent give exactly 0 (so -inf, a
 /// masked score, gives 0 without a test); NaN gives 0 too. Relative error ~1e-7 (float,
 /// degree-7 Taylor of e^(f ln 2) on |f| <= 1/2) and ~3e-16 (double, degree 13).
@@ -239,17 +256,7 @@ BATON_ALWAYS_INLINE vec_t<float> exp2(vec_t<float> x) noexcept {
   const vec_t<float> t = x + shifter;
   const vec_t<float> n = t - shifter;
   const vec_t<float> f = x - n;  // in [-1/2, 1/2]
-  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
-                  c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
-                  c7 = 1.525273380405984e-05f;
-  vec_t<float> p = broadcast(c7);
-  p = fma(p, f, broadcast(c6));
-  p = fma(p, f, broadcast(c5));
-  p = fma(p, f, broadcast(c4));
-  p = fma(p, f, broadcast(c3));
-  p = fma(p, f, broadcast(c2));
-  p = fma(p, f, broadcast(c1));
-  p = fma(p, f, broadcast(1.0f));
+  const vec_t<float> p = exp2_fraction(f);
 #if defined(__GNUC__)
   const vi32_t ni = std::bit_cast<vi32_t>(t) - std::bit_cast<std::int32_t>(12582912.0f);
   const vi32_t scale_bits = (ni + 127) << 23;

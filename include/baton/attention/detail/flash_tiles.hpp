@@ -343,18 +343,7 @@ BATON_ALWAYS_INLINE vec_t<T> exp2_scores(vec_t<T> x) noexcept {
     // operand that -Wmaybe-uninitialized reports.
     const __m512 n = _mm512_mask_roundscale_ps(x, 0xffff, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const vec_t<float> f = x - n;  // in [-1/2, 1/2]
-    constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
-                    c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
-                    c7 = 1.525273380405984e-05f;
-    vec_t<float> p = broadcast(c7);
-    p = fma(p, f, broadcast(c6));
-    p = fma(p, f, broadcast(c5));
-    p = fma(p, f, broadcast(c4));
-    p = fma(p, f, broadcast(c3));
-    p = fma(p, f, broadcast(c2));
-    p = fma(p, f, broadcast(c1));
-    p = fma(p, f, broadcast(1.0f));
-    return _mm512_maskz_scalef_ps(live, p, n);
+    return _mm512_maskz_scalef_ps(live, core::simd::exp2_fraction(f), n);
   }
 #endif
   return exp2(x);
