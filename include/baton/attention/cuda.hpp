@@ -38,6 +38,41 @@
 
 namespace baton {
 
+namespace detail::attention::cuda {
+// The workspace's device operations (plan_cache.hpp): cudaMalloc, a stream-ordered upload,
+// and a free that first waits for the kernels queued earlier (they may still read it).
+struct device_workspace_ops {
+  static constexpr const char* who = "baton::cuda_attention";
+  cudaStream_t stream = nullptr;
+  void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    core::check_cuda<std::runtime_error>(cudaMalloc(&p, bytes), who, "cudaMalloc (attention workspace)");
+    return p;
+  }
+  void free(void* p) {
+    core::check_cuda<std::runtime_error>(cudaStreamSynchronize(stream), who,
+                                         "cudaStreamSynchronize (before freeing the attention workspace)");
+    core::check_cuda<std::runtime_error>(cudaFree(p), who, "cudaFree (attention workspace)");
+  }
+  void free_at_exit(void* p) noexcept {
+    (void)cudaDeviceSynchronize();  // the stream may be gone; no throw from a destructor
+    (void)cudaFree(p);
+  }
+  // From pageable memory, so the runtime waits for the stream before it copies (a host
+  // synchronisation) and returns once the bytes are staged: `src` may die. A cached plan
+  // is uploaded once, so this wait happens on a cache miss only.
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    core::check_cuda<std::runtime_error>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), who,
+                                         "cudaMemcpyAsync (tile plan)");
+  }
+  // Cached plans moving into a grown arena (before the old one is freed).
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    core::check_cuda<std::runtime_error>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), who,
+                                         "cudaMemcpyAsync (moving cached tile plans)");
+  }
+};
+}  // namespace detail::attention::cuda
+
 /// Flash attention on an NVIDIA GPU (sm_80 and later), FlashAttention-2 style, on tensor
 /// cores. Models attention_backend<cuda_attention, float>, and takes baton::bfloat16 and
 /// baton::float16 storage the same way (the LSE is always float).
@@ -59,43 +94,29 @@ namespace baton {
 ///    reserve_workspace sizes it up front so that no call allocates. Calls from
 ///    several threads on one object are serialised while they queue (a mutex), so they are
 ///    safe; for concurrency across streams make one object per stream.
-class cuda_attention : public detail::attention::mask_argument_check {
+class cuda_attention
+    : public detail::attention::mask_argument_check,
+      public detail::attention::cuda::shared_plan_workspace<detail::attention::cuda::device_workspace_ops> {
  public:
   static constexpr const char* name = "baton::cuda_attention";
   /// Takes bfloat16 storage (backend_stores_bfloat16).
   static constexpr bool stores_bfloat16 = true;
 
   explicit cuda_attention(cudaStream_t stream = nullptr)
-      : stream_(stream), workspace_(std::make_shared<workspace_t>(device_ops{stream})) {}
+      : shared_plan_workspace(name, detail::attention::cuda::device_workspace_ops{stream}), stream_(stream) {}
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
 
-  /// Allocates now the device workspace every call up to `shape` needs (the scratch and room
-  /// for cached tile plans; see attention_workspace_shape), so that such calls allocate and free
-  /// nothing: no cudaMalloc / cudaFree between a ring's steps. Allocates only what is
-  /// missing (a second call with a covered shape does nothing), plus room for the distinct
-  /// plans built since the previous reservation (so calls that evicted one another's plans
-  /// fit from now on); growing frees the old block after a stream synchronisation.
-  /// ring_attention (and hybrid's ring) call it before the first step of every call, with
-  /// their largest step's shape. Copies of this object share the workspace.
-  void reserve_workspace(const attention_workspace_shape& shape) const {
-    const auto need = detail::attention::cuda::workspace_need_for(shape, name);
-    std::lock_guard lock(workspace_->mutex());
-    workspace_->reserve(need.scratch, need.plans);
-  }
-
-  /// Frees the device workspace after the stream has finished with it (copies of this object
-  /// share it), cached plans included; the next call allocates again.
-  void release_workspace() const {
-    std::lock_guard lock(workspace_->mutex());
-    workspace_->release();
-  }
-
-  /// Allocations, plan builds, uploads and cache hits so far (shared by copies).
-  [[nodiscard]] detail::attention::cuda::workspace_stats workspace_stats() const {
-    std::lock_guard lock(workspace_->mutex());
-    return workspace_->stats();
-  }
+  // reserve_workspace(attention_workspace_shape) allocates now the device workspace every
+  // call up to that shape needs (the scratch and room for cached tile plans), so that such
+  // calls allocate and free nothing: no cudaMalloc / cudaFree between a ring's steps. It
+  // allocates only what is missing (a second call with a covered shape does nothing), plus
+  // room for the distinct plans built since the previous reservation (so calls that evicted
+  // one another's plans fit from now on); growing frees the old block after a stream
+  // synchronisation. ring_attention (and hybrid's ring) call it before the first step of
+  // every call, with their largest step's shape. release_workspace() frees it after the
+  // stream is done with it; workspace_stats() counts allocations, plan builds, uploads and
+  // hits. Copies of this object share the workspace (shared_plan_workspace, detail/call.hpp).
 
   // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
   using detail::attention::mask_argument_check::forward;
@@ -108,10 +129,11 @@ class cuda_attention : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::forward_call f = dc::prepare_forward(q, k, v, mask, out, lse, params, name);
     if (f.call.batch * f.call.heads_q * f.call.seq_q == 0) return;
-    std::lock_guard lock(workspace_->mutex());
-    const dc::tile_plan_view plan = dc::plan_from(*workspace_, f, mask);  // cached: no build, no upload
+    auto& ws = workspace();
+    std::lock_guard lock(ws.mutex());
+    const dc::tile_plan_view plan = dc::plan_from(ws, f, mask);  // cached: no build, no upload
     auto* key_bad = reinterpret_cast<std::uint8_t*>(
-        workspace_->scratch(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k)));
+        ws.scratch(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k)));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v;
     dc::launch_key_flags(dc::key_flag_args_for<S>(kc, vc, f.call, key_bad), stream_);
     dc::launch_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, plan, key_bad), stream_);
@@ -126,9 +148,10 @@ class cuda_attention : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
     const auto& c = bc.call;
-    std::lock_guard lock(workspace_->mutex());
-    const dc::tile_plan_view plan = dc::plan_from(*workspace_, bc, mask);
-    std::byte* work = workspace_->scratch(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k));
+    auto& ws = workspace();
+    std::lock_guard lock(ws.mutex());
+    const dc::tile_plan_view plan = dc::plan_from(ws, bc, mask);
+    std::byte* work = ws.scratch(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v, oc = out, doc = dout;
     const tensor_view<const float, 3> lc = lse;
     dc::launch_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, doc, dq, dk, dv, c, params.accumulate, plan, work),
@@ -136,41 +159,7 @@ class cuda_attention : public detail::attention::mask_argument_check {
   }
 
  private:
-  // The workspace's device operations (plan_cache.hpp): cudaMalloc, a stream-ordered upload,
-  // and a free that first waits for the kernels queued earlier (they may still read it).
-  struct device_ops {
-    cudaStream_t stream = nullptr;
-    void* allocate(std::size_t bytes) {
-      void* p = nullptr;
-      detail::core::check_cuda<std::runtime_error>(cudaMalloc(&p, bytes), name, "cudaMalloc (attention workspace)");
-      return p;
-    }
-    void free(void* p) {
-      detail::core::check_cuda<std::runtime_error>(cudaStreamSynchronize(stream), name,
-                                                   "cudaStreamSynchronize (before freeing the attention workspace)");
-      detail::core::check_cuda<std::runtime_error>(cudaFree(p), name, "cudaFree (attention workspace)");
-    }
-    void free_at_exit(void* p) noexcept {
-      (void)cudaDeviceSynchronize();  // the stream may be gone; no throw from a destructor
-      (void)cudaFree(p);
-    }
-    // From pageable memory, so the runtime waits for the stream before it copies (a host
-    // synchronisation) and returns once the bytes are staged: `src` may die. A cached plan
-    // is uploaded once, so this wait happens on a cache miss only.
-    void upload(void* dst, const void* src, std::size_t bytes) {
-      detail::core::check_cuda<std::runtime_error>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
-                                                   name, "cudaMemcpyAsync (tile plan)");
-    }
-    // Cached plans moving into a grown arena (before the old one is freed).
-    void copy(void* dst, const void* src, std::size_t bytes) {
-      detail::core::check_cuda<std::runtime_error>(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
-                                                   name, "cudaMemcpyAsync (moving cached tile plans)");
-    }
-  };
-  using workspace_t = detail::attention::cuda::plan_workspace<device_ops>;
-
   cudaStream_t stream_ = nullptr;
-  std::shared_ptr<workspace_t> workspace_;
 };
 
 }  // namespace baton

@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <type_traits>
 
@@ -26,27 +25,17 @@ namespace baton {
 
 /// The CUDA backend's kernels on the CPU, for tests. Element types float, bfloat16, float16
 /// (the LSE is float); head dims 64, 128, 256. Models attention_backend<..., float>.
-class cuda_attention_emulated : public detail::attention::mask_argument_check {
+class cuda_attention_emulated
+    : public detail::attention::mask_argument_check,
+      public detail::attention::cuda::shared_plan_workspace<detail::attention::cuda::host_workspace_ops> {
  public:
   static constexpr const char* name = "baton::cuda_attention_emulated";
   /// Takes bfloat16 storage (backend_stores_bfloat16).
   static constexpr bool stores_bfloat16 = true;
 
-  /// cuda_attention::reserve_workspace, on host memory (the tests count its allocations).
-  void reserve_workspace(const attention_workspace_shape& shape) const {
-    const auto need = detail::attention::cuda::workspace_need_for(shape, name);
-    std::lock_guard lock(workspace_->mutex());
-    workspace_->reserve(need.scratch, need.plans);
-  }
-  void release_workspace() const {
-    std::lock_guard lock(workspace_->mutex());
-    workspace_->release();
-  }
-  /// cuda_attention::workspace_stats: the same workspace logic, so the same counts.
-  [[nodiscard]] detail::attention::cuda::workspace_stats workspace_stats() const {
-    std::lock_guard lock(workspace_->mutex());
-    return workspace_->stats();
-  }
+  /// reserve_workspace, release_workspace and workspace_stats are cuda_attention's, on host
+  /// memory: the same workspace logic, so the tests count the same allocations and plans.
+  cuda_attention_emulated() : shared_plan_workspace(name, {}) {}
 
   // A mask argument that is not an attention_mask: one readable error (mask_argument_check).
   using detail::attention::mask_argument_check::forward;
@@ -61,10 +50,11 @@ class cuda_attention_emulated : public detail::attention::mask_argument_check {
     if (f.call.batch * f.call.heads_q * f.call.seq_q == 0) return;
     // Held for the whole call: the "kernels" below read the workspace (on a GPU the stream
     // orders that; here copies of this object on other threads must wait).
-    std::lock_guard lock(workspace_->mutex());
-    const dc::tile_plan_view plan = dc::plan_from(*workspace_, f, mask);
+    auto& ws = workspace();
+    std::lock_guard lock(ws.mutex());
+    const dc::tile_plan_view plan = dc::plan_from(ws, f, mask);
     auto* key_bad = reinterpret_cast<std::uint8_t*>(
-        workspace_->scratch(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k)));
+        ws.scratch(dc::key_flag_bytes(f.call.batch, f.call.heads_kv, f.call.seq_k)));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v;
     if (f.call.seq_k > 0) dc::emulate_key_flags(dc::key_flag_args_for<S>(kc, vc, f.call, key_bad));
     dc::emulate_forward(dc::forward_args_for<S>(qc, kc, vc, out, lse, f.call, plan, key_bad));
@@ -79,19 +69,14 @@ class cuda_attention_emulated : public detail::attention::mask_argument_check {
     using S = std::remove_const_t<TQ>;
     const dc::backward_call bc = dc::prepare_backward(q, k, v, out, lse, dout, mask, dq, dk, dv, params, name);
     const auto& c = bc.call;
-    std::lock_guard lock(workspace_->mutex());
-    const dc::tile_plan_view plan = dc::plan_from(*workspace_, bc, mask);
-    std::byte* work = workspace_->scratch(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k));
+    auto& ws = workspace();
+    std::lock_guard lock(ws.mutex());
+    const dc::tile_plan_view plan = dc::plan_from(ws, bc, mask);
+    std::byte* work = ws.scratch(dc::backward_workspace_bytes(c.batch, c.heads_q, c.seq_q, c.heads_kv, c.seq_k));
     const tensor_view<const S, 4> qc = q, kc = k, vc = v, oc = out, dc_out = dout;
     const tensor_view<const float, 3> lc = lse;
     dc::emulate_backward(dc::backward_args_for<S>(qc, kc, vc, oc, lc, dc_out, dq, dk, dv, c, params.accumulate, plan, work));
   }
-
- private:
-  // cuda_attention's workspace on host memory: plans cached and "uploaded" (copied) into
-  // an arena, the scratch reused; copies of this object share it, as cuda_attention's do.
-  using workspace_t = detail::attention::cuda::plan_workspace<detail::attention::cuda::host_workspace_ops>;
-  std::shared_ptr<workspace_t> workspace_ = std::make_shared<workspace_t>();
 };
 
 }  // namespace baton

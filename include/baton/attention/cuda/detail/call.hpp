@@ -9,9 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numbers>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <baton/attention/backend.hpp>
 #include <baton/attention/cuda/detail/backward_args.hpp>
@@ -204,6 +207,40 @@ struct workspace_need {
                                      align_up(tile_plan_bytes_bound(seq_q, seq_k, b.tile_q, b.tile_k));
   return need;
 }
+
+/// The workspace half of the CUDA backend's interface, one piece for cuda_attention (device
+/// memory through device ops) and cuda_attention_emulated (host memory): the object's
+/// plan_workspace, shared by its copies, and the three public calls that lock it. The
+/// kernels' callers lock workspace().mutex() themselves, from the plan lookup to the last launch.
+template <class Ops>
+class shared_plan_workspace {
+ public:
+  /// Allocates now what every call up to `shape` needs (cuda_attention::reserve_workspace).
+  void reserve_workspace(const attention_workspace_shape& shape) const {
+    const workspace_need need = workspace_need_for(shape, backend_);
+    std::lock_guard lock(workspace_->mutex());
+    workspace_->reserve(need.scratch, need.plans);
+  }
+  /// Frees the workspace (after the stream is past its users), cached plans included.
+  void release_workspace() const {
+    std::lock_guard lock(workspace_->mutex());
+    workspace_->release();
+  }
+  /// Allocations, plan builds, uploads and cache hits so far (shared by copies).
+  [[nodiscard]] cuda::workspace_stats workspace_stats() const {
+    std::lock_guard lock(workspace_->mutex());
+    return workspace_->stats();
+  }
+
+ protected:
+  shared_plan_workspace(const char* backend, Ops ops)
+      : backend_(backend), workspace_(std::make_shared<plan_workspace<Ops>>(std::move(ops))) {}
+  [[nodiscard]] plan_workspace<Ops>& workspace() const noexcept { return *workspace_; }
+
+ private:
+  const char* backend_;
+  std::shared_ptr<plan_workspace<Ops>> workspace_;
+};
 
 template <class S>
 [[nodiscard]] backward_args<S> backward_args_for(const tensor_view<const S, 4>& q, const tensor_view<const S, 4>& k,
