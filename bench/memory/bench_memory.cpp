@@ -17,6 +17,11 @@
 //                                    (which goes first alternates): median (min, max, n).
 //                                    The goal: <= 1.35.
 //   recompute_selective_step_ratio   the same for selective. Goal: <= 1.10.
+//   bf16_step_ratio                  step time with bf16 storage (saved state, messages between
+//                                    stages, the ring's K/V blocks) / with float, policy none,
+//                                    two trainers on the same ranks stepping in interleaved
+//                                    pairs. Goal: <= 1.0. (bench_nn's figure of the same name
+//                                    is one block on one thread: no messages, no ring.)
 //   peak_bytes_<policy>              the largest measured peak over the ranks
 //                                    (lm_step_report::peak_host_bytes) over that policy's steps;
 //   predicted_peak_bytes_<policy>    estimate_memory's largest over the pipeline ranks.
@@ -131,6 +136,35 @@ figures measure(std::int64_t seq, int pairs) {
   for (double v : ranks[0].selective_ratio) out.selective_ratio.add(v);
   for (const auto& r : ranks)
     for (std::size_t p = 0; p < 3; ++p) out.peak[p] = std::max(out.peak[p], r.peak[p]);
+  return out;
+}
+
+// bf16_step_ratio: the same model trained by two trainers on the same ranks, one keeping float
+// activations and messages, one bf16 (activation_storage::bf16: saved state, stage-to-stage
+// messages and the ring's K/V blocks in bf16), policy none, their steps interleaved in pairs
+// (which goes first alternates). Each trainer faults its pages in first.
+bench::series measure_bf16(std::int64_t seq, int pairs) {
+  train::lm_config float_config = model_config(seq), bf16_config = model_config(seq);
+  bf16_config.model.storage = nn::activation_storage::bf16;
+  const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
+  const baton::program schedule = baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4));
+  const auto ranks = baton::run_local(4, [&](baton::local_communicator& world) {
+    using trainer_t = train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention>;
+    trainer_t float_trainer(world, float_config, parallelism, schedule);
+    trainer_t bf16_trainer(world, bf16_config, parallelism, schedule);
+    int step = 0;
+    const auto run = [&](trainer_t& t) {
+      return t.step(corpus().train_batch(step++, float_config.batch, float_config.seq, false)).seconds;
+    };
+    run(float_trainer), run(bf16_trainer);
+    std::vector<double> ratio;
+    bench::interleave(
+        pairs, [&] { return run(float_trainer); }, [&] { return run(bf16_trainer); },
+        [&](int, double f, double b) { ratio.push_back(b / f); });
+    return ratio;
+  });
+  bench::series out;
+  for (double v : ranks[0]) out.add(v);
   return out;
 }
 
@@ -309,10 +343,12 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     const std::int64_t seq = seqs[i];
     const figures f = measure(seq, pairs);
+    const bench::series bf16_ratio = measure_bf16(seq, pairs);
     for (const std::string& suffix : {"_seq" + std::to_string(seq), std::string()}) {
       if (suffix.empty() && i + 1 != seqs.size()) continue;
       bench::print("recompute_full_step_ratio" + suffix, f.full_ratio, "%.3f");
       bench::print("recompute_selective_step_ratio" + suffix, f.selective_ratio, "%.3f");
+      bench::print("bf16_step_ratio" + suffix, bf16_ratio, "%.3f");
       for (std::size_t p = 0; p < 3; ++p) {
         const std::string name(nn::to_string(policies[p]));
         bench::print_value("peak_bytes_" + name + suffix, f.peak[p], "%.0f");
