@@ -3,7 +3,7 @@
 // On 6 shapes (sequence length, heads, mask, CP ranks) it calibrates the costs on the world
 // at hand (baton::cp::calibrate, at the shape's rank count, so 4 thread ranks on 2 cores are
 // calibrated oversubscribed as they then run), predicts forward + backward of every legal
-// split (ring, Ulysses, hybrid), then measures every split: one warm-up each, then --pairs
+// split (ring, Ulysses, hybrid), then measures every split: two warm-up rounds, then --pairs
 // rounds (7 by default, at least 5) in which every split runs once, the order rotating from
 // round to round; a run is timed on rank 0 from a barrier to a barrier. Per shape and split:
 //   choose_pred_over_measured_<shape>_<mode>: prediction / measured time, per round
@@ -181,7 +181,12 @@ case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate
       local.barrier();
       return bench::seconds_since(start);
     };
-    for (std::size_t i = 0; i < runs.size(); ++i) timed(i);  // warm-up: buffers, caches
+    // Warm-up, two rounds: the layers' host buffers come from per-thread caches that the
+    // other splits' first calls also draw on, so a split's second call may still fault pages
+    // in (a ring after Ulysses' first call: 3,343 faults, 2.7x its steady time); from each
+    // split's third call on, none does.
+    for (int warm = 0; warm < 2; ++warm)
+      for (std::size_t i = 0; i < runs.size(); ++i) timed(i);
     for (int r = 0; r < rounds; ++r) {
       for (std::size_t j = 0; j < runs.size(); ++j) {
         const std::size_t i = (j + static_cast<std::size_t>(r)) % runs.size();
