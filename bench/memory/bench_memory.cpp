@@ -139,35 +139,6 @@ figures measure(std::int64_t seq, int pairs) {
   return out;
 }
 
-// bf16_step_ratio: the same model trained by two trainers on the same ranks, one keeping float
-// activations and messages, one bf16 (activation_storage::bf16: saved state, stage-to-stage
-// messages and the ring's K/V blocks in bf16), policy none, their steps interleaved in pairs
-// (which goes first alternates). Each trainer faults its pages in first.
-bench::series measure_bf16(std::int64_t seq, int pairs) {
-  train::lm_config float_config = model_config(seq), bf16_config = model_config(seq);
-  bf16_config.model.storage = nn::activation_storage::bf16;
-  const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
-  const baton::program schedule = baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4));
-  const auto ranks = baton::run_local(4, [&](baton::local_communicator& world) {
-    using trainer_t = train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention>;
-    trainer_t float_trainer(world, float_config, parallelism, schedule);
-    trainer_t bf16_trainer(world, bf16_config, parallelism, schedule);
-    int step = 0;
-    const auto run = [&](trainer_t& t) {
-      return t.step(corpus().train_batch(step++, float_config.batch, float_config.seq, false)).seconds;
-    };
-    run(float_trainer), run(bf16_trainer);
-    std::vector<double> ratio;
-    bench::interleave(
-        pairs, [&] { return run(float_trainer); }, [&] { return run(bf16_trainer); },
-        [&](int, double f, double b) { ratio.push_back(b / f); });
-    return ratio;
-  });
-  bench::series out;
-  for (double v : ranks[0]) out.add(v);
-  return out;
-}
-
 // One fit run's configuration: the model at `seq` under policy p (and bf16 storage), pp 2 x
 // cp_ring 2, and its schedule, ZBV (the bench's) or 1F1B.
 struct fit_run {
@@ -182,6 +153,32 @@ struct fit_run {
     if (bf16) config.model.storage = nn::activation_storage::bf16;
   }
 };
+
+// bf16_step_ratio: the same model trained by two trainers on the same ranks, one keeping float
+// activations and messages, one bf16 (activation_storage::bf16: saved state, stage-to-stage
+// messages and the ring's K/V blocks in bf16), policy none, under ZBV, their steps interleaved
+// in pairs (which goes first alternates). Each trainer faults its pages in first.
+bench::series measure_bf16(std::int64_t seq, int pairs) {
+  const fit_run float_run(seq, recompute_policy::none, false, false), bf16_run(seq, recompute_policy::none, true, false);
+  const auto ranks = baton::run_local(4, [&](baton::local_communicator& world) {
+    using trainer_t = train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention>;
+    trainer_t float_trainer(world, float_run.config, float_run.parallelism, float_run.schedule);
+    trainer_t bf16_trainer(world, bf16_run.config, bf16_run.parallelism, bf16_run.schedule);
+    int step = 0;
+    const auto run = [&](trainer_t& t) {
+      return t.step(corpus().train_batch(step++, float_run.config.batch, float_run.config.seq, false)).seconds;
+    };
+    run(float_trainer), run(bf16_trainer);
+    std::vector<double> ratio;
+    bench::interleave(
+        pairs, [&] { return run(float_trainer); }, [&] { return run(bf16_trainer); },
+        [&](int, double f, double b) { ratio.push_back(b / f); });
+    return ratio;
+  });
+  bench::series out;
+  for (double v : ranks[0]) out.add(v);
+  return out;
+}
 
 // The largest estimate over the pipeline ranks, under ZBV (the bench's schedule) or 1F1B.
 double predicted_peak(std::int64_t seq, recompute_policy p, bool bf16 = false, bool one_f_one_b = false) {
