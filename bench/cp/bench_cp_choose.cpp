@@ -117,6 +117,7 @@ struct rank_tensors {
 
 struct case_result {
   baton::cp_choice choice;
+  baton::cp_costs costs;
   std::vector<bench::series> measured, ratio;  // per candidate
   double calibrate_s = 0;
 };
@@ -196,6 +197,7 @@ case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate
     }
   });
   std::visit([&](const auto& mask) { res.choice = baton::cp::choose(mesh, shape, mask, costs); }, c.mask);
+  res.costs = costs;
   res.measured.resize(splits.size());
   res.ratio.resize(splits.size());
   for (std::size_t i = 0; i < splits.size(); ++i) {
@@ -234,6 +236,12 @@ int main(int argc, char** argv) {
   for (const shape_case& c : cases) {
     const case_result r = run_case(c, rounds, calibration);
     bench::print_value("choose_calibrate_s_" + c.name, r.calibrate_s);
+    const baton::cp_costs& k = r.costs;  // what the predictions below rest on (microseconds, ps per byte)
+    std::printf("choose_costs_%s: full tile %.3g us (backward %.3g, partial %.3g / %.3g, row panel %.3g / %.3g, call %.3g; "
+                "link %.3g ps/B, all-to-all %.3g, copy %.3g, latency %.3g us; share %.3f)\n",
+                c.name.c_str(), k.full_tile_forward * 1e6, k.full_tile_backward * 1e6, k.partial_tile_forward * 1e6,
+                k.partial_tile_backward * 1e6, k.row_panel_forward * 1e6, k.row_panel_backward * 1e6, k.per_call * 1e6,
+                k.link_per_byte * 1e12, k.all_to_all_per_byte * 1e12, k.copy_per_byte * 1e12, k.latency * 1e6, k.share);
     std::size_t fastest = 0, chosen = 0;
     for (std::size_t i = 0; i < r.measured.size(); ++i) {
       const auto& p = r.choice.candidates[i];
