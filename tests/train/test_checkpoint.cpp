@@ -644,8 +644,12 @@ TEST_CASE("checkpoint: a save killed with SIGKILL at any moment leaves the last 
   std::int64_t next = 1, last = 0;
   std::vector<std::string> observed;
   // Each round starts a saver and kills it at another moment of a save: from inside the file
-  // writes to the manifest, the renames, `latest` and the deletion of old ones.
-  const int rounds = 8;
+  // writes to the manifest, the renames, `latest` and the deletion of old ones. Even rounds
+  // kill at a fraction of a measured save period; odd ones the moment a save's .tmp directory
+  // is seen, so that a save cut off in its writes is covered on every machine (a slow-compute
+  // build such as ThreadSanitizer spends most of the child's period filling the tensors, and
+  // the timed kills alone once missed every write).
+  const int rounds = 8, timed_rounds = rounds / 2;
   for (int round = 0; round < rounds; ++round) {
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
@@ -673,7 +677,19 @@ TEST_CASE("checkpoint: a save killed with SIGKILL at any moment leaves the last 
     };
     const auto first = wait_for(next);
     const auto period = wait_for(next + 1) - first;
-    std::this_thread::sleep_for(period * (round + 0.5) / rounds);
+    if (round % 2 == 0) {
+      std::this_thread::sleep_for(period * (round / 2 + 0.5) / timed_rounds);
+    } else {
+      const auto save_in_flight = [&] {
+        std::error_code ec;  // entries come and go while we list them
+        for (fs::directory_iterator it(dir.path(), ec), end; !ec && it != end; it.increment(ec))
+          if (it->path().extension() == ".tmp" && it->path().filename().string().starts_with("step-")) return true;
+        return false;
+      };
+      const auto start = std::chrono::steady_clock::now();
+      while (!save_in_flight() && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+      }
+    }
     ::kill(child, SIGKILL);
     int status = 0;
     ::waitpid(child, &status, 0);
