@@ -21,6 +21,7 @@
 
 #include <baton/attention/error.hpp>
 #include <baton/attention/positions.hpp>
+#include <baton/core/hash.hpp>
 
 namespace baton {
 
@@ -103,6 +104,9 @@ struct no_mask {
   [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t, std::int64_t k_begin, std::int64_t k_end) const noexcept {
     return {k_begin, std::max(k_begin, k_end)};
   }
+  /// Equal fingerprints, equal answers (with the type): what the CUDA plan cache and the CP
+  /// agreement hash. Every built-in leaf mask has one; a user mask may add its own.
+  [[nodiscard]] constexpr std::uint64_t fingerprint() const noexcept { return 0; }
 };
 
 /// A query attends to keys at the same or earlier global positions (k_pos <= q_pos).
@@ -119,6 +123,7 @@ struct causal_mask {
   [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
     return detail::attention::clip_keys(k_begin, q < k_end ? q + 1 : k_end, k_begin, k_end);
   }
+  [[nodiscard]] constexpr std::uint64_t fingerprint() const noexcept { return 0; }
 };
 
 /// A query at q attends to keys in [q - left, q + right]. {left, 0} is causal local
@@ -141,6 +146,10 @@ struct sliding_window_mask {
     const std::int64_t hi = k_end - q <= right ? k_end : q + right + 1;
     return detail::attention::clip_keys(lo, hi, k_begin, k_end);
   }
+  [[nodiscard]] constexpr std::uint64_t fingerprint() const noexcept {
+    return static_cast<std::uint64_t>(
+        detail::core::hasher().add(static_cast<std::uint64_t>(left)).add(static_cast<std::uint64_t>(right)).value());
+  }
   void validate(const positions&, const positions&) const {
     if (left < 0 || right < 0)
       throw attention_error("baton::sliding_window_mask: left (" + std::to_string(left) + ") and right (" +
@@ -155,6 +164,7 @@ class document_mask {
  public:
   explicit document_mask(std::vector<std::int64_t> segment_ids)
       : ascending_(std::is_sorted(segment_ids.begin(), segment_ids.end())),
+        fingerprint_(hash(segment_ids)),
         ids_(std::make_shared<const std::vector<std::int64_t>>(std::move(segment_ids))) {}
   template <class I>
     requires std::integral<I>
@@ -182,8 +192,16 @@ class document_mask {
   }
 
   [[nodiscard]] std::span<const std::int64_t> segment_ids() const noexcept { return *ids_; }
+  /// Every segment id, hashed once at construction (a lookup per call would cost O(length)).
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
 
  private:
+  static std::uint64_t hash(const std::vector<std::int64_t>& ids) noexcept {
+    detail::core::hasher h;
+    for (std::int64_t id : ids) h.add(static_cast<std::uint64_t>(id));
+    return static_cast<std::uint64_t>(h.add(ids.size()).value());
+  }
+
   std::pair<std::int64_t, std::int64_t> segment_range(const position_block& b) const noexcept {
     const auto& ids = *ids_;
     // Packed documents have ascending ids: a run of positions then spans exactly the ids of
@@ -206,6 +224,7 @@ class document_mask {
   }
 
   bool ascending_ = true;
+  std::uint64_t fingerprint_ = 0;
   std::shared_ptr<const std::vector<std::int64_t>> ids_;
 };
 
@@ -226,6 +245,9 @@ struct prefix_lm_mask {
   [[nodiscard]] constexpr key_interval allowed_keys(std::int64_t q, std::int64_t k_begin, std::int64_t k_end) const noexcept {
     const std::int64_t limit = q < k_end ? std::max(prefix_length, q + 1) : k_end;
     return detail::attention::clip_keys(k_begin, limit, k_begin, k_end);
+  }
+  [[nodiscard]] constexpr std::uint64_t fingerprint() const noexcept {
+    return static_cast<std::uint64_t>(detail::core::hasher().add(static_cast<std::uint64_t>(prefix_length)).value());
   }
 };
 

@@ -96,7 +96,10 @@ TEST_CASE("plan cache: the key tells apart every input of make_tile_plan and onl
   // every parameter of the parametrised masks
   CHECK(key_of(baton::sliding_window_mask{8, 0}, all, all) != key_of(baton::sliding_window_mask{9, 0}, all, all));
   CHECK(key_of(baton::sliding_window_mask{8, 0}, all, all) != key_of(baton::sliding_window_mask{8, 1}, all, all));
+  CHECK(key_of(baton::sliding_window_mask{1, 8}, all, all) != key_of(baton::sliding_window_mask{8, 1}, all, all));
   CHECK(key_of(baton::prefix_lm_mask{5}, all, all) != key_of(baton::prefix_lm_mask{6}, all, all));
+  // the masks' own fingerprints, which both the plan cache and the CP agreement hash
+  static_assert(baton::sliding_window_mask{1, 8}.fingerprint() != baton::sliding_window_mask{8, 1}.fingerprint());
   std::vector<std::int64_t> ids(200, 0);
   for (std::size_t i = 100; i < 200; ++i) ids[i] = 1;
   const baton::document_mask docs(ids);

@@ -78,19 +78,6 @@ template <class Mask>
   if constexpr (requires { { mask.fingerprint() } -> std::convertible_to<std::uint64_t>; }) {
     h.add(static_cast<std::uint64_t>(mask.fingerprint()));
     return true;
-  } else if constexpr (std::is_same_v<Mask, no_mask> || std::is_same_v<Mask, causal_mask>) {
-    return true;
-  } else if constexpr (std::is_same_v<Mask, sliding_window_mask>) {
-    h.add(static_cast<std::uint64_t>(mask.left)).add(static_cast<std::uint64_t>(mask.right));
-    return true;
-  } else if constexpr (std::is_same_v<Mask, prefix_lm_mask>) {
-    h.add(static_cast<std::uint64_t>(mask.prefix_length));
-    return true;
-  } else if constexpr (std::is_same_v<Mask, document_mask>) {
-    // O(global length) per call: a few microseconds per thousand tokens, far below planning.
-    for (std::int64_t id : mask.segment_ids()) h.add(static_cast<std::uint64_t>(id));
-    h.add(mask.segment_ids().size());
-    return true;
   } else if constexpr (plan_cache_detail::is_intersection<Mask>) {
     return add_mask_fingerprint(h, mask.first) && add_mask_fingerprint(h, mask.second);
   } else if constexpr (plan_cache_detail::is_padding<Mask>) {

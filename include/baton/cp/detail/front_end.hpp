@@ -205,15 +205,6 @@ void fingerprint_mask(fingerprint_hasher& h, const Mask& mask, const probe_space
   h.add(std::string_view(typeid(Mask).name()));
   if constexpr (requires { { mask.fingerprint() } -> std::convertible_to<std::uint64_t>; }) {
     h.add(static_cast<std::uint64_t>(mask.fingerprint()));
-  } else if constexpr (std::is_same_v<Mask, no_mask> || std::is_same_v<Mask, causal_mask>) {
-  } else if constexpr (std::is_same_v<Mask, sliding_window_mask>) {
-    h.add(static_cast<std::uint64_t>(mask.left));
-    h.add(static_cast<std::uint64_t>(mask.right));
-  } else if constexpr (std::is_same_v<Mask, prefix_lm_mask>) {
-    h.add(static_cast<std::uint64_t>(mask.prefix_length));
-  } else if constexpr (std::is_same_v<Mask, document_mask>) {
-    for (std::int64_t id : mask.segment_ids()) h.add(static_cast<std::uint64_t>(id));
-    h.add(mask.segment_ids().size());
   } else if constexpr (is_intersection_v<Mask>) {
     fingerprint_mask(h, mask.first, space);
     fingerprint_mask(h, mask.second, space);
