@@ -3,7 +3,7 @@
 // of a call. A CPU program; built by the bench preset wherever nvcc is (bench/gpu/CMakeLists.txt
 // compiles bench/gpu/static_kernels.cu with bench/gpu/compile_static.sh first).
 //
-//   ./bench_cuda_static [--pairs N] [PTXAS_LOG]
+//   ./bench_cuda_static [--pairs N] [PTXAS_LOG [SASS_MIX]]
 //
 // Per kernel (forward per tiling, backward key and query passes, pre-pass, key flags; every
 // storage type and head dim), from ptxas -v:
@@ -11,14 +11,20 @@
 //   launch's dynamic shared memory, from the same tiling code the launch uses, + static),
 //   _blocks_per_sm (resident blocks on an sm_90 SM: registers in 256-per-warp units of a 64K
 //   file, 228 KiB of shared memory less 1 KiB per block, 2048 threads, 32 blocks).
-// The instruction mix of the main loop needs the SASS (cuobjdump or nvdisasm), which the CUDA
-// install of the machines this project is built on lacks (nvcc, ptxas, nvlink and fatbinary
-// only); the PTX is no substitute, since ptxas unrolls its loops.
+// From the SASS (bench/gpu/sass_mix.py, run by compile_static.sh where an nvdisasm is: the CUDA
+// install of the machines this project is built on has none, bench/gpu/fetch_nvdisasm.sh
+// fetches Debian's), per kernel with a tensor-core loop:
+//   <kernel>_mma_share: MMA instructions / all instructions on the shortest way through the
+//   main loop (the path of a full tile with no special case; NOPs not counted);
+//   <kernel>_mma_share_static: the same over the loop's whole body, every branch included;
+//   <kernel>_loop_instructions: the shortest way's length, and _loop_mma its MMAs.
+// Without a disassembler these print nothing and `mma_share: unavailable (why)` says so.
 // Summary figures: max_spill_bytes (over every kernel; goal 0), forward_min_blocks_per_sm
 // (16-bit forward kernels; goal >= 2), and the planning time of one call on this CPU,
 // median (min, max) of --pairs repetitions, S = 8192 at the forward's bf16 D = 128 tiling:
 // plan_ms_causal_S8192 (goal <= 0.2), plan_ms_full_S8192, plan_ms_documents_S8192 (8
-// documents).
+// documents); with the SASS, forward16_min_mma_share and backward16_min_mma_share (the
+// lowest main-loop share of the 16-bit forward / backward tile kernels).
 #include "bench_common.hpp"
 
 #include <baton/attention/cuda/detail/backward_kernel.hpp>
@@ -43,6 +49,9 @@
 #ifndef BATON_STATIC_PTXAS_LOG
 #define BATON_STATIC_PTXAS_LOG ""
 #endif
+#ifndef BATON_STATIC_SASS_MIX
+#define BATON_STATIC_SASS_MIX ""
+#endif
 
 namespace {
 
@@ -54,6 +63,8 @@ struct kernel_stats {
   int threads = 0;
   std::size_t dynamic_shared = 0;
   bool forward16 = false;
+  // Main loop (sass_mix.py): instructions and MMAs over its whole body and on its shortest way.
+  int static_instructions = 0, static_mma = 0, path_instructions = 0, path_mma = 0;
 };
 
 std::string demangle(const std::string& name) {
@@ -161,6 +172,27 @@ std::vector<kernel_stats> read_ptxas(const std::string& path) {
   return kernels;
 }
 
+// Adds sass_mix.py's figures to the kernels they name; the reason when there are none.
+std::string read_sass_mix(const std::string& path, std::vector<kernel_stats>& kernels) {
+  std::ifstream in(path);
+  if (!in) return "no file " + path;
+  std::string line;
+  int matched = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("# unavailable: ", 0) == 0) return line.substr(15);
+    std::istringstream fields(line);
+    std::string name;
+    int si = 0, sm = 0, pi = 0, pm = 0;
+    if (!(fields >> name >> si >> sm >> pi >> pm) || pi <= 0 || si <= 0) return "unreadable line in " + path + ": " + line;
+    for (kernel_stats& k : kernels)
+      if (k.mangled == name) {
+        k.static_instructions = si, k.static_mma = sm, k.path_instructions = pi, k.path_mma = pm;
+        ++matched;
+      }
+  }
+  return matched > 0 ? "" : "no kernel of the ptxas log in " + path;
+}
+
 double plan_ms(const auto& mask, std::int64_t seq) {
   const baton::positions all(0, seq);
   const dc::forward_config c = dc::forward_config_for(2, 128);
@@ -174,12 +206,13 @@ double plan_ms(const auto& mask, std::int64_t seq) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string ptxas_log = BATON_STATIC_PTXAS_LOG;
+  std::string ptxas_log = BATON_STATIC_PTXAS_LOG, sass_mix = BATON_STATIC_SASS_MIX;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--pairs") == 0) ++i;
     else files.emplace_back(argv[i]);
-  if (files.size() == 1) ptxas_log = files[0];
+  if (files.size() >= 1) ptxas_log = files[0];
+  if (files.size() >= 2) sass_mix = files[1];
   const int repetitions = bench::pairs_from_args(argc, argv, 21);
   bench::print_build();
   bench::print_load("before");
@@ -188,7 +221,9 @@ int main(int argc, char** argv) {
     std::vector<kernel_stats> kernels = read_ptxas(ptxas_log);
     if (kernels.empty()) throw std::runtime_error("no kernel in the ptxas log " + ptxas_log);
     std::printf("kernels: %zu, sm_90 (ptxas log %s)\n", kernels.size(), ptxas_log.c_str());
+    const std::string no_mix = read_sass_mix(sass_mix, kernels);
     int max_spill = 0, forward_min_blocks = 1 << 20;
+    double forward_min_share = 1, backward_min_share = 1;
     for (kernel_stats& k : kernels) {
       if (!describe(k)) {
         std::printf("FAILED: unknown kernel %s (teach bench_cuda_static its launch shape)\n", k.demangled.c_str());
@@ -203,9 +238,25 @@ int main(int argc, char** argv) {
       std::printf("%s_stack_bytes: %d\n", k.figure.c_str(), k.stack);
       std::printf("%s_shared_bytes: %zu\n", k.figure.c_str(), k.dynamic_shared + static_cast<std::size_t>(k.static_shared));
       std::printf("%s_blocks_per_sm: %d\n", k.figure.c_str(), blocks);
+      if (k.path_instructions > 0) {
+        const double share = static_cast<double>(k.path_mma) / k.path_instructions;
+        std::printf("%s_mma_share: %.3f\n", k.figure.c_str(), share);
+        std::printf("%s_mma_share_static: %.3f\n", k.figure.c_str(), static_cast<double>(k.static_mma) / k.static_instructions);
+        std::printf("%s_loop_instructions: %d\n", k.figure.c_str(), k.path_instructions);
+        std::printf("%s_loop_mma: %d\n", k.figure.c_str(), k.path_mma);
+        if (k.forward16) forward_min_share = std::min(forward_min_share, share);
+        if (k.figure.rfind("bwd_", 0) == 0 && k.figure.find("float") == std::string::npos)
+          backward_min_share = std::min(backward_min_share, share);
+      }
     }
     std::printf("max_spill_bytes: %d\n", max_spill);
     std::printf("forward_min_blocks_per_sm: %d\n", forward_min_blocks);
+    if (no_mix.empty()) {
+      std::printf("forward16_min_mma_share: %.3f\n", forward_min_share);
+      std::printf("backward16_min_mma_share: %.3f\n", backward_min_share);
+    } else {
+      std::printf("mma_share: unavailable (%s)\n", no_mix.c_str());
+    }
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     status = 1;
