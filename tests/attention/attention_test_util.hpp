@@ -31,6 +31,38 @@ struct shape {
   std::int64_t batch = 1, seq_q = 1, seq_k = 1, heads_q = 1, heads_kv = 1, dim = 1;
 };
 
+/// Where a CUDA kernel's arithmetic ran. The CPU emulation rounds each tensor-core sum to
+/// nearest, as IEEE fp32 does. A GPU's tensor cores keep the products exact but truncate the
+/// aligned sum of every MMA step (Fasi, Higham, Mikaitis and Pranesh, "Numerical behavior of
+/// NVIDIA tensor cores", PeerJ Computer Science, 2021): up to 2^-23 of the step's largest
+/// term, with a sign that does not alternate, so the error grows with the number of steps
+/// rather than its square root.
+enum class arithmetic { emulated, tensor_cores };
+
+/// A run functor's arithmetic: its static member `arithmetic` where it declares one (the
+/// device runs), else emulated.
+template <class Run>
+constexpr arithmetic arithmetic_of() {
+  if constexpr (requires { std::remove_cvref_t<Run>::arithmetic; })
+    return std::remove_cvref_t<Run>::arithmetic;
+  else
+    return arithmetic::emulated;
+}
+
+/// Relative tolerance (of the result's largest magnitude) of the CUDA kernels' float storage,
+/// which multiplies as 3xTF32 (three m16n8k8 products per 8 terms, each ~2^-22 relative).
+/// Emulated: fp32 sums rounded to nearest over <= a few hundred terms, ~sqrt(n) 2^-24 ~ 1e-6
+/// typical; 1e-5 is ~10x headroom. On tensor cores each result is a chain of two sums, over
+/// the head dim (scores, dP) and then over `length` keys or queries (P V, dS K, dS^T Q): 3
+/// steps per 8 terms, each truncating by up to 2^-23, so at most 3 (dim + length) / 8 x 2^-23
+/// more. Measured on an H200 (2026-12-04): 1.05e-5 at dim 64 and 128, 1.81e-5 at dim 256
+/// (900 keys), against 1e-5; the bound there is 5.3e-5 to 6.2e-5.
+inline double float_tolerance(arithmetic a, std::int64_t dim, std::int64_t length) {
+  const double emulated = 1e-5;
+  if (a == arithmetic::emulated) return emulated;
+  return emulated + 3.0 * static_cast<double>(dim + length) / 8.0 * 0x1p-23;
+}
+
 template <class T>
 struct inputs {
   shape s;

@@ -77,18 +77,30 @@ void run_on_device(cuda_bwd_test::problem<S>& p) {
   download(p.sdv, dv);
 }
 
-using cuda_bwd_test::check_gradients;
+/// run_on_device as a run functor of the shared checks, which then allow for the tensor
+/// cores' truncated sums (attn_test::float_tolerance).
+template <class S>
+struct device_backward {
+  static constexpr attn_test::arithmetic arithmetic = attn_test::arithmetic::tensor_cores;
+  void operator()(cuda_bwd_test::problem<S>& p) const { run_on_device(p); }
+};
+
+template <class S>
+void check_device_gradients(const cuda_bwd_test::problem<S>& p, const std::string& what) {
+  cuda_bwd_test::check_gradients(p, what, attn_test::arithmetic::tensor_cores);
+}
+
 using cuda_bwd_test::packed_document_ids;
 
 template <class S, class Mask>
 void compare_case(const shape& s, const Mask& mask, const baton::attention_params& params, const std::string& what,
                   unsigned seed, bool accumulate = false) {
-  cuda_bwd_test::compare_case<S>(run_on_device<S>, s, mask, params, what, seed, accumulate);
+  cuda_bwd_test::compare_case<S>(device_backward<S>{}, s, mask, params, what, seed, accumulate);
 }
 
 template <class S>
 void mask_grid(const shape& s, unsigned seed, const std::string& what) {
-  cuda_bwd_test::mask_grid<S>(run_on_device<S>, s, seed, what);
+  cuda_bwd_test::mask_grid<S>(device_backward<S>{}, s, seed, what);
 }
 
 }  // namespace
@@ -125,7 +137,7 @@ TEST_CASE("cuda backward (device): accumulate, rows and keys without pairs", "[a
       untouched = untouched && p.sdk[e] == (accumulate ? p.dk0[e] : 0.f) && p.sdv[e] == (accumulate ? p.dv0[e] : 0.f);
     INFO("accumulate " << accumulate);
     CHECK(untouched);
-    check_gradients(p, "keys no query sees");
+    check_device_gradients(p, "keys no query sees");
   }
 }
 
@@ -145,10 +157,10 @@ TEST_CASE("cuda backward (device): the non-finite rule", "[attention][cuda][gpu]
   for (const auto& [pokes, what] : cases) {
     auto causal = cuda_bwd_test::make_problem<float>(s, baton::causal_mask{}, {}, ++seed, false, pokes);
     run_on_device(causal);
-    check_gradients(causal, std::string(what) + " (causal)");
+    check_device_gradients(causal, std::string(what) + " (causal)");
     auto docs = cuda_bwd_test::make_problem<baton::bfloat16>(s, baton::document_mask(ids), {}, ++seed, false, pokes);
     run_on_device(docs);
-    check_gradients(docs, std::string(what) + " (documents)");
+    check_device_gradients(docs, std::string(what) + " (documents)");
   }
 }
 
@@ -159,7 +171,7 @@ TEST_CASE("cuda backward (device): two runs are bitwise equal", "[attention][cud
   auto b = cuda_bwd_test::make_problem<baton::bfloat16>(s, baton::causal_mask{}, {}, 400);
   run_on_device(a);
   run_on_device(b);
-  check_gradients(a, "large, causal");
+  check_device_gradients(a, "large, causal");
   CHECK(std::memcmp(a.sdq.data(), b.sdq.data(), a.sdq.size() * sizeof(a.sdq[0])) == 0);
   CHECK(std::memcmp(a.sdk.data(), b.sdk.data(), a.sdk.size() * sizeof(a.sdk[0])) == 0);
   CHECK(std::memcmp(a.sdv.data(), b.sdv.data(), a.sdv.size() * sizeof(a.sdv[0])) == 0);

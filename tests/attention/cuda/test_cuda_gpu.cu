@@ -54,6 +54,7 @@ class device_vector {
 
 /// The forward on the device through `backend` (a fresh one on its own stream when null).
 struct device_run {
+  static constexpr attn_test::arithmetic arithmetic = attn_test::arithmetic::tensor_cores;
   const baton::cuda_attention* shared = nullptr;
 
   template <class S, class Mask>
