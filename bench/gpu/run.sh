@@ -173,6 +173,22 @@ summary() {
   if [ $overall -eq 0 ]; then echo "run.sh: OK"; else echo "run.sh: FAILED"; fi
 }
 
+# skip_reasons TESTS_LOG LAST_TEST_LOG: "TEST: REASON" for each test that ctest's summary
+# (TESTS_LOG) reports as Skipped, REASON being the first line of its output that says why
+# (a test prints `SKIPPED: <case>: <reason>`). ctest prints no output of a skipped test, even
+# with --output-on-failure; its Testing/Temporary/LastTest.log (LAST_TEST_LOG) keeps it.
+skip_reasons() {
+  awk 'FNR == NR {
+         if ($0 ~ /Test +#[0-9]+: .*Skipped/) { name = $0; sub(/.*Test +#[0-9]+: /, "", name); sub(/ .*/, "", name); skipped[name] = 1 }
+         next
+       }
+       /^[0-9]+\/[0-9]+ Test: / { test = $0; sub(/^[0-9]+\/[0-9]+ Test: /, "", test); next }
+       /SKIPPED:/ && (test in skipped) && !(test in told) { line = $0; sub(/.*SKIPPED: /, "", line); print test ": " line; told[test] = 1 }
+       END { for (t in skipped) if (!(t in told)) print t ": (no SKIPPED line in its output)" }' "$1" "$2" 2>/dev/null
+}
+# A skip that one GPU should give: an NCCL case that needs a ring of 2 (tests/cp/test_cp_nccl_gpu.cu).
+two_gpu_reason='one CUDA device: NCCL takes one rank per GPU'
+
 # ---- the self-test: the machinery above on fake parts ----------------------------------------
 if [ "$mode" = self-test ]; then
   scratch=$(mktemp -d)
@@ -218,13 +234,39 @@ if [ "$mode" = self-test ]; then
   for k in "${!REAL[@]}"; do
     case "$real_line" in *"[$k]=${REAL[$k]}"*) ;; *) problems+=("LIMITS[$k] differs from the self-test's copy") ;; esac
   done
+  # Skips and their reasons, from a ctest summary and a LastTest.log shaped as ctest writes them.
+  cat > "$scratch/tests.log" <<'LOG'
+ 5/29 Test  #25: test_cp_nccl_gpu.cp_cuda_gpu_nccl ...........................***Skipped   0.14 sec
+ 6/29 Test  #26: test_cp_nccl_gpu.cp_cuda_gpu_cuda_attention .................   Passed    3.30 sec
+ 7/29 Test  #27: test_cuda_gpu.cuda_gpu_reuse ................................***Skipped   0.15 sec
+ 8/29 Test  #28: test_cuda_gpu.cuda_gpu_quiet ................................***Skipped   0.15 sec
+LOG
+  cat > "$scratch/LastTest.log" <<'LOG'
+5/29 Test: test_cp_nccl_gpu.cp_cuda_gpu_nccl
+Output:
+SKIPPED: ring over NCCL: one CUDA device: NCCL takes one rank per GPU and a ring of 1 moves no K/V block
+6/29 Test: test_cp_nccl_gpu.cp_cuda_gpu_cuda_attention
+Output:
+SKIPPED: one section only: one CUDA device: NCCL takes one rank per GPU (a passed test is not counted)
+7/29 Test: test_cuda_gpu.cuda_gpu_reuse
+Output:
+SKIPPED: reuse: no CUDA device
+SKIPPED: reuse again: one CUDA device: NCCL takes one rank per GPU (only the first reason counts)
+LOG
+  skip_reasons "$scratch/tests.log" "$scratch/LastTest.log" > "$scratch/skips.log"
+  [ "$(grep -cF "$two_gpu_reason" "$scratch/skips.log")" = 1 ] || problems+=("skip_reasons: not one two-GPU skip")
+  grep -qx 'test_cuda_gpu.cuda_gpu_reuse: reuse: no CUDA device' "$scratch/skips.log" || problems+=("skip_reasons: reuse's reason")
+  grep -qx 'test_cuda_gpu.cuda_gpu_quiet: (no SKIPPED line in its output)' "$scratch/skips.log" ||
+    problems+=("skip_reasons: a skip without a reason")
+  [ "$(wc -l < "$scratch/skips.log")" = 3 ] || problems+=("skip_reasons: $(wc -l < "$scratch/skips.log") lines, want 3")
   if [ ${#problems[@]} -gt 0 ]; then
+    cat "$scratch/skips.log"
     cat "$log"
     printf 'run.sh --self-test: FAILED: %s\n' "${problems[@]}"
     rm -rf "$scratch"
     exit 1
   fi
-  echo "run.sh --self-test: OK (6 fake parts: ok, ok, timeout, failed, skipped, past the deadline; limits $total s + $reserve s <= 480 s)"
+  echo "run.sh --self-test: OK (6 fake parts: ok, ok, timeout, failed, skipped, past the deadline; limits $total s + $reserve s <= 480 s; skip reasons)"
   rm -rf "$scratch"
   exit 0
 fi
@@ -367,8 +409,10 @@ run_tests() {
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$logs/tests.log")
   failed=$(grep -cE 'Test +#[0-9]+: .*\*\*\*(Failed|Timeout|Exception)|Test +#[0-9]+: .*(Not Run|SEGFAULT|Subprocess aborted|Child aborted)' "$logs/tests.log")
   skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$logs/tests.log")
+  skip_reasons "$logs/tests.log" "$build_dir/Testing/Temporary/LastTest.log" > "$logs/skips.log"
+  [ -s "$logs/skips.log" ] && { echo "skipped, and why:"; sed 's/^/  /' "$logs/skips.log"; }
   # A skip because a case needs two GPUs is what one GPU should give.
-  expected=$(grep -cE 'SKIPPED: one CUDA device' "$logs/tests.log")
+  expected=$(grep -cF "$two_gpu_reason" "$logs/skips.log")
   echo "gpu tests: passed $passed, failed $failed, skipped $skipped ($expected of them need two GPUs)" |
     tee "$part_note_file"
   [ "$failed" -eq 0 ] || return 1
