@@ -240,7 +240,7 @@ TEST_CASE("cuda forward (emulated): every tiling the benchmark sweeps", "[cuda][
   offset.q_pos = baton::positions(10, 140);
   cuda_test::check_forward_with(tiled_run<64, 1, 64>{}, p64, baton::causal_mask{}, offset, "D 64, 64 x 64 tiles");
   cuda_test::check_forward_with(tiled_run<64, 2, 32>{}, p64, baton::causal_mask{}, offset, "D 64, 128 x 32 tiles");
-  cuda_test::check_forward_with(tiled_run<128, 2, 64>{}, p128, baton::causal_mask{}, offset, "D 128, 128 x 64 tiles");
+  cuda_test::check_forward_with(tiled_run<128, 2, 32>{}, p128, baton::causal_mask{}, offset, "D 128, 128 x 32 tiles");
   cuda_test::check_forward_with(tiled_run<128, 1, 64>{}, p128, baton::no_mask{}, offset, "D 128, 64 x 64 tiles");
   cuda_test::check_forward_with(tiled_run<128, 1, 32>{}, p128, baton::causal_mask{}, offset, "D 128, 64 x 32 tiles");
 }

@@ -356,14 +356,16 @@ struct forward_config {
 }
 
 /// The forward tiling used for element size (2: bfloat16/float16, 4: float) and head dim.
-/// 16-bit: 128 x 64 tiles at D = 64 and 128 x 32 at D = 128 (2 MMA row tiles per warp, as
-/// FlashAttention-2), 64 x 32 at D = 256: the O accumulator alone is 128 registers per
-/// thread at D = 128 (2 row tiles) and 256 (1), and 64-key tiles pushed the kernel past 255
-/// registers into spills (ptxas -v, sm_90). float (3xTF32, 4-byte rows in shared memory):
-/// 64 x 64 / 64 x 32 / 64 x 16, so that two stages fit sm_80's 163 KiB.
-/// Untuned on hardware: bench_cuda_attention times other tilings at D = 128 (bf16) beside it.
+/// 16-bit: 128 x 64 tiles at D = 64 and 128 (2 MMA row tiles per warp, as FlashAttention-2),
+/// 64 x 32 at D = 256, where the O accumulator alone is 128 registers per thread. At D = 128
+/// the 64-key tile spills 116 bytes (ptxas -v, sm_90: 16 local accesses per 256 MMAs in the
+/// main loop) and still ran ~5.5 % faster than the spill-free 128 x 32 on H200s (the tiled
+/// launch 234.8 against 222.7 TFLOP/s, the backend 226.1 against 213.8; bench_cuda_attention,
+/// 2026-12-04): half the online-softmax steps per key.
+/// float (3xTF32, 4-byte rows in shared memory): 64 x 64 / 64 x 32 / 64 x 16, so that two
+/// stages fit sm_80's 163 KiB. bench_cuda_attention times other tilings at D = 128 (bf16).
 [[nodiscard]] constexpr forward_config forward_config_for(int element_bytes, int dim) noexcept {
-  if (element_bytes == 2) return make_forward_config(2, dim, dim <= 128 ? 2 : 1, dim == 64 ? 64 : 32);
+  if (element_bytes == 2) return make_forward_config(2, dim, dim <= 128 ? 2 : 1, dim <= 128 ? 64 : 32);
   return make_forward_config(element_bytes, dim, 1, dim == 64 ? 64 : dim == 128 ? 32 : 16);
 }
 

@@ -388,7 +388,12 @@ struct forward_body {
       else
         mask_and_scale<false>(ctx, a, s, hit, wrow, qt, kt, false, TK, bad_keys);
 
-      // Online softmax: rows are held by the 4 lanes of a group (xor 1, 2).
+      // Online softmax: rows are held by the 4 lanes of a group (xor 1, 2). O is rescaled
+      // only when some row of the warp raised its maximum: alpha is then exactly 1 on every
+      // other row, and x * 1 == x for every float (NaN and infinities too), so skipping the
+      // multiply is exact. Past the first tiles a row's maximum rarely rises (about ln n
+      // times over n keys), so most tiles skip DO/4 multiplies per thread and row pair.
+      F alpha[MT][2];
       BATON_UNROLL
       for (int m = 0; m < MT; ++m)
         BATON_UNROLL
@@ -400,7 +405,7 @@ struct forward_body {
           mx = simt::max(mx, ctx.shfl_xor(mx, 2));
           const F m_new = simt::max(m_run[m][hh], mx);
           const F m_use = simt::select(m_new == neg_inf, F(0.0f), m_new);  // no -inf - -inf
-          const F alpha = simt::exp2(m_run[m][hh] - m_use);
+          alpha[m][hh] = simt::exp2(m_run[m][hh] - m_use);
           F sum(0.0f);
           BATON_UNROLL
           for (int j = 0; j < TK / 8; ++j)
@@ -410,13 +415,20 @@ struct forward_body {
               x = simt::exp2(x - m_use);
               sum = sum + x;
             }
-          l_run[m][hh] = l_run[m][hh] * alpha + sum;
+          l_run[m][hh] = l_run[m][hh] * alpha[m][hh] + sum;
           m_run[m][hh] = m_new;
+        }
+      auto rescale = alpha[0][0] != 1.0f;
+      BATON_UNROLL
+      for (int m = 0; m < MT; ++m) rescale = rescale || alpha[m][0] != 1.0f || alpha[m][1] != 1.0f;
+      if (ctx.warp_any(rescale)) {
+        BATON_UNROLL
+        for (int m = 0; m < MT; ++m)
           BATON_UNROLL
           for (int d = 0; d < DO / 8; ++d)
             BATON_UNROLL
-            for (int e = 0; e < 2; ++e) o[m][d][2 * hh + e] = o[m][d][2 * hh + e] * alpha;
-        }
+            for (int e = 0; e < 4; ++e) o[m][d][e] = o[m][d][e] * alpha[m][e >> 1];
+      }
 
       // O += P V.
       if constexpr (half) {

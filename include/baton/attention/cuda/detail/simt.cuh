@@ -31,6 +31,8 @@ class device_block {
 
   __device__ static void sync_block() noexcept { __syncthreads(); }
   __device__ static bool sync_or(const lanes_of<bool>& pred) noexcept { return __syncthreads_or(pred.v[0] ? 1 : 0) != 0; }
+  /// Whether pred holds on any thread of the calling warp (a vote, no barrier).
+  __device__ static bool warp_any(const lanes_of<bool>& pred) noexcept { return __any_sync(0xffffffffu, pred.v[0]); }
 
   __device__ static std::byte* shared_base() noexcept {
     extern __shared__ __align__(128) std::byte baton_simt_shared[];

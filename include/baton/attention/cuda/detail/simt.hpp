@@ -21,7 +21,7 @@
 //
 // The context's interface (host_block here, device_block in simt.cuh, same names):
 //   threads, width, lanes_of<T>; block_x/y/z(); thread_index(), lane(), warp();
-//   sync_block(), sync_or(pred) (__syncthreads_or); shared_load<T>(byte offset),
+//   sync_block(), sync_or(pred) (__syncthreads_or), warp_any(pred) (__any_sync); shared_load<T>(byte offset),
 //   shared_store<T>(byte offset, value, active); copy16_async(dst offset, src, valid),
 //   commit_async(), wait_async<N>(); ldmatrix_x4(out[4], row offset, trans);
 //   shfl_xor(x, mask), shfl(x, source lane); load(ptrs, active), store(ptrs, values, active).
@@ -260,6 +260,10 @@ class host_block {
     ++epoch_;
     return any_of(pred);
   }
+  /// __any_sync over the calling warp. The host runs every warp at once, so it answers for
+  /// the whole block: true whenever any warp's answer is. A body may therefore branch on it
+  /// only to skip work that is an identity on the threads whose pred is false.
+  [[nodiscard]] static bool warp_any(const lanes_of<bool>& pred) noexcept { return any_of(pred); }
 
   /// Start of dynamic shared memory (byte offsets below are from here).
   [[nodiscard]] std::byte* shared_base() noexcept { return shared_.data(); }
