@@ -1,7 +1,8 @@
 // baton/comm/nccl.hpp — the NCCL backend: ranks are GPUs.
 //
-// Compiled only (g++ and nvcc): this code has never run on a GPU, and its test
-// (baton_comm_nccl) skips without one. Treat it as planned until a GPU run proves it.
+// Ran on one GPU only (an H200, 2026-12-04: its test with one rank, and pipelines over a
+// one-rank world); between two or more GPUs it has never run, and its test
+// (baton_comm_nccl) skips without a GPU. Treat multi-GPU use as planned until a run proves it.
 //
 //     baton::mpi_communicator host;                                    // or a local_communicator
 //     auto gpu = baton::nccl_communicator::bootstrap(host, /*device=*/local_rank);
