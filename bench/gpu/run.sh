@@ -13,7 +13,10 @@
 # A lease on a GPU machine is short and a call on it is limited (10 minutes), so the figures
 # come first and nothing can use up the whole call:
 #   configure -> build the GPU benchmarks -> run each benchmark -> the PyTorch anchor ->
-#   build the GPU tests -> run them -> summary.
+#   build the GPU tests -> run them -> a profile -> summary.
+# The profile is Nsight Compute (ncu) on the first forward and backward launches of
+# bench_cuda_attention --quick, its report in DIR/run-logs/ncu.txt and a digest in the log;
+# skipped, with the reason, where there is no GPU, no ncu, or ncu cannot read the counters.
 # Every part runs under its own time limit (LIMITS below; together 470 s, so the script ends
 # within 8 minutes of a 10-minute call), and never past the run's deadline (--budget, 480 s).
 # A part that fails or times out is recorded and the next one runs. Every line is printed as
@@ -39,9 +42,10 @@
 set -uo pipefail
 
 # Seconds per part. Builds use every core; the benchmarks' own repetitions fit theirs.
+# (Measured on an H200 host, 16 cores: 7-9, 46-52, 7-9, 4, 19-22, 46-53, 28-37 s.)
 declare -A LIMITS=(
-  [configure]=45 [build_benchmarks]=140 [bench_cuda_attention]=75 [bench_cp_nccl]=40
-  [torch_anchor]=50 [build_tests]=70 [tests]=50
+  [configure]=45 [build_benchmarks]=110 [bench_cuda_attention]=60 [bench_cp_nccl]=40
+  [torch_anchor]=50 [build_tests]=70 [tests]=50 [profile]=45
 )
 budget=480
 
@@ -66,7 +70,7 @@ while [ $# -gt 0 ]; do
     --keep) fresh=0 ;;
     --quick) quick=1 ;;
     --pack-deps) mode=pack ;;
-    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -189,6 +193,32 @@ skip_reasons() {
 # A skip that one GPU should give: an NCCL case that needs a ring of 2 (tests/cp/test_cp_nccl_gpu.cu).
 two_gpu_reason='one CUDA device: NCCL takes one rank per GPU'
 
+# Nsight Compute on the first forward and backward kernels (3 launches: the forward and the
+# backward's two passes), with the sections that say where a kernel waits.
+profile() {
+  [ "$mode" = gpu ] || { echo "no GPU" > "$part_note_file"; return 77; }
+  local ncu
+  ncu=$(command -v ncu || true)
+  [ -n "$ncu" ] || ncu=$(ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  [ -n "$ncu" ] || { echo "no ncu (Nsight Compute) here" > "$part_note_file"; return 77; }
+  local program
+  program=$(programs_labelled '^gpu-bench$' | grep '/bench_cuda_attention$' | head -n 1)
+  [ -x "$program" ] || { echo "bench_cuda_attention was not built" > "$part_note_file"; return 1; }
+  "$ncu" --clock-control none -k 'regex:forward_kernel|backward_tile_kernel' -c 3 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    "$program" --quick --reps 1 > "$logs/ncu.txt" 2>&1
+  local rc=$?
+  if ! grep -q 'Registers Per Thread' "$logs/ncu.txt"; then
+    # A runtime that hides the counters (gVisor) is the machine's limit, not baton's.
+    echo "ncu could not profile (rc $rc): $(grep -m 1 -E 'ERR|Error|error' "$logs/ncu.txt" | head -c 200)" > "$part_note_file"
+    return 77
+  fi
+  echo "report: $logs/ncu.txt; digest:"
+  grep -E '^  [a-z_]+.*\(.*\)x\(|Duration|Registers Per Thread|Dynamic Shared Memory Per Block|Achieved Occupancy|Executed Ipc Active|Warp Cycles Per Issued Instruction|Eligible Warps Per Scheduler|Issue Slots Busy|highest-utilized' \
+    "$logs/ncu.txt" | sed -e 's/  */ /g' -e 's/^ //' | cut -c 1-160
+}
+
 # ---- the self-test: the machinery above on fake parts ----------------------------------------
 if [ "$mode" = self-test ]; then
   scratch=$(mktemp -d)
@@ -224,8 +254,8 @@ if [ "$mode" = self-test ]; then
   expect '^run\.sh: FAILED$'
   refuse 'never printed'
   # The real limits fit the budget, with the summary's reserve.
-  declare -A REAL=([configure]=45 [build_benchmarks]=140 [bench_cuda_attention]=75 [bench_cp_nccl]=40
-                   [torch_anchor]=50 [build_tests]=70 [tests]=50)
+  declare -A REAL=([configure]=45 [build_benchmarks]=110 [bench_cuda_attention]=60 [bench_cp_nccl]=40
+                   [torch_anchor]=50 [build_tests]=70 [tests]=50 [profile]=45)
   total=0
   for k in "${!REAL[@]}"; do total=$((total + REAL[$k])); done
   [ $((total + reserve)) -le 480 ] || problems+=("the parts' limits add up to $total s: over the 480 s budget")
@@ -254,6 +284,21 @@ SKIPPED: reuse: no CUDA device
 SKIPPED: reuse again: one CUDA device: NCCL takes one rank per GPU (only the first reason counts)
 LOG
   skip_reasons "$scratch/tests.log" "$scratch/LastTest.log" > "$scratch/skips.log"
+  # The profile: skipped without a GPU, and where ncu cannot read the counters (a fake ncu).
+  mkdir -p "$scratch/bin"
+  printf '#!/bin/sh\necho "==ERROR== Failed to initialize the profiler"\nexit 1\n' > "$scratch/bin/ncu"
+  printf '#!/bin/sh\nexit 0\n' > "$scratch/bin/bench_cuda_attention"
+  chmod +x "$scratch/bin/ncu" "$scratch/bin/bench_cuda_attention"
+  programs_labelled() { echo "$scratch/bin/bench_cuda_attention"; }
+  LIMITS[profile]=5
+  deadline=$(( $(date +%s) + 60 ))
+  {
+    mode=cpu run_part profile profile
+    PATH="$scratch/bin:$PATH" mode=gpu run_part profile_no_counters profile
+  } > "$scratch/profile.log" 2>&1
+  grep -qE '^profile +skipped .*no GPU' <(summary 2>/dev/null) || problems+=("profile: not skipped without a GPU")
+  grep -qE '^profile_no_counters +skipped .*ncu could not profile' <(summary 2>/dev/null) ||
+    problems+=("profile: an ncu that cannot profile is not a skip with its reason")
   [ "$(grep -cF "$two_gpu_reason" "$scratch/skips.log")" = 1 ] || problems+=("skip_reasons: not one two-GPU skip")
   grep -qx 'test_cuda_gpu.cuda_gpu_reuse: reuse: no CUDA device' "$scratch/skips.log" || problems+=("skip_reasons: reuse's reason")
   grep -qx 'test_cuda_gpu.cuda_gpu_quiet: (no SKIPPED line in its output)' "$scratch/skips.log" ||
@@ -266,7 +311,7 @@ LOG
     rm -rf "$scratch"
     exit 1
   fi
-  echo "run.sh --self-test: OK (6 fake parts: ok, ok, timeout, failed, skipped, past the deadline; limits $total s + $reserve s <= 480 s; skip reasons)"
+  echo "run.sh --self-test: OK (6 fake parts: ok, ok, timeout, failed, skipped, past the deadline; limits $total s + $reserve s <= 480 s; skip reasons; profile skips)"
   rm -rf "$scratch"
   exit 0
 fi
@@ -438,6 +483,7 @@ if [ -f "$build_dir/build.ninja" ]; then
   run_part torch_anchor torch_anchor
   run_part build_tests build_tests
   run_part tests run_tests
+  run_part profile profile
 fi
 [ "$mode" = gpu ] && nvidia-smi -L
 date -u '+date: %Y-%m-%dT%H:%M:%SZ'
