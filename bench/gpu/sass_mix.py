@@ -43,24 +43,20 @@ def cuda11_header(data):
 
 
 def disassemble(nvdisasm, cubin):
-    data = open(cubin, "rb").read()
-    patched = cuda11_header(data)
-    if patched is not None:
-        first = run(nvdisasm, cubin)
-        if first[0] == 0:
-            return first[1]
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(patched)
-        try:
-            rc, out, err = run(nvdisasm, f.name)
-        finally:
-            os.unlink(f.name)
-        if rc != 0:
-            raise RuntimeError("nvdisasm failed on the cubin and on its CUDA 11 header: " + (first[2] or err).strip()[:200])
-        return out
     rc, out, err = run(nvdisasm, cubin)
-    if rc != 0:
+    if rc == 0:
+        return out
+    patched = cuda11_header(open(cubin, "rb").read())
+    if patched is None:
         raise RuntimeError("nvdisasm failed: " + err.strip()[:200])
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(patched)
+    try:
+        rc, out, second = run(nvdisasm, f.name)
+    finally:
+        os.unlink(f.name)
+    if rc != 0:
+        raise RuntimeError("nvdisasm failed on the cubin and on its CUDA 11 header: " + (err or second).strip()[:200])
     return out
 
 
