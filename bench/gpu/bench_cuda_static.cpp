@@ -62,7 +62,7 @@ struct kernel_stats {
   int registers = 0, stack = 0, spill_stores = 0, spill_loads = 0, static_shared = 0;
   int threads = 0;
   std::size_t dynamic_shared = 0;
-  bool forward16 = false;
+  bool forward16 = false, backward16 = false;  // a 16-bit forward / backward tile kernel
   // Main loop (sass_mix.py): instructions and MMAs over its whole body and on its shortest way.
   int static_instructions = 0, static_mma = 0, path_instructions = 0, path_mma = 0;
 };
@@ -116,6 +116,7 @@ bool describe(kernel_stats& k) {
     if (storage == "float") backward_layout_for<float>(k, dim, key_pass);
     if (storage == "bf16") backward_layout_for<baton::bfloat16>(k, dim, key_pass);
     if (storage == "fp16") backward_layout_for<baton::float16>(k, dim, key_pass);
+    k.backward16 = storage != "float";
     k.figure = std::string(key_pass ? "bwd_key_" : "bwd_query_") + storage + "_D" + std::to_string(dim);
     return k.threads > 0;
   }
@@ -245,8 +246,7 @@ int main(int argc, char** argv) {
         std::printf("%s_loop_instructions: %d\n", k.figure.c_str(), k.path_instructions);
         std::printf("%s_loop_mma: %d\n", k.figure.c_str(), k.path_mma);
         if (k.forward16) forward_min_share = std::min(forward_min_share, share);
-        if (k.figure.rfind("bwd_", 0) == 0 && k.figure.find("float") == std::string::npos)
-          backward_min_share = std::min(backward_min_share, share);
+        if (k.backward16) backward_min_share = std::min(backward_min_share, share);
       }
     }
     std::printf("max_spill_bytes: %d\n", max_spill);
