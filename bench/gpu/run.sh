@@ -284,6 +284,11 @@ SKIPPED: reuse: no CUDA device
 SKIPPED: reuse again: one CUDA device: NCCL takes one rank per GPU (only the first reason counts)
 LOG
   skip_reasons "$scratch/tests.log" "$scratch/LastTest.log" > "$scratch/skips.log"
+  [ "$(grep -cF "$two_gpu_reason" "$scratch/skips.log")" = 1 ] || problems+=("skip_reasons: not one two-GPU skip")
+  grep -qx 'test_cuda_gpu.cuda_gpu_reuse: reuse: no CUDA device' "$scratch/skips.log" || problems+=("skip_reasons: reuse's reason")
+  grep -qx 'test_cuda_gpu.cuda_gpu_quiet: (no SKIPPED line in its output)' "$scratch/skips.log" ||
+    problems+=("skip_reasons: a skip without a reason")
+  [ "$(wc -l < "$scratch/skips.log")" = 3 ] || problems+=("skip_reasons: $(wc -l < "$scratch/skips.log") lines, want 3")
   # The profile: skipped without a GPU, and where ncu cannot read the counters (a fake ncu).
   mkdir -p "$scratch/bin"
   printf '#!/bin/sh\necho "==ERROR== Failed to initialize the profiler"\nexit 1\n' > "$scratch/bin/ncu"
@@ -299,11 +304,6 @@ LOG
   grep -qE '^profile +skipped .*no GPU' <(summary 2>/dev/null) || problems+=("profile: not skipped without a GPU")
   grep -qE '^profile_no_counters +skipped .*ncu could not profile' <(summary 2>/dev/null) ||
     problems+=("profile: an ncu that cannot profile is not a skip with its reason")
-  [ "$(grep -cF "$two_gpu_reason" "$scratch/skips.log")" = 1 ] || problems+=("skip_reasons: not one two-GPU skip")
-  grep -qx 'test_cuda_gpu.cuda_gpu_reuse: reuse: no CUDA device' "$scratch/skips.log" || problems+=("skip_reasons: reuse's reason")
-  grep -qx 'test_cuda_gpu.cuda_gpu_quiet: (no SKIPPED line in its output)' "$scratch/skips.log" ||
-    problems+=("skip_reasons: a skip without a reason")
-  [ "$(wc -l < "$scratch/skips.log")" = 3 ] || problems+=("skip_reasons: $(wc -l < "$scratch/skips.log") lines, want 3")
   if [ ${#problems[@]} -gt 0 ]; then
     cat "$scratch/skips.log"
     cat "$log"
