@@ -106,6 +106,18 @@ TEST_CASE("simt host block: lanes arithmetic, select, shuffles stay inside a war
   const L<float> f = simt::exp2(simt::cast<float>(t % 4));
   CHECK(f[3] == 8.0f);
   CHECK(simt::max(L<int>(2), t)[1] == 2);
+  // exp2 flushes what ex2.approx.ftz flushes on the device: results below 2^-126 are 0,
+  // 2^-126 itself is kept, and -inf gives 0; NaN stays NaN.
+  CHECK(simt::exp2(L<float>(-126.0f))[0] == std::numeric_limits<float>::min());
+  CHECK(simt::exp2(L<float>(-126.5f))[0] == 0.0f);
+  CHECK(simt::exp2(L<float>(-std::numeric_limits<float>::infinity()))[0] == 0.0f);
+  CHECK(std::isnan(simt::exp2(L<float>(std::numeric_limits<float>::quiet_NaN()))[0]));
+  // max of floats is fmaxf on both sides (FMNMX): a NaN operand yields the other one.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(simt::max(L<float>(nan), L<float>(-1.0f))[0] == -1.0f);
+  CHECK(simt::max(L<float>(-1.0f), L<float>(nan))[0] == -1.0f);
+  CHECK(simt::max(L<float>(-std::numeric_limits<float>::infinity()), L<float>(-3.0f))[0] == -3.0f);
+  CHECK(simt::fma(L<float>(3.0f), L<float>(0.5f), L<float>(-1.0f))[0] == 0.5f);
 }
 
 TEST_CASE("simt host block: the race detector catches a missing sync_block, and only that", "[cuda][simt]") {

@@ -14,10 +14,11 @@
 //   registers (the m16n8k16 C layout is the A layout of the next product).
 // At the end out = O / l and lse = (m + log2 l) ln 2, fp32.
 //
-// Registers (no spills at the default tilings, ptxas -v for sm_90; docs/attention.md has the figures):
-// a full tile inside seq_k without non-finite keys takes a plain scaling path
-// (mask_and_scale<false>); the mask bits, the tile's bad-key word and the row flags are held
-// only on the general path or read from shared memory at the end. The lane index is made
+// Registers (ptxas -v for sm_90; docs/attention.md has the figures): a full tile inside
+// seq_k without non-finite keys skips masking; the mask bits and the tile's bad-key word
+// live only on the masking path, and a row's "met a non-finite key" is a bit of its shared
+// row flag, read at the end, not a register. The scale is applied inside each exponent's
+// FFMA, the copies' addresses are one base plus constants per round. The lane index is made
 // opaque once per key tile (simt::opaque) so that the swizzled fragment addresses are
 // computed inside the loop, not hoisted out of it into ~50 live registers. float at head dim
 // 256 runs two blocks per query tile, each with half of O (forward_config::column_splits).
@@ -146,21 +147,42 @@ struct forward_body {
     return simt::cast<std::uint32_t>(row * RB + ((chunk ^ (row & 7)) * 16)) + base;
   }
 
+  /// The offset of chunk c + e of row r, from x = chunk_offset(base, r, c) with c < 2, e even
+  /// and base a multiple of RB (every region of the layout is): the swizzle XORs the chunk
+  /// index with r % 8, and c + e = c ^ e, so the chunk e further is x ^ 16 e (RB being a power
+  /// of two above 16 e, the XOR stays inside the row). One LOP3 per fragment address, from
+  /// one register per stream, instead of the swizzle recomputed or a register per chunk.
+  BATON_HD static U chunk_step(const U& x, int e) noexcept { return x ^ U(static_cast<std::uint32_t>(16 * e)); }
+
   /// Issues the copy of rows [row0, row0 + R) of an operand (rows past `valid` zero-filled).
   template <int R>
   BATON_HD static void copy_tile(Ctx& ctx, std::uint32_t base, const tensor_view<const S, 4>& x, int b, int h, int row0,
                                  int valid) {
+    // Thread t copies chunk t % CPR of rows t / CPR + r0, r0 stepping by threads / CPR: its
+    // chunk is the same in every round and its rows step by a constant, so every round's
+    // addresses are the first round's plus a constant (spelled as c / CPR of c = t + c0, the
+    // compiler kept one register per round alive across the key loop, and spilled them).
+    static_assert(threads % CPR == 0, "baton cuda forward: a round of copies covers whole rows");
+    constexpr int rows_per_round = threads / CPR;
     const I t = ctx.thread_index();
+    const I row_t = t / CPR, chunk = t % CPR;
+    const std::int64_t row_stride = x.stride(1);
+    const S* const tile = &x(b, row0, h, 0);
+    L<std::int64_t> first;  // element offset of this thread's first chunk from the tile's row 0
+    for (int i = 0; i < Ctx::width; ++i) first[i] = row_t[i] * row_stride + chunk[i] * (16 / ES);
+    const U dst_first = chunk_offset(base, row_t, chunk);
     BATON_UNROLL
-    for (int c0 = 0; c0 < R * CPR; c0 += threads) {
-      const I c = t + c0;
-      const I row = c / CPR, chunk = c % CPR;
+    for (int r0 = 0; r0 < R; r0 += rows_per_round) {
+      const I row = row_t + r0;
       const B ok = row < valid;
       L<const void*> src;
       for (int i = 0; i < Ctx::width; ++i)
-        src[i] = ok[i] ? static_cast<const void*>(&x(b, row0 + row[i], h, 0) + chunk[i] * (16 / ES))
-                       : static_cast<const void*>(x.data);
-      ctx.copy16_async(chunk_offset(base, row, chunk), src, ok);
+        src[i] = ok[i] ? static_cast<const void*>(tile + first[i] + r0 * row_stride) : static_cast<const void*>(x.data);
+      // Rows 8 apart share their swizzle (row % 8).
+      if constexpr (rows_per_round % 8 == 0)
+        ctx.copy16_async(dst_first + static_cast<std::uint32_t>(r0 * RB), src, ok);
+      else
+        ctx.copy16_async(chunk_offset(base, row, chunk), src, ok);
     }
   }
 
@@ -183,14 +205,15 @@ struct forward_body {
     }
   }
 
-  /// Scores s of a tile -> log2 units. General: a partial tile (its plan bits), the tile
-  /// that ends at seq_k (only its first `valid` keys), or one with non-finite keys (bad_keys:
-  /// an allowed one marks the row's hit; the lanes of a row agree, as each reads the whole
-  /// row's bits). The plain path only scales, and keeps those registers free.
-  template <bool General, int N>
-  BATON_HD static void mask_and_scale(Ctx& ctx, const forward_args<S>& a, F (&s)[MT][N][4], B (&hit)[MT][2],
-                                      const I& wrow, int qt, int kt, bool partial, int valid,
-                                      const L<std::uint64_t>& bad_keys) {
+  /// Masks the scores s of a tile that needs it (selects -inf where a key is not allowed):
+  /// a partial tile (its plan bits), the tile that ends at seq_k (only its first `valid`
+  /// keys), or one with non-finite keys (bad_keys: a row that allows one gets 2 in its shared
+  /// row flag, written by the first of the 4 lanes that hold the row, which agree, and read
+  /// by all 4 after the barrier that ends the key loop). Every other tile skips this, and
+  /// keeps those registers free.
+  template <int N>
+  BATON_HD static void mask(Ctx& ctx, const forward_args<S>& a, F (&s)[MT][N][4], std::uint32_t flags_base,
+                            const I& wrow, int qt, int kt, bool partial, int valid, const L<std::uint64_t>& bad_keys) {
     constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     const I g = ctx.lane() >> 2, tg = ctx.lane() & 3;
     BATON_UNROLL
@@ -198,27 +221,22 @@ struct forward_body {
       BATON_UNROLL
       for (int hh = 0; hh < 2; ++hh) {
         L<std::uint64_t> word(valid < 64 ? (std::uint64_t{1} << valid) - 1 : ~std::uint64_t{0});
-        if constexpr (General) {
-          if (partial) {
-            const I r = wrow + 16 * m + g + 8 * hh;
-            L<const std::uint64_t*> wp;
-            for (int i = 0; i < Ctx::width; ++i) wp[i] = a.plan.bit_row(qt, kt, r[i]);
-            word = word & ctx.load(wp, B(true));
-          }
-          hit[m][hh] = hit[m][hh] || (word & bad_keys) != std::uint64_t{0};
-          word = word >> simt::cast<std::uint64_t>(tg * 2);  // bit 8 j + e: this lane's column
+        const I r = wrow + 16 * m + g + 8 * hh;
+        if (partial) {
+          L<const std::uint64_t*> wp;
+          for (int i = 0; i < Ctx::width; ++i) wp[i] = a.plan.bit_row(qt, kt, r[i]);
+          word = word & ctx.load(wp, B(true));
         }
+        ctx.template shared_store<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base, I(2),
+                                                tg == 0 && (word & bad_keys) != std::uint64_t{0});
+        word = word >> simt::cast<std::uint64_t>(tg * 2);  // bit 8 j + e: this lane's column
         BATON_UNROLL
         for (int j = 0; j < N; ++j)
           BATON_UNROLL
           for (int e = 0; e < 2; ++e) {
             F& x = s[m][j][2 * hh + e];
-            if constexpr (General) {
-              const B allowed = (word & (std::uint64_t{1} << (8 * j + e))) != std::uint64_t{0};
-              x = simt::select(allowed, x * a.scale_log2, F(neg_inf));
-            } else {
-              x = x * a.scale_log2;
-            }
+            const B allowed = (word & (std::uint64_t{1} << (8 * j + e))) != std::uint64_t{0};
+            x = simt::select(allowed, x, F(neg_inf));
           }
       }
   }
@@ -279,7 +297,6 @@ struct forward_body {
     const I wrow = warp * (16 * MT);
     F o[MT][DO / 8][4];
     F m_run[MT][2], l_run[MT][2];
-    B hit[MT][2];  // the row met a non-finite key (its query flag is read at the end)
     BATON_UNROLL
     for (int m = 0; m < MT; ++m) {
       BATON_UNROLL
@@ -290,7 +307,6 @@ struct forward_body {
       for (int hh = 0; hh < 2; ++hh) {
         m_run[m][hh] = F(neg_inf);
         l_run[m][hh] = F(0.0f);
-        hit[m][hh] = B(false);
       }
     }
 
@@ -338,17 +354,19 @@ struct forward_body {
           BATON_UNROLL
           for (int i = 0; i < 4; ++i) s[m][j][i] = F(0.0f);
       if constexpr (half) {
+        static_assert((RB & (RB - 1)) == 0 && 2 * (D / 16) * 16 <= RB, "baton cuda forward: chunk_step needs power-of-two rows");
+        const U q_frag = chunk_offset(q_base, wrow + (lane_n & 7) + 8 * ((lane_n >> 3) & 1), lane_n >> 4);
+        const U k_frag = chunk_offset(k_base, (lane_n & 7) + 8 * (lane_n >> 4), (lane_n >> 3) & 1);
         BATON_UNROLL
         for (int kk = 0; kk < D / 16; ++kk) {
           U qa[MT][4];
           BATON_UNROLL
           for (int m = 0; m < MT; ++m)
-            ctx.ldmatrix_x4(qa[m], chunk_offset(q_base, wrow + 16 * m + (lane_n & 7) + 8 * ((lane_n >> 3) & 1), (lane_n >> 4) + 2 * kk),
-                            false);
+            ctx.ldmatrix_x4(qa[m], chunk_step(q_frag, 2 * kk) + static_cast<std::uint32_t>(16 * m * RB), false);
           BATON_UNROLL
           for (int j = 0; j < TK / 16; ++j) {
             U kb[4];
-            ctx.ldmatrix_x4(kb, chunk_offset(k_base, (lane_n & 7) + 8 * (lane_n >> 4) + 16 * j, ((lane_n >> 3) & 1) + 2 * kk), false);
+            ctx.ldmatrix_x4(kb, chunk_step(k_frag, 2 * kk) + static_cast<std::uint32_t>(16 * j * RB), false);
             mma_pair(s, j, qa, kb);
           }
         }
@@ -378,24 +396,28 @@ struct forward_body {
         }
       }
 
-      // Mask (select, never arithmetic on a masked score) and scale into log2 units. Most
-      // tiles are full, inside seq_k and free of non-finite keys: they take the plain path.
+      // Mask (select, never arithmetic on a masked score). Most tiles are full, inside seq_k
+      // and free of non-finite keys: they skip it.
       const block_kind kind = plan.kind_at(qt, kt);
       const bool edge = k0 + TK > plan.seq_k;
       if (kind == block_kind::partial || edge || tile_bad)
-        mask_and_scale<true>(ctx, a, s, hit, wrow, qt, kt, kind == block_kind::partial, edge ? plan.seq_k - k0 : TK,
-                             bad_keys);
-      else
-        mask_and_scale<false>(ctx, a, s, hit, wrow, qt, kt, false, TK, bad_keys);
+        mask(ctx, a, s, flags_base, wrow, qt, kt, kind == block_kind::partial, edge ? plan.seq_k - k0 : TK, bad_keys);
 
-      // Online softmax: rows are held by the 4 lanes of a group (xor 1, 2). O is rescaled
+      // Online softmax in log2 units (scale_log2 = scale log2 e > 0): rows are held by the 4
+      // lanes of a group (xor 1, 2). The running max m is of the scaled scores; the raw max
+      // times the scale is the max of the scaled ones (rounding is monotonic and the scale
+      // positive), so each score is scaled inside its exponent's FFMA. O is rescaled
       // only when some row of the warp raised its maximum: alpha is then exactly 1 on every
       // other row, and x * 1 == x for every float (NaN and infinities too), so skipping the
       // multiply is exact. Past the first tiles a row's maximum rarely rises (about ln n
       // times over n keys), so most tiles skip DO/4 multiplies per thread and row pair.
+      // P goes into the A layout of the next product as soon as a row tile's exponents are
+      // done: the 16-bit pairs take half the registers of its scores, which are dead from
+      // there on (FlashAttention-2 converts P the same way).
       F alpha[MT][2];
+      U pa[half ? MT : 1][half ? TK / 16 : 1][4];
       BATON_UNROLL
-      for (int m = 0; m < MT; ++m)
+      for (int m = 0; m < MT; ++m) {
         BATON_UNROLL
         for (int hh = 0; hh < 2; ++hh) {
           F mx = s[m][0][2 * hh];
@@ -403,7 +425,7 @@ struct forward_body {
           for (int j = 0; j < TK / 8; ++j) mx = simt::max(mx, simt::max(s[m][j][2 * hh], s[m][j][2 * hh + 1]));
           mx = simt::max(mx, ctx.shfl_xor(mx, 1));
           mx = simt::max(mx, ctx.shfl_xor(mx, 2));
-          const F m_new = simt::max(m_run[m][hh], mx);
+          const F m_new = simt::max(m_run[m][hh], mx * a.scale_log2);
           const F m_use = simt::select(m_new == neg_inf, F(0.0f), m_new);  // no -inf - -inf
           alpha[m][hh] = simt::exp2(m_run[m][hh] - m_use);
           F sum(0.0f);
@@ -412,12 +434,22 @@ struct forward_body {
             BATON_UNROLL
             for (int e = 0; e < 2; ++e) {
               F& x = s[m][j][2 * hh + e];
-              x = simt::exp2(x - m_use);
+              x = simt::exp2(simt::fma(x, F(a.scale_log2), -m_use));
               sum = sum + x;
             }
           l_run[m][hh] = l_run[m][hh] * alpha[m][hh] + sum;
           m_run[m][hh] = m_new;
         }
+        if constexpr (half) {
+          BATON_UNROLL
+          for (int kb = 0; kb < TK / 16; ++kb) {
+            pa[m][kb][0] = pack2<S>(s[m][2 * kb][0], s[m][2 * kb][1]);
+            pa[m][kb][1] = pack2<S>(s[m][2 * kb][2], s[m][2 * kb][3]);
+            pa[m][kb][2] = pack2<S>(s[m][2 * kb + 1][0], s[m][2 * kb + 1][1]);
+            pa[m][kb][3] = pack2<S>(s[m][2 * kb + 1][2], s[m][2 * kb + 1][3]);
+          }
+        }
+      }
       auto rescale = alpha[0][0] != 1.0f;
       BATON_UNROLL
       for (int m = 0; m < MT; ++m) rescale = rescale || alpha[m][0] != 1.0f || alpha[m][1] != 1.0f;
@@ -432,22 +464,20 @@ struct forward_body {
 
       // O += P V.
       if constexpr (half) {
+        static_assert(DO == D, "baton cuda forward: 16-bit storage runs one block per query tile");
+        const U v_frag = chunk_offset(v_base, (lane_n & 7) + 8 * ((lane_n >> 3) & 1), lane_n >> 4);
         BATON_UNROLL
         for (int kb = 0; kb < TK / 16; ++kb) {
-          U pa[MT][4];
+          U pk[MT][4];
           BATON_UNROLL
-          for (int m = 0; m < MT; ++m) {
-            pa[m][0] = pack2<S>(s[m][2 * kb][0], s[m][2 * kb][1]);
-            pa[m][1] = pack2<S>(s[m][2 * kb][2], s[m][2 * kb][3]);
-            pa[m][2] = pack2<S>(s[m][2 * kb + 1][0], s[m][2 * kb + 1][1]);
-            pa[m][3] = pack2<S>(s[m][2 * kb + 1][2], s[m][2 * kb + 1][3]);
-          }
+          for (int m = 0; m < MT; ++m)
+            BATON_UNROLL
+            for (int r = 0; r < 4; ++r) pk[m][r] = pa[m][kb][r];
           BATON_UNROLL
           for (int dn = 0; dn < DO / 16; ++dn) {
             U vb[4];
-            ctx.ldmatrix_x4(vb, chunk_offset(v_base, (lane_n & 7) + 8 * ((lane_n >> 3) & 1) + 16 * kb,
-                                             (lane_n >> 4) + 2 * dn + col0 / 8), true);
-            mma_pair(o, dn, pa, vb);
+            ctx.ldmatrix_x4(vb, chunk_step(v_frag, 2 * dn) + static_cast<std::uint32_t>(16 * kb * RB), true);
+            mma_pair(o, dn, pk, vb);
           }
         }
       } else {
@@ -479,6 +509,7 @@ struct forward_body {
       }
     }
 
+    ctx.sync_block();  // the row flags written while masking are read by every lane of their row
     // out = O / l, lse = (m + log2 l) ln 2; no allowed key: 0 and -inf; a poisoned row: NaN.
     constexpr float ln2 = 0.693147180559945309f;
     const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -492,9 +523,10 @@ struct forward_body {
         // A row with an allowed key has a finite running max (its scores are finite: bad rows
         // and keys were zeroed); a non-finite query row poisons a row that has one.
         const I r = wrow + 16 * m + g + 8 * hh;
+        // Its flag: 1 for a non-finite query row, 2 once it allowed a non-finite key.
         const B row_bad = ctx.template shared_load<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base) != 0;
         const B none = m_run[m][hh] == neg_inf;
-        const B poisoned = (hit[m][hh] || row_bad) && !none;
+        const B poisoned = row_bad && !none;
         const F inv = simt::select(none, F(0.0f), F(1.0f) / simt::select(none, F(1.0f), l));
         const F lse = simt::select(none, F(neg_inf),
                                    simt::select(poisoned, F(nan),

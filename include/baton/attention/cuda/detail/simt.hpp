@@ -179,10 +179,18 @@ template <class U, class T, int N>
   return r;
 }
 
+/// The larger of a and b per thread. For float it is fmaxf (one FMNMX on the device, where
+/// a compare and a select took two): a NaN operand yields the other operand, and it is the
+/// same function on the host, so the emulation agrees.
 template <class T, int N>
 [[nodiscard]] BATON_HD inline lanes<T, N> max(const lanes<T, N>& a, const lanes<T, N>& b) noexcept {
   lanes<T, N> r;
-  for (int i = 0; i < N; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+  for (int i = 0; i < N; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      r.v[i] = ::fmaxf(a.v[i], b.v[i]);
+    else
+      r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+  }
   return r;
 }
 template <class T, int N>
@@ -192,10 +200,30 @@ template <class T, int N>
   return r;
 }
 
-/// 2^x and log2(x) in float: on the device CUDA's exp2f (ex2.approx: ~2 ulp, flushes to 0
-/// for x < -126, 2^-inf = 0) and log2f, on the host the C library's (std::exp2(float) and
-/// std::log2(float) are these very functions).
-[[nodiscard]] BATON_HD inline float exp2_fast(float x) noexcept { return ::exp2f(x); }
+/// a * b + c rounded once (fmaf; one FFMA on the device), per thread.
+template <int N>
+[[nodiscard]] BATON_HD inline lanes<float, N> fma(const lanes<float, N>& a, const lanes<float, N>& b,
+                                                 const lanes<float, N>& c) noexcept {
+  lanes<float, N> r;
+  for (int i = 0; i < N; ++i) r.v[i] = ::fmaf(a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+
+/// 2^x and log2(x) in float. exp2_fast flushes results below 2^-126 (FLT_MIN) to 0: on the
+/// device it is ex2.approx.ftz (~2 ulp, one MUFU.EX2; CUDA's exp2f keeps subnormal results
+/// at three more instructions per value, which a softmax never needs: such a P is below
+/// 2^-126 of the row's largest), on the host the C library's exp2f flushed the same way.
+/// log2_fast is CUDA's log2f on the device and the C library's on the host.
+[[nodiscard]] BATON_HD inline float exp2_fast(float x) noexcept {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#else
+  const float r = ::exp2f(x);
+  return r < std::numeric_limits<float>::min() ? 0.0f : r;  // NaN compares false and stays NaN
+#endif
+}
 [[nodiscard]] BATON_HD inline float log2_fast(float x) noexcept { return ::log2f(x); }
 template <int N>
 [[nodiscard]] BATON_HD inline lanes<float, N> exp2(const lanes<float, N>& a) noexcept {
