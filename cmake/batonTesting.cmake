@@ -87,7 +87,12 @@ function(baton_add_test)
   set_tests_properties(${tests} PROPERTIES LABELS "${labels}" TIMEOUT ${arg_TIMEOUT}
                        SKIP_REGULAR_EXPRESSION "SKIPPED:" ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   foreach(tag IN LISTS arg_SPLIT_TAG)
-    add_test(NAME ${arg_NAME}.${tag} COMMAND ${arg_NAME} ${arg_ARGS} "[${tag}]")
+    # A [can-skip] case runs in its own entry only (above), never also inside this one.
+    set(tag_spec "[${tag}]")
+    if(skippable)
+      string(APPEND tag_spec "~[can-skip]")
+    endif()
+    add_test(NAME ${arg_NAME}.${tag} COMMAND ${arg_NAME} ${arg_ARGS} "${tag_spec}")
     set_tests_properties(${arg_NAME}.${tag} PROPERTIES LABELS "${labels};${tag}"
                          TIMEOUT ${arg_TIMEOUT} SKIP_REGULAR_EXPRESSION "SKIPPED:" ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   endforeach()

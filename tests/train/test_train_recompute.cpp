@@ -192,7 +192,7 @@ void check_grid_cell(const mesh_case& mesh, const schedule_case& schedule) {
   }
 }
 
-TEST_CASE("train recompute: selective and full train bit for bit like none, for every schedule and mesh", "[train][memory]") {
+TEST_CASE("train recompute: selective and full train bit for bit like none, for every schedule and mesh", "[train][recompute]") {
   const auto all_meshes = meshes();
   const auto all_schedules = schedules();
 #if defined(BATON_TEST_SANITIZED)
@@ -216,7 +216,7 @@ TEST_CASE("train recompute: selective and full train bit for bit like none, for 
 // The example of docs/nn.md ("Recomputation"): selective on every stage, full on stage 0
 // (under ZBV on 2 ranks: the first and the last stage on rank 0). Bit for bit like none, and
 // the peak saved bytes fall.
-TEST_CASE("train recompute: each stage may keep its own policy (executor.for_each_local_stage)", "[train][memory][docs]") {
+TEST_CASE("train recompute: each stage may keep its own policy (executor.for_each_local_stage)", "[train][recompute][docs]") {
   const mesh_case mesh = meshes()[0];
   const train::lm_parallelism parallelism = mesh.parallelism;
   const baton::program schedule = generated<baton::zbv>(2);
@@ -258,7 +258,7 @@ TEST_CASE("train recompute: each stage may keep its own policy (executor.for_eac
   for (std::size_t rank = 0; rank < none.size(); ++rank) CHECK(runs[rank].peak_saved_bytes[0] < none[rank].peak_saved_bytes[0]);
 }
 
-TEST_CASE("train recompute: a recompute value that is no policy is the model's configuration error", "[train][memory]") {
+TEST_CASE("train recompute: a recompute value that is no policy is the model's configuration error", "[train][recompute]") {
   train::lm_config config = model_config<double>(static_cast<recompute_policy>(3));
   const auto caught = baton::run_local(1, [&](baton::local_communicator& world) {
     try {
@@ -284,7 +284,7 @@ TEST_CASE("train recompute: a recompute value that is no policy is the model's c
 // activation and its gradient rounded once more between the stages (2u): 34u, rounded up to
 // 48u = 0.19 of the largest gradient of each parameter; the loss (a mean over every token) to
 // 16u relative. That bf16 really ran: the error is above u/16 (float storage gives 1e-6).
-TEST_CASE("bf16 storage through the trainer: one step's gradients against the float64 one-rank model", "[train][memory][can-skip][bf16_train]") {
+TEST_CASE("bf16 storage through the trainer: one step's gradients against the float64 one-rank model", "[train][recompute][can-skip][bf16_train]") {
 #if BATON_HAS_KOKKOS()
   constexpr double u = 0x1p-8;
   train::lm_config config = model_config<float>(recompute_policy::none);
@@ -400,7 +400,7 @@ std::vector<measured_rank> measure_peaks(const memory_case& m) {
   });
 }
 
-TEST_CASE("train memory: the estimate is within 10 % of each rank's measured peak", "[train][memory]") {
+TEST_CASE("train memory: the estimate is within 10 % of each rank's measured peak", "[train][recompute]") {
   using baton::shard_layout;
   const train::lm_parallelism pp2{{.pp = 2}, nn::cp_mode::none, shard_layout::zigzag};
   const train::lm_parallelism pp2_ring2{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, shard_layout::zigzag};
@@ -473,7 +473,7 @@ TEST_CASE("train memory: the estimate is within 10 % of each rank's measured pea
 }
 
 // The per-stage overload takes one policy per stage; its all-equal form is the config's.
-TEST_CASE("train memory: per-stage policies, and one policy per stage or a config_error", "[train][memory]") {
+TEST_CASE("train memory: per-stage policies, and one policy per stage or a config_error", "[train][recompute]") {
   const train::lm_config config = memory_config(recompute_policy::selective);
   const train::lm_parallelism pp2{{.pp = 2}, nn::cp_mode::none, baton::shard_layout::zigzag};
   const baton::program zbv = generated<baton::zbv>(2);
@@ -510,7 +510,7 @@ TEST_CASE("train memory: per-stage policies, and one policy per stage or a confi
 
 // bf16 storage: the kept state after a forward takes 2 bytes a value but 1/rms and the LSE;
 // the parameters, gradients and moments stay float; a double model cannot take it.
-TEST_CASE("train memory: bf16 storage halves the saved state, and needs float blocks or a config_error", "[train][memory]") {
+TEST_CASE("train memory: bf16 storage halves the saved state, and needs float blocks or a config_error", "[train][recompute]") {
   const train::lm_parallelism pp2{{.pp = 2}, nn::cp_mode::none, baton::shard_layout::zigzag};
   const baton::program onefb = generated<baton::one_f_one_b>(2);
   for (recompute_policy p : {recompute_policy::none, recompute_policy::selective, recompute_policy::full}) {
@@ -535,7 +535,7 @@ TEST_CASE("train memory: bf16 storage halves the saved state, and needs float bl
 }
 
 // docs/memory.md: a plan per pipeline rank, and per-stage policies.
-TEST_CASE("train memory docs: estimate_memory with one policy, and one per stage", "[train][memory][docs]") {
+TEST_CASE("train memory docs: estimate_memory with one policy, and one per stage", "[train][recompute][docs]") {
   train::lm_config config = memory_config(recompute_policy::none);
   const train::lm_parallelism parallelism{{.pp = 2, .cp_ring = 2}, nn::cp_mode::ring, baton::shard_layout::zigzag};
   const baton::program schedule = generated<baton::zbv>(2);
@@ -618,7 +618,7 @@ std::vector<planned_rank> train_planned(const train::lm_config& config, const ba
 }  // namespace train_plan_test
 
 TEST_CASE("train memory plan: under a cap that rules out none everywhere, the plan fits measured and trains like none",
-          "[train][memory][docs]") {
+          "[train][recompute][docs]") {
   using namespace train_plan_test;
   const double full_least = least_cap_with(recompute_policy::full), none_least = least_cap_with(recompute_policy::none);
   CHECK(train::least_memory_cap_for(memory_config(recompute_policy::none), pp2, shape, sizeof(float)) == full_least);
@@ -664,7 +664,7 @@ TEST_CASE("train memory plan: under a cap that rules out none everywhere, the pl
 }
 
 TEST_CASE("train memory plan: an unlimited cap keeps everything; a cap below the least is refused naming it",
-          "[train][memory]") {
+          "[train][recompute]") {
   using namespace train_plan_test;
   const train::lm_config config = memory_config(recompute_policy::none);
   const auto unlimited = train::plan_under_memory_cap(config, pp2, shape, std::numeric_limits<double>::infinity(), quick());
