@@ -617,6 +617,11 @@ std::vector<planned_rank> train_planned(const train::lm_config& config, const ba
 
 }  // namespace train_plan_test
 
+// ThreadSanitizer leaves this case to the release build: its threads are the trainer's, which
+// the [recompute] cases above run under it, and its two measured trainings (the reference
+// attention's double loops, every access instrumented) took 27 s of TSan's test phase for
+// nothing thread-specific. The ASan build does not compile this file.
+#if !defined(BATON_TEST_SANITIZED)
 TEST_CASE("train memory plan: under a cap that rules out none everywhere, the plan fits measured and trains like none",
           "[train][recompute][docs]") {
   using namespace train_plan_test;
@@ -662,6 +667,7 @@ TEST_CASE("train memory plan: under a cap that rules out none everywhere, the pl
   // The cap bites: the same program with none everywhere passes it on some rank, measured.
   CHECK(static_cast<double>(std::max(none[0].peak, none[1].peak)) > cap);
 }
+#endif
 
 TEST_CASE("train memory plan: an unlimited cap keeps everything; a cap below the least is refused naming it",
           "[train][recompute]") {
