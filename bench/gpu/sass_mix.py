@@ -79,7 +79,10 @@ def kernel_mix(body):
             continue
         m = INSTRUCTION.match(line)
         if m:
-            code.append((m.group(2), bool(m.group(1)), m.group(4)))
+            # BRA.DIV (to the divergent path of a warp-wide operation) is taken only when the
+            # warp diverged: a conditional branch although it has no predicate.
+            conditional = bool(m.group(1)) or (m.group(2) == "BRA" and ".DIV" in (m.group(3) or ""))
+            code.append((m.group(2), conditional, m.group(4)))
 
     def target(operands):
         t = TARGET.search(operands)
@@ -147,6 +150,17 @@ SELF_TEST = """
         /*0080*/                   IADD3 R5, R5, 0x1, RZ ;
         /*0090*/               @P2 BRA `(.L_x_2) ;
         /*00a0*/                   EXIT ;
+//--------------------- .text.warp_divergence --------------------------
+.L_x_4:
+        /*0000*/                   HMMA.16816.F32.BF16 R0, R4, R8, R0 ;
+        /*0010*/                   BRA.DIV UR4, `(.L_x_5) ;
+        /*0020*/                   SHFL.BFLY PT, R2, R0, 0x1, 0x1f ;
+.L_x_6:
+        /*0030*/               @P0 BRA `(.L_x_4) ;
+        /*0040*/                   EXIT ;
+.L_x_5:
+        /*0050*/                   WARPSYNC.ALL ;
+        /*0060*/                   BRA `(.L_x_6) ;
 //--------------------- .text.no_mma_loop --------------------------
 .L_x_3:
         /*0000*/                   FADD R0, R0, R1 ;
@@ -160,8 +174,9 @@ def self_test():
     parts = re.split(r"//-+ \.text\.(\S+) -+\n", SELF_TEST)
     mixes = {parts[i]: kernel_mix(parts[i + 1]) for i in range(1, len(parts), 2)}
     # the MMA loop, not the later one; 6 instructions in its body (the NOP not counted), the
-    # fast way skips the two FMULs: 4 instructions, both MMAs
-    expect = {"fast_and_slow": (6, 2, 4, 2), "no_mma_loop": None}
+    # fast way skips the two FMULs: 4 instructions, both MMAs; a BRA.DIV (no predicate) falls
+    # through to the shuffle when the warp is converged
+    expect = {"fast_and_slow": (6, 2, 4, 2), "warp_divergence": (4, 1, 4, 1), "no_mma_loop": None}
     header = bytearray(64)
     header[:4], header[7], header[8] = b"\x7fELF", 0x41, 8
     struct.pack_into("<I", header, 48, 0x6005A04)

@@ -185,7 +185,12 @@ TEST_CASE("forward launch configuration: tiles, shared memory within sm_80 and s
       CHECK(c.k_offset(0) == c.row_bytes() * static_cast<std::size_t>(c.tile_q));
       CHECK(c.v_offset(1) + c.row_bytes() * static_cast<std::size_t>(c.tile_k) == c.row_flags_offset());
       CHECK(c.row_flags_offset() + 4 * static_cast<std::size_t>(c.tile_q) == c.key_flags_offset());
-      CHECK(c.key_flags_offset() + 4 * static_cast<std::size_t>(c.tile_k) <= c.shared_bytes());
+      CHECK(c.key_flags_offset() + 4 * static_cast<std::size_t>(c.tile_k) == c.row_sums_offset());
+      CHECK(c.row_sums_offset() + c.row_sums_bytes() <= c.shared_bytes());
+      // The running row sums live in shared memory only at 16-bit D 128 (128 x 64 tiles, where
+      // registers run out), one word per lane of each row's 4.
+      CHECK(c.row_sums_shared() == (bytes == 2 && dim == 128));
+      CHECK(c.row_sums_bytes() == (c.row_sums_shared() ? 16 * static_cast<std::size_t>(c.tile_q) : 0));
       CHECK(c.row_bytes() % 128 == 0);  // whole 128-byte rows: the XOR swizzle stays in a row
       const cu::launch_shape s = cu::forward_launch(c, 1000, 12, 3);
       // column_splits blocks per query tile (float at head dim 256: 2), each whole n8 tiles of O.

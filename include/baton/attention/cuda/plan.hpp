@@ -318,11 +318,24 @@ struct forward_config {
 
   /// Q tile + stages x (K tile + V tile), swizzled rows of dim elements, + one 4-byte flag
   /// per query row and one per key of a tile (a word each: the host race detector tracks
-  /// 4-byte words), rounded to 128.
+  /// 4-byte words), + the running row sums where they live in shared memory, rounded to 128.
   [[nodiscard]] constexpr std::size_t shared_bytes() const noexcept {
     const std::size_t row = static_cast<std::size_t>(dim) * static_cast<std::size_t>(element_bytes);
     const std::size_t tiles = row * static_cast<std::size_t>(tile_q + 2 * stages * tile_k);
-    return tiles + (4 * static_cast<std::size_t>(tile_q + tile_k) + 127) / 128 * 128;
+    return tiles + (4 * static_cast<std::size_t>(tile_q + tile_k) + row_sums_bytes() + 127) / 128 * 128;
+  }
+  /// Whether each thread keeps its running row sums (softmax denominators, one per row it
+  /// holds) in shared memory between key tiles rather than in registers: where O and S alone
+  /// take 192 of a thread's 255 registers (16-bit storage, D 128, 128 x 64 tiles), the
+  /// compiler put them in local memory (a spill: 4 loads and 4 stores per tile through L1,
+  /// whose share of the SM's memory is what two blocks' tiles leave over). In shared memory
+  /// the same 8 accesses per tile have a fixed latency and no other tenant.
+  [[nodiscard]] constexpr bool row_sums_shared() const noexcept {
+    return element_bytes == 2 && m_tiles * dim / 2 + m_tiles * tile_k / 2 >= 192;
+  }
+  /// 4 bytes per lane of a row's 4 (each keeps the sum over its own columns).
+  [[nodiscard]] constexpr std::size_t row_sums_bytes() const noexcept {
+    return row_sums_shared() ? 16 * static_cast<std::size_t>(tile_q) : 0;
   }
   [[nodiscard]] constexpr std::size_t q_offset() const noexcept { return 0; }
   [[nodiscard]] constexpr std::size_t row_bytes() const noexcept {
@@ -337,6 +350,11 @@ struct forward_config {
   /// non-finite key).
   [[nodiscard]] constexpr std::size_t key_flags_offset() const noexcept {
     return row_flags_offset() + 4 * static_cast<std::size_t>(tile_q);
+  }
+  /// Row r's sum kept by lane tg of its 4 at row_sums_offset() + 4 (4 r + tg), when
+  /// row_sums_shared().
+  [[nodiscard]] constexpr std::size_t row_sums_offset() const noexcept {
+    return key_flags_offset() + 4 * static_cast<std::size_t>(tile_k);
   }
 };
 

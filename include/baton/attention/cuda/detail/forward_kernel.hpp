@@ -33,7 +33,8 @@
 // Layout of shared memory (forward_config, plan.hpp): Q [tile_q rows], then per stage
 // K [tile_k rows] and V [tile_k rows], each row dim elements with its 16-byte chunks
 // XOR-swizzled by row % 8 (ldmatrix and the fragment loads then hit 8 distinct bank groups),
-// then one int32 flag per query row.
+// then one int32 flag per query row, one per key of a tile, and, where registers are short
+// (forward_config::row_sums_shared), each lane's running row sums between key tiles.
 #pragma once
 
 #include <cstddef>
@@ -164,7 +165,10 @@ struct forward_body {
     // compiler kept one register per round alive across the key loop, and spilled them).
     static_assert(threads % CPR == 0, "baton cuda forward: a round of copies covers whole rows");
     constexpr int rows_per_round = threads / CPR;
-    const I t = ctx.thread_index();
+    // Where registers are short (config.row_sums_shared()), the thread index is read anew at
+    // each copy, so that its offsets are recomputed here (a few integer instructions) and
+    // not kept in registers across the key loop; elsewhere keeping them is cheaper.
+    const I t = config.row_sums_shared() ? simt::opaque(ctx.thread_index()) : ctx.thread_index();
     const I row_t = t / CPR, chunk = t % CPR;
     const std::int64_t row_stride = x.stride(1);
     const S* const tile = &x(b, row0, h, 0);
@@ -257,10 +261,10 @@ struct forward_body {
 
     const I t = ctx.thread_index();
     const I lane = ctx.lane(), warp = ctx.warp();
-    const I g = lane >> 2, tg = lane & 3;
     const std::uint32_t q_base = static_cast<std::uint32_t>(cfg.q_offset());
     const std::uint32_t flags_base = static_cast<std::uint32_t>(cfg.row_flags_offset());
     const std::uint32_t key_flags_base = static_cast<std::uint32_t>(cfg.key_flags_offset());
+    constexpr bool sums_shared = cfg.row_sums_shared();
 
     // Q and the first key tile.
     copy_tile<TQ>(ctx, q_base, a.q, b, h, q0, q_valid);
@@ -296,7 +300,12 @@ struct forward_body {
     // Per thread: rows wrow + 16 m + g + 8 hh of the tile (m < MT, hh < 2).
     const I wrow = warp * (16 * MT);
     F o[MT][DO / 8][4];
-    F m_run[MT][2], l_run[MT][2];
+    F m_run[MT][2], l_run[MT][2];  // l_run unused where the sums are in shared memory
+    // This thread's slot of row wrow + 16 m + g + 8 hh (index 4 row + tg, and 4 g + tg is the
+    // lane): sums_slot(lane) + 256 m + 128 hh.
+    const auto sums_slot = [&](const I& lane_i) {
+      return simt::cast<std::uint32_t>((wrow * 4 + lane_i) * 4) + static_cast<std::uint32_t>(cfg.row_sums_offset());
+    };
     BATON_UNROLL
     for (int m = 0; m < MT; ++m) {
       BATON_UNROLL
@@ -307,6 +316,8 @@ struct forward_body {
       for (int hh = 0; hh < 2; ++hh) {
         m_run[m][hh] = F(neg_inf);
         l_run[m][hh] = F(0.0f);
+        if constexpr (sums_shared)  // thread-private words: no barrier
+          ctx.template shared_store<float>(sums_slot(lane) + static_cast<std::uint32_t>(256 * m + 128 * hh), F(0.0f), B(true));
       }
     }
 
@@ -437,7 +448,12 @@ struct forward_body {
               x = simt::exp2(simt::fma(x, F(a.scale_log2), -m_use));
               sum = sum + x;
             }
-          l_run[m][hh] = l_run[m][hh] * alpha[m][hh] + sum;
+          if constexpr (sums_shared) {
+            const U slot = sums_slot(lane_n) + static_cast<std::uint32_t>(256 * m + 128 * hh);
+            ctx.template shared_store<float>(slot, ctx.template shared_load<float>(slot) * alpha[m][hh] + sum, B(true));
+          } else {
+            l_run[m][hh] = l_run[m][hh] * alpha[m][hh] + sum;
+          }
           m_run[m][hh] = m_new;
         }
         if constexpr (half) {
@@ -510,6 +526,10 @@ struct forward_body {
     }
 
     ctx.sync_block();  // the row flags written while masking are read by every lane of their row
+    // The lane's rows from the lane and warp read anew (opaque), not registers kept across
+    // the key loop for this (the compiler had spilled two of them).
+    const I lane_e = simt::opaque(lane), warp_e = simt::opaque(warp);
+    const I g_e = lane_e >> 2, tg_e = lane_e & 3, wrow_e = warp_e * (16 * MT);
     // out = O / l, lse = (m + log2 l) ln 2; no allowed key: 0 and -inf; a poisoned row: NaN.
     constexpr float ln2 = 0.693147180559945309f;
     const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -518,11 +538,13 @@ struct forward_body {
       BATON_UNROLL
       for (int hh = 0; hh < 2; ++hh) {
         F l = l_run[m][hh];
+        if constexpr (sums_shared)
+          l = ctx.template shared_load<float>(sums_slot(lane_e) + static_cast<std::uint32_t>(256 * m + 128 * hh));
         l = l + ctx.shfl_xor(l, 1);
         l = l + ctx.shfl_xor(l, 2);
         // A row with an allowed key has a finite running max (its scores are finite: bad rows
         // and keys were zeroed); a non-finite query row poisons a row that has one.
-        const I r = wrow + 16 * m + g + 8 * hh;
+        const I r = wrow_e + 16 * m + g_e + 8 * hh;
         // Its flag: 1 for a non-finite query row, 2 once it allowed a non-finite key.
         const B row_bad = ctx.template shared_load<std::int32_t>(simt::cast<std::uint32_t>(r * 4) + flags_base) != 0;
         const B none = m_run[m][hh] == neg_inf;
@@ -536,12 +558,12 @@ struct forward_body {
         const B live = (r + q0) < plan.seq_q;
         L<float*> lse_ptr;
         for (int i = 0; i < Ctx::width; ++i) lse_ptr[i] = &a.lse(b, h, live[i] ? q0 + r[i] : 0);
-        ctx.store(lse_ptr, lse, live && tg == 0 && col0 == 0);
+        ctx.store(lse_ptr, lse, live && tg_e == 0 && col0 == 0);
         BATON_UNROLL
         for (int d = 0; d < DO / 8; ++d) {
           const F x0 = simt::select(poisoned, F(nan), o[m][d][2 * hh] * inv);
           const F x1 = simt::select(poisoned, F(nan), o[m][d][2 * hh + 1] * inv);
-          const I col = tg * 2 + 8 * d + col0;
+          const I col = tg_e * 2 + 8 * d + col0;
           if constexpr (half) {
             L<std::uint32_t*> p;
             for (int i = 0; i < Ctx::width; ++i)
