@@ -24,7 +24,9 @@
 // median (min, max) of --pairs repetitions, S = 8192 at the forward's bf16 D = 128 tiling:
 // plan_ms_causal_S8192 (goal <= 0.2), plan_ms_full_S8192, plan_ms_documents_S8192 (8
 // documents); with the SASS, forward16_min_mma_share and backward16_min_mma_share (the
-// lowest main-loop share of the 16-bit forward / backward tile kernels).
+// lowest main-loop share of the 16-bit forward / backward tile kernels) and
+// sass_undecoded_instructions (instructions the disassembler left out, counted as unknown:
+// 0 means the counts are complete).
 #include "bench_common.hpp"
 
 #include <baton/attention/cuda/detail/backward_kernel.hpp>
@@ -65,6 +67,7 @@ struct kernel_stats {
   bool forward16 = false, backward16 = false;  // a 16-bit forward / backward tile kernel
   // Main loop (sass_mix.py): instructions and MMAs over its whole body and on its shortest way.
   int static_instructions = 0, static_mma = 0, path_instructions = 0, path_mma = 0;
+  int undecoded = 0;  // instructions of the kernel the disassembler left out (counted as unknown)
 };
 
 std::string demangle(const std::string& name) {
@@ -183,11 +186,13 @@ std::string read_sass_mix(const std::string& path, std::vector<kernel_stats>& ke
     if (line.rfind("# unavailable: ", 0) == 0) return line.substr(15);
     std::istringstream fields(line);
     std::string name;
-    int si = 0, sm = 0, pi = 0, pm = 0;
-    if (!(fields >> name >> si >> sm >> pi >> pm) || pi <= 0 || si <= 0) return "unreadable line in " + path + ": " + line;
+    int si = 0, sm = 0, pi = 0, pm = 0, undecoded = 0;
+    if (!(fields >> name >> si >> sm >> pi >> pm >> undecoded) || pi <= 0 || si <= 0)
+      return "unreadable line in " + path + ": " + line;
     for (kernel_stats& k : kernels)
       if (k.mangled == name) {
         k.static_instructions = si, k.static_mma = sm, k.path_instructions = pi, k.path_mma = pm;
+        k.undecoded = undecoded;
         ++matched;
       }
   }
@@ -254,6 +259,10 @@ int main(int argc, char** argv) {
     if (no_mix.empty()) {
       std::printf("forward16_min_mma_share: %.3f\n", forward_min_share);
       std::printf("backward16_min_mma_share: %.3f\n", backward_min_share);
+      // 0 with CUDA 12.4's nvdisasm; CUDA 11.8's leaves out instructions it cannot decode.
+      int undecoded = 0;
+      for (const kernel_stats& k : kernels) undecoded += k.undecoded;
+      std::printf("sass_undecoded_instructions: %d\n", undecoded);
     } else {
       std::printf("mma_share: unavailable (%s)\n", no_mix.c_str());
     }

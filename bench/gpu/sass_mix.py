@@ -5,7 +5,7 @@
 Disassembles CUBIN (sm_90) with NVDISASM and writes OUT, one line per kernel that has a loop
 holding tensor-core instructions:
 
-    MANGLED_NAME STATIC_INSTRUCTIONS STATIC_MMA PATH_INSTRUCTIONS PATH_MMA
+    MANGLED_NAME STATIC_INSTRUCTIONS STATIC_MMA PATH_INSTRUCTIONS PATH_MMA UNDECODED
 
 The main loop is the loop (a branch back to a label above it) holding the most MMA
 instructions (HMMA; the innermost such loop on a tie). STATIC counts every instruction of
@@ -14,10 +14,17 @@ its head to its back edge, which is the path a tile that needs no special case t
 masked element, no non-finite flag, no rescale): the share a steady full tile executes.
 NOPs are not counted. bench_cuda_static prints the shares (MMA / instructions).
 
-A disassembler from CUDA 11 (Debian's nvidia-cuda-toolkit 11.8: bench/gpu/fetch_nvdisasm.sh)
-reads sm_90 code but not the ELF header of cubins from CUDA 12.8 and later, which encode the
-architecture differently; the header of a copy is then rewritten to the CUDA 11 encoding
-(OS/ABI 0x33, ABI version 7, e_flags SM | SM << 16 | 0x500). The instructions are not touched.
+UNDECODED counts the instructions of the whole kernel the disassembler left out: an address
+it skipped (CUDA 11.8's nvdisasm skips the VIADD of newer compilers without a word). Each is
+counted where it stood, as an instruction of unknown kind; a branch to a label lost with one
+is followed only by falling through, so PATH can then be too long. CUDA 12.4's nvdisasm
+(Debian 13's nvidia-cuda-toolkit, which bench/gpu/fetch_nvdisasm.sh takes first) decodes
+everything CUDA 13 emits for sm_90: UNDECODED 0.
+
+A disassembler from CUDA 11 (Debian 12's nvidia-cuda-toolkit 11.8) reads sm_90 code but not
+the ELF header of cubins from CUDA 12.8 and later, which encode the architecture differently;
+the header of a copy is then rewritten to the CUDA 11 encoding (OS/ABI 0x33, ABI version 7,
+e_flags SM | SM << 16 | 0x500). The instructions are not touched.
 When nothing can be read, OUT holds one line: "# unavailable: WHY".
 """
 import heapq
@@ -65,13 +72,14 @@ def run(nvdisasm, cubin):
     return p.returncode, p.stdout, p.stderr
 
 
-INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]*)?\s*(.*?);")
+INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]*)?\s*(.*?);")
 LABEL = re.compile(r"^\.(L_x_\d+):")
 TARGET = re.compile(r"\(\.(L_x_\d+)\)")
 
 
 def kernel_mix(body):
     labels, code = {}, []  # code: (opcode, predicated, operands)
+    address, undecoded = None, 0
     for line in body.split("\n"):
         m = LABEL.match(line)
         if m:
@@ -79,10 +87,19 @@ def kernel_mix(body):
             continue
         m = INSTRUCTION.match(line)
         if m:
+            # An address skipped (instructions are 16 bytes) is an instruction the disassembler
+            # could not decode and left out (CUDA 11.8's nvdisasm does so with VIADD): counted,
+            # as an instruction of unknown kind, where it stood.
+            at = int(m.group(1), 16)
+            if address is not None and at > address + 16:
+                missing = (at - address) // 16 - 1
+                undecoded += missing
+                code.extend([("UNDECODED", False, "")] * missing)
+            address = at
             # BRA.DIV (to the divergent path of a warp-wide operation) is taken only when the
             # warp diverged: a conditional branch although it has no predicate.
-            conditional = bool(m.group(1)) or (m.group(2) == "BRA" and ".DIV" in (m.group(3) or ""))
-            code.append((m.group(2), conditional, m.group(4)))
+            conditional = bool(m.group(2)) or (m.group(3) == "BRA" and ".DIV" in (m.group(4) or ""))
+            code.append((m.group(3), conditional, m.group(5)))
 
     def target(operands):
         t = TARGET.search(operands)
@@ -131,7 +148,7 @@ def kernel_mix(body):
                 heapq.heappush(queue, (length + counted(j), j, mma + int(code[j][0] == "HMMA")))
     if path is None:
         return None
-    return static, static_mma, path[0], path[1]
+    return static, static_mma, path[0], path[1], undecoded
 
 
 SELF_TEST = """
@@ -161,6 +178,12 @@ SELF_TEST = """
 .L_x_5:
         /*0050*/                   WARPSYNC.ALL ;
         /*0060*/                   BRA `(.L_x_6) ;
+//--------------------- .text.gap --------------------------
+.L_x_7:
+        /*0000*/                   HMMA.16816.F32.BF16 R0, R4, R8, R0 ;
+        /*0030*/                   FADD R2, R2, R3 ;
+        /*0040*/               @P0 BRA `(.L_x_7) ;
+        /*0050*/                   EXIT ;
 //--------------------- .text.no_mma_loop --------------------------
 .L_x_3:
         /*0000*/                   FADD R0, R0, R1 ;
@@ -175,8 +198,10 @@ def self_test():
     mixes = {parts[i]: kernel_mix(parts[i + 1]) for i in range(1, len(parts), 2)}
     # the MMA loop, not the later one; 6 instructions in its body (the NOP not counted), the
     # fast way skips the two FMULs: 4 instructions, both MMAs; a BRA.DIV (no predicate) falls
-    # through to the shuffle when the warp is converged
-    expect = {"fast_and_slow": (6, 2, 4, 2), "warp_divergence": (4, 1, 4, 1), "no_mma_loop": None}
+    # through to the shuffle when the warp is converged; the two addresses skipped in "gap"
+    # (0x10, 0x20: instructions the disassembler left out) count, there and in UNDECODED
+    expect = {"fast_and_slow": (6, 2, 4, 2, 0), "warp_divergence": (4, 1, 4, 1, 0), "gap": (5, 1, 5, 1, 2),
+              "no_mma_loop": None}
     header = bytearray(64)
     header[:4], header[7], header[8] = b"\x7fELF", 0x41, 8
     struct.pack_into("<I", header, 48, 0x6005A04)
@@ -200,7 +225,7 @@ def main():
         for i in range(1, len(parts), 2):
             mix = kernel_mix(parts[i + 1].split("//----")[0])
             if mix:
-                lines.append("%s %d %d %d %d" % ((parts[i],) + mix))
+                lines.append("%s %d %d %d %d %d" % ((parts[i],) + mix))
         if not lines:
             raise RuntimeError("no kernel with a tensor-core loop in the disassembly")
         result = "\n".join(lines) + "\n"

@@ -190,6 +190,28 @@ struct forward_body {
     }
   }
 
+  /// Copies rows [0, valid) of the query tile at `base` (rows of D 16-bit elements, swizzled
+  /// as copy_tile lays them) to rows row0.. of out: a thread moves the same 16-byte chunk of
+  /// rows a round apart, so consecutive threads write consecutive chunks of a row (16-byte
+  /// stores, whole rows per group of CPR threads) where each thread's own accumulators would
+  /// have been 4-byte stores scattered over 8 rows.
+  BATON_HD static void store_tile(Ctx& ctx, std::uint32_t base, const tensor_view<S, 4>& out, int b, int h, int row0,
+                                  int valid) {
+    constexpr int rows_per_round = threads / CPR;
+    const I t = ctx.thread_index();
+    const I row_t = t / CPR, chunk = t % CPR;
+    BATON_UNROLL
+    for (int r0 = 0; r0 < TQ; r0 += rows_per_round) {
+      const I row = row_t + r0;
+      const B ok = row < valid;
+      const L<kernel_detail::chunk16> value = ctx.template shared_load<kernel_detail::chunk16>(chunk_offset(base, row, chunk));
+      L<kernel_detail::chunk16*> dst;
+      for (int i = 0; i < Ctx::width; ++i)
+        dst[i] = reinterpret_cast<kernel_detail::chunk16*>(&out(b, row0 + (ok[i] ? row[i] : 0), h, 0) + chunk[i] * (16 / ES));
+      ctx.store(dst, value, ok);
+    }
+  }
+
   /// Zeroes the rows of a shared region whose flag is set (thread r handles row r).
   BATON_HD static void zero_rows(Ctx& ctx, std::uint32_t base, const B& flagged, const I& row) {
     const B on = flagged;
@@ -481,7 +503,8 @@ struct forward_body {
       // O += P V.
       if constexpr (half) {
         static_assert(DO == D, "baton cuda forward: 16-bit storage runs one block per query tile");
-        const U v_frag = chunk_offset(v_base, (lane_n & 7) + 8 * ((lane_n >> 3) & 1), lane_n >> 4);
+        const I lane_v = simt::opaque(lane);
+        const U v_frag = chunk_offset(v_base, (lane_v & 7) + 8 * ((lane_v >> 3) & 1), lane_v >> 4);
         BATON_UNROLL
         for (int kb = 0; kb < TK / 16; ++kb) {
           U pk[MT][4];
@@ -531,6 +554,8 @@ struct forward_body {
     const I lane_e = simt::opaque(lane), warp_e = simt::opaque(warp);
     const I g_e = lane_e >> 2, tg_e = lane_e & 3, wrow_e = warp_e * (16 * MT);
     // out = O / l, lse = (m + log2 l) ln 2; no allowed key: 0 and -inf; a poisoned row: NaN.
+    // 16-bit storage: each thread's pairs go to the Q tile's shared rows (free now: the
+    // barrier above follows every warp's last read of Q), then out by store_tile.
     constexpr float ln2 = 0.693147180559945309f;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     BATON_UNROLL
@@ -565,10 +590,7 @@ struct forward_body {
           const F x1 = simt::select(poisoned, F(nan), o[m][d][2 * hh + 1] * inv);
           const I col = tg_e * 2 + 8 * d + col0;
           if constexpr (half) {
-            L<std::uint32_t*> p;
-            for (int i = 0; i < Ctx::width; ++i)
-              p[i] = reinterpret_cast<std::uint32_t*>(&a.out(b, live[i] ? q0 + r[i] : 0, h, 0) + col[i]);
-            ctx.store(p, pack2<S>(x0, x1), live);
+            ctx.template shared_store<std::uint32_t>(element_offset(q_base, r, col), pack2<S>(x0, x1));
           } else {  // one 8-byte store of the two columns
             L<kernel_detail::float_pair*> p;
             for (int i = 0; i < Ctx::width; ++i)
@@ -579,6 +601,10 @@ struct forward_body {
           }
         }
       }
+    if constexpr (half) {
+      ctx.sync_block();  // every row of the tile is in shared memory
+      store_tile(ctx, q_base, a.out, b, h, q0, q_valid);
+    }
   }
 };
 
