@@ -17,6 +17,9 @@
 #include <typeinfo>
 #include <vector>
 
+// Part of test_cp's one translation unit: its own namespace keeps its helpers apart.
+namespace cp_reliability_test {
+
 using namespace cp_test;
 using baton::sequence_sharding;
 using baton::shard_layout;
@@ -351,3 +354,5 @@ TEST_CASE("merge_attention_partial: a NaN block is never hidden by the merge", "
     }
   }
 }
+
+}  // namespace cp_reliability_test
