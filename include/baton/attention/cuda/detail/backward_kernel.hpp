@@ -554,22 +554,37 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
   }
   ctx.template wait_async<0>();  // the owned tile's copies, when no tile was visited
 
+  // The thread's rows and columns for the epilogue. sm_80's compiler, at D 256 (512 threads,
+  // 128 registers each), spilled one of them across the visit loop (4 B): there they are
+  // computed anew from the thread index read through simt::opaque. sm_90's keeps them without
+  // spilling, and recomputing them there made its key pass spill 8 B instead.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  const li tid_e = simt::opaque(ctx.thread_index());
+  const li lane_e = tid_e % warp_size, warp_e = tid_e / warp_size;
+  const li g_e = lane_e / 4, t_e = lane_e % 4;
+  const li row0_e = (warp_e % L::row_blocks) * 16;
+  const li split_e = warp_e / L::row_blocks;
+  const li dcol0_e = split_e * L::dim_cols;
+#else
+  const li g_e = g, t_e = t, row0_e = row0, split_e = split, dcol0_e = dcol0;
+#endif
+
   // Poisoned rows: OR over the 4 threads of a row group, then over the splits.
   BATON_UNROLL
   for (int half = 0; half < 2; ++half) {
     lu flag = cast<std::uint32_t>(poisoned[half]);
     flag = flag | ctx.shfl_xor(flag, 1);
     flag = flag | ctx.shfl_xor(flag, 2);
-    const li o = row0 + g + 8 * half;
-    ctx.template shared_store<std::uint32_t>((cast<std::uint32_t>(o) * L::splits + cast<std::uint32_t>(split)) * 4u + L::poison,
-                                             flag, t == 0);
+    const li o = row0_e + g_e + 8 * half;
+    ctx.template shared_store<std::uint32_t>((cast<std::uint32_t>(o) * L::splits + cast<std::uint32_t>(split_e)) * 4u + L::poison,
+                                             flag, t_e == 0);
   }
   ctx.sync_block();
 
   // Epilogue: each thread stores its accumulator elements (scaled, added when accumulating).
   BATON_UNROLL
   for (int half = 0; half < 2; ++half) {
-    const li o = row0 + g + 8 * half;
+    const li o = row0_e + g_e + 8 * half;
     lu flag = 0u;
     BATON_UNROLL
     for (int sp = 0; sp < L::splits; ++sp)
@@ -582,7 +597,7 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
       for (int n = 0; n < L::dim_tiles; ++n)
         BATON_UNROLL
         for (int i = 0; i < 2; ++i) {
-          const li d = dcol0 + n * 8 + 2 * t + i;
+          const li d = dcol0_e + n * 8 + 2 * t_e + i;
           const auto ptr = map(
               [=](int row, int col, bool on) { return target.data + (on ? row_at(target.layout, b, row + first, hd) + col : std::int64_t{0}); }, o,
               d, in);
