@@ -32,6 +32,9 @@
 // v is non-finite. A row or key that is not live-and-finite is zero-filled in shared memory
 // and its P forced to 0, so no NaN enters any product; an allowed pair of a row with
 // gradient and a poisoning row or bad key marks the owned row, whose gradient is written NaN.
+// A visit whose tile is full and whose every staged row and key is live and usable (the
+// barrier before phase 1 ORs each thread's flag) skips those per-element tests: P and dS
+// from lse and D alone (backward_pass_layout::plain_path: 256 threads or fewer).
 #pragma once
 
 #include <baton/attention/cuda/detail/backward_args.hpp>
@@ -74,6 +77,9 @@ struct backward_pass_layout {
   static constexpr int row_blocks = owned / 16;
   static constexpr int warps = row_blocks * splits;
   static constexpr int threads = warps * simt::warp_size;
+  /// Whether the pass has a plain elementwise path for ordinary tiles (backward_tile_block):
+  /// where a thread may hold 255 registers (256 threads or fewer).
+  static constexpr bool plain_path = threads <= 256;
   static constexpr int slice_cols = visited / splits;  // phase-1 columns per warp
   static constexpr int slice_tiles = slice_cols / 8;   // n8 tiles of phase 1
   static constexpr int dim_cols = Dim / splits;        // phase-2 head-dim columns per warp
@@ -259,8 +265,9 @@ BATON_HD void load_rows(Ctx& ctx, std::uint32_t dst, const tensor_view<const S, 
 }
 
 /// Stages lse log2e, D and the state of query rows [first, first + Rows) of head h (stage st).
+/// Returns, per thread, whether its row is not an ordinary one (not live, or past the end).
 template <class S, class L, class Ctx>
-BATON_HD void stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, int first, int st) {
+BATON_HD auto stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, int first, int st) {
   using namespace simt;
   const auto i = ctx.thread_index();
   const auto active = i < L::queries;
@@ -277,12 +284,14 @@ BATON_HD void stage_queries(Ctx& ctx, const backward_args<S>& a, int b, int h, i
                                    active);
   ctx.template shared_store<float>(slot + L::delta(st), select(live, delta, lanes_t<Ctx, float>(0.f)), active);
   ctx.template shared_store<std::uint32_t>(slot + L::state(st), state, active);
+  return active && !live;
 }
 
 /// Stages the flags of keys [first, first + Rows) of kv head hk (stage st): 0 usable, 1
-/// non-finite, 2 past the end of the sequence.
+/// non-finite, 2 past the end of the sequence. Returns, per thread, whether its key is not
+/// usable.
 template <class S, class L, class Ctx>
-BATON_HD void stage_keys(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first, int st) {
+BATON_HD auto stage_keys(Ctx& ctx, const backward_args<S>& a, int b, int hk, int first, int st) {
   using namespace simt;
   using lu = lanes_t<Ctx, std::uint32_t>;
   const auto j = ctx.thread_index();
@@ -292,6 +301,7 @@ BATON_HD void stage_keys(Ctx& ctx, const backward_args<S>& a, int b, int hk, int
   const auto bad = ctx.template load<std::uint8_t>(pointers<const std::uint8_t>(a.workspace.key_bad, index), in);
   const auto code = select(in, select(bad != std::uint8_t{0}, lu(1u), lu(0u)), lu(2u));
   ctx.template shared_store<std::uint32_t>(cast<std::uint32_t>(j) * 4u + L::key_code(st), code, active);
+  return active && code != 0u;
 }
 
 /// Per thread, whether row first + r of head h (of `heads`, batch b) exists and its byte in
@@ -407,17 +417,19 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
   const li col0 = split * L::slice_cols;
   const li dcol0 = split * L::dim_cols;
 
-  // The owned tile and its per-row facts, once.
+  // The owned tile and its per-row facts, once. A thread's `unusual` flags say whether the
+  // row or key it staged is anything but live and usable (owned: once; visited: per visit).
+  lb owned_unusual(false);
   if constexpr (KeyPass) {
     const auto good = [&](const li& r) { return key_row_finite(ctx, a, b, head, first, r); };
     load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.k, b, head, first, seq_owned, good);
     load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.v, b, head, first, seq_owned, good);
-    stage_keys<S, L>(ctx, a, b, head, first, 0);
+    owned_unusual = stage_keys<S, L>(ctx, a, b, head, first, 0);
   } else {
     const auto good = [&](const li& r) { return query_row_live(ctx, a, b, head, first, r); };
     load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned1, a.q, b, head, first, seq_owned, good);
     load_rows<S, Dim, L::owned, L::threads>(ctx, L::owned2, a.dout, b, head, first, seq_owned, good);
-    stage_queries<S, L>(ctx, a, b, head, first, 0);
+    owned_unusual = stage_queries<S, L>(ctx, a, b, head, first, 0);
   }
   ctx.commit_async();
 
@@ -442,23 +454,26 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
   // stores the rows' facts there (plain stores, read after the next barrier).
   const auto load_visit = [&](int it, int st) {
     const int vfirst = other_tile(it) * L::visited;
+    lb unusual(false);
     if constexpr (KeyPass) {
       const int h = query_head(it);
       const auto good = [&](const li& r) { return query_row_live(ctx, a, b, h, vfirst, r); };
       load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.q, b, h, vfirst, plan.seq_q, good);
       load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.dout, b, h, vfirst, plan.seq_q,
                                                 good);
-      stage_queries<S, L>(ctx, a, b, h, vfirst, st);
+      unusual = stage_queries<S, L>(ctx, a, b, h, vfirst, st);
     } else {
       const int hk = head / a.group();
       const auto good = [&](const li& r) { return key_row_finite(ctx, a, b, hk, vfirst, r); };
       load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited1(st), a.k, b, hk, vfirst, plan.seq_k, good);
       load_rows<S, Dim, L::visited, L::threads>(ctx, L::visited2(st), a.v, b, hk, vfirst, plan.seq_k, good);
-      stage_keys<S, L>(ctx, a, b, hk, vfirst, st);
+      unusual = stage_keys<S, L>(ctx, a, b, hk, vfirst, st);
     }
     ctx.commit_async();
+    return unusual;
   };
-  if (visits > 0) load_visit(0, 0);
+  lb next_unusual(false);  // of the visit staged ahead (two stages)
+  if (visits > 0) next_unusual = load_visit(0, 0);
   for (int it = 0; it < visits; ++it) {
     const int st = L::stages == 2 ? it % 2 : 0;
     const int other = other_tile(it);
@@ -466,16 +481,25 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
     const block_kind kind = plan.kind_at(qt, kt);
     // The next visit's copies go to the other stage, which phase 2 of the previous visit read
     // before the barrier that ended it; with one stage this visit's copies go there now.
+    lb unusual = next_unusual;  // this visit's staged rows or keys
     if (L::stages == 1) {
-      if (it > 0) load_visit(it, 0);
+      if (it > 0) unusual = load_visit(it, 0);
       ctx.template wait_async<0>();
     } else if (it + 1 < visits) {
-      load_visit(it + 1, (it + 1) % 2);
+      next_unusual = load_visit(it + 1, (it + 1) % 2);
       ctx.template wait_async<1>();  // every group but that newest one has landed
     } else {
       ctx.template wait_async<0>();
     }
-    ctx.sync_block();
+    // The barrier also ORs the flags: an ordinary tile (full, every query row live, every key
+    // usable) takes the plain elementwise path below, with no per-element facts but lse and D
+    // (about half the instructions of a visit). Not at 512 threads (16-bit D 256), where a
+    // thread has 128 registers and the second path made ptxas spill.
+    bool ordinary = false;
+    if constexpr (L::plain_path)
+      ordinary = !ctx.sync_or(unusual || owned_unusual) && kind != block_kind::partial;
+    else
+      ctx.sync_block();
 
     // Phase 1: S and dP for this warp's rows and column slice.
     lf s[L::slice_tiles][4], dp[L::slice_tiles][4];
@@ -494,39 +518,8 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
     const std::uint64_t* tile_bits = nullptr;
     if (KeyPass && kind == block_kind::partial)
       tile_bits = plan.bits + std::int64_t{plan.partial_slot[qt * plan.k_tiles + kt]} * plan.tile_q;
-    BATON_UNROLL
-    for (int n = 0; n < L::slice_tiles; ++n) {
-      lf pv[4], dsv[4];
-      BATON_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const li o = row0 + g + 8 * (i >> 1);         // owned row
-        const li v = col0 + n * 8 + 2 * t + (i & 1);  // visited column
-        const li qi = KeyPass ? v : o, kj = KeyPass ? o : v;  // query, key within their tiles
-        const auto q4 = cast<std::uint32_t>(qi) * 4u;
-        const int qst = KeyPass ? st : 0, kst = KeyPass ? 0 : st;  // visited facts by stage, owned in 0
-        const lf lse2 = ctx.template shared_load<float>(q4 + L::lse2(qst));
-        const lf delta = ctx.template shared_load<float>(q4 + L::delta(qst));
-        const lu state = ctx.template shared_load<std::uint32_t>(q4 + L::state(qst));
-        const lu code = ctx.template shared_load<std::uint32_t>(cast<std::uint32_t>(kj) * 4u + L::key_code(kst));
-        lb allowed = code != 2u && (qi + qt * plan.tile_q < plan.seq_q);
-        if (KeyPass && kind == block_kind::partial) {
-          const auto word = ctx.template load<std::uint64_t>(map([=](int r) { return tile_bits + r; }, qi), allowed);
-          allowed = allowed && ((word >> cast<std::uint64_t>(kj)) & std::uint64_t{1}) != std::uint64_t{0};
-        } else if (kind == block_kind::partial) {
-          const std::int64_t slot = plan.partial_slot[qt * plan.k_tiles + kt];
-          const auto word = ctx.template load<std::uint64_t>(
-              map([=](int r, int col) { return plan.bits + (slot * plan.tile_q + r) * plan.words_per_row + col / 64; }, qi,
-                  kj),
-              allowed);
-          allowed = allowed && map([](std::uint64_t w, int col) { return ((w >> (col % 64)) & 1u) != 0; }, word, kj);
-        }
-        const lb live = allowed && state == std::uint32_t{row_live} && code == 0u;
-        pv[i] = select(live, exp2(s[n][i] * c - lse2), lf(0.f));
-        dsv[i] = select(live, pv[i] * (dp[n][i] - delta), lf(0.f));
-        const lb poisons = allowed && state != std::uint32_t{row_without_gradient} &&
-                           (state == std::uint32_t{row_poisoning} || code == 1u);
-        poisoned[i >> 1] = poisoned[i >> 1] || poisons;
-      }
+    // pv, dsv: P and dS of the 4 elements of n8 tile n this thread holds.
+    const auto store_pair = [&](int n, const lf (&pv)[4], const lf (&dsv)[4]) {
       BATON_UNROLL
       for (int half = 0; half < 2; ++half) {
         const li o = row0 + g + 8 * half;
@@ -541,6 +534,57 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
           ctx.template shared_store<std::uint32_t>(at + L::p, pack2<S>(pv[2 * half], pv[2 * half + 1]));
           ctx.template shared_store<std::uint32_t>(at + L::ds, pack2<S>(dsv[2 * half], dsv[2 * half + 1]));
         }
+      }
+    };
+    if (L::plain_path && ordinary) {  // every pair allowed and live, none poisons
+      BATON_UNROLL
+      for (int n = 0; n < L::slice_tiles; ++n) {
+        lf pv[4], dsv[4];
+        BATON_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          const li qi = KeyPass ? col0 + n * 8 + 2 * t + (i & 1) : row0 + g + 8 * (i >> 1);
+          const auto q4 = cast<std::uint32_t>(qi) * 4u;
+          const int qst = KeyPass ? st : 0;
+          pv[i] = exp2(s[n][i] * c - ctx.template shared_load<float>(q4 + L::lse2(qst)));
+          dsv[i] = pv[i] * (dp[n][i] - ctx.template shared_load<float>(q4 + L::delta(qst)));
+        }
+        store_pair(n, pv, dsv);
+      }
+    } else {
+      BATON_UNROLL
+      for (int n = 0; n < L::slice_tiles; ++n) {
+        lf pv[4], dsv[4];
+        BATON_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          const li o = row0 + g + 8 * (i >> 1);         // owned row
+          const li v = col0 + n * 8 + 2 * t + (i & 1);  // visited column
+          const li qi = KeyPass ? v : o, kj = KeyPass ? o : v;  // query, key within their tiles
+          const auto q4 = cast<std::uint32_t>(qi) * 4u;
+          const int qst = KeyPass ? st : 0, kst = KeyPass ? 0 : st;  // visited facts by stage, owned in 0
+          const lf lse2 = ctx.template shared_load<float>(q4 + L::lse2(qst));
+          const lf delta = ctx.template shared_load<float>(q4 + L::delta(qst));
+          const lu state = ctx.template shared_load<std::uint32_t>(q4 + L::state(qst));
+          const lu code = ctx.template shared_load<std::uint32_t>(cast<std::uint32_t>(kj) * 4u + L::key_code(kst));
+          lb allowed = code != 2u && (qi + qt * plan.tile_q < plan.seq_q);
+          if (KeyPass && kind == block_kind::partial) {
+            const auto word = ctx.template load<std::uint64_t>(map([=](int r) { return tile_bits + r; }, qi), allowed);
+            allowed = allowed && ((word >> cast<std::uint64_t>(kj)) & std::uint64_t{1}) != std::uint64_t{0};
+          } else if (kind == block_kind::partial) {
+            const std::int64_t slot = plan.partial_slot[qt * plan.k_tiles + kt];
+            const auto word = ctx.template load<std::uint64_t>(
+                map([=](int r, int col) { return plan.bits + (slot * plan.tile_q + r) * plan.words_per_row + col / 64; }, qi,
+                    kj),
+                allowed);
+            allowed = allowed && map([](std::uint64_t w, int col) { return ((w >> (col % 64)) & 1u) != 0; }, word, kj);
+          }
+          const lb live = allowed && state == std::uint32_t{row_live} && code == 0u;
+          pv[i] = select(live, exp2(s[n][i] * c - lse2), lf(0.f));
+          dsv[i] = select(live, pv[i] * (dp[n][i] - delta), lf(0.f));
+          const lb poisons = allowed && state != std::uint32_t{row_without_gradient} &&
+                             (state == std::uint32_t{row_poisoning} || code == 1u);
+          poisoned[i >> 1] = poisoned[i >> 1] || poisons;
+        }
+        store_pair(n, pv, dsv);
       }
     }
     ctx.sync_block();
