@@ -537,16 +537,31 @@ BATON_HD void backward_tile_block(Ctx& ctx, const backward_args<S>& a) {
       }
     };
     if (L::plain_path && ordinary) {  // every pair allowed and live, none poisons
+      // The query pass's two query rows are the thread's owned rows: their lse and D once.
+      lf row_lse2[2], row_delta[2];
+      if constexpr (!KeyPass) {
+        BATON_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const auto q4 = cast<std::uint32_t>(row0 + g + 8 * half) * 4u;
+          row_lse2[half] = ctx.template shared_load<float>(q4 + L::lse2(0));
+          row_delta[half] = ctx.template shared_load<float>(q4 + L::delta(0));
+        }
+      }
       BATON_UNROLL
       for (int n = 0; n < L::slice_tiles; ++n) {
         lf pv[4], dsv[4];
         BATON_UNROLL
         for (int i = 0; i < 4; ++i) {
-          const li qi = KeyPass ? col0 + n * 8 + 2 * t + (i & 1) : row0 + g + 8 * (i >> 1);
-          const auto q4 = cast<std::uint32_t>(qi) * 4u;
-          const int qst = KeyPass ? st : 0;
-          pv[i] = exp2(s[n][i] * c - ctx.template shared_load<float>(q4 + L::lse2(qst)));
-          dsv[i] = pv[i] * (dp[n][i] - ctx.template shared_load<float>(q4 + L::delta(qst)));
+          lf lse2, delta;
+          if constexpr (KeyPass) {
+            const auto q4 = cast<std::uint32_t>(col0 + n * 8 + 2 * t + (i & 1)) * 4u;
+            lse2 = ctx.template shared_load<float>(q4 + L::lse2(st));
+            delta = ctx.template shared_load<float>(q4 + L::delta(st));
+          } else {
+            lse2 = row_lse2[i >> 1], delta = row_delta[i >> 1];
+          }
+          pv[i] = exp2(s[n][i] * c - lse2);
+          dsv[i] = pv[i] * (dp[n][i] - delta);
         }
         store_pair(n, pv, dsv);
       }
