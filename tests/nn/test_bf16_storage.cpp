@@ -32,15 +32,18 @@
 #include <baton/core/tags.hpp>
 #include <baton/cp.hpp>
 #include <baton/nn.hpp>
+#include <baton/nn/detail/storage.hpp>
 #include <baton/pipeline/executor.hpp>
 #include <baton/schedule.hpp>
 #if BATON_HAS_KOKKOS()
 #include <baton/attention/kokkos.hpp>
 #endif
 
-#include <cstddef>
+#include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <span>
 #include <string>
@@ -278,6 +281,96 @@ TEST_CASE("bf16 storage: K/V blocks around the ring are half of float's bytes, m
   BATON_SKIP("built without Kokkos: bf16 storage runs the attention on a backend that takes bfloat16 (kokkos_attention)");
 #endif
 }
+
+// The MLP under bf16 storage writes its bf16 copies in the pass that computes the product and
+// reads them widened in its backward (swiglu_mlp's bf16_copies overloads). Oracle: the route
+// they replace — the float forward, each tensor rounded by detail::nn::to_bf16 afterwards, and
+// the float backward over the widened copies — which must give the same bits. hidden = 37 is
+// not a multiple of any vector width, so the scalar tails run too.
+TEST_CASE("bf16 storage: the MLP's fused copies are the bits of rounding afterwards, forward and backward", "[nn][memory]") {
+  using tensor = baton::host_tensor<float>;
+  using half = baton::host_tensor<baton::bfloat16>;
+  namespace dn = baton::detail::nn;
+  const std::int64_t d = 24, h = 37;
+  const nn::swiglu_mlp<float> mlp(d, h, nn::initializer(3));
+  // Scale 3: pre-activations of several units, where sigmoid's both branches and rounding ties occur.
+  const tensor x = nn_test::random_tensor<float>({3, 5, d}, 11, 3.0), dy = nn_test::random_tensor<float>({3, 5, d}, 12);
+  const auto same_bits = [](const auto& a, const auto& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(*a.data())) == 0;
+  };
+
+  nn::swiglu_mlp<float>::saved plain, fused;
+  const tensor y_plain = mlp.forward(x, plain);
+  half gate16, up16, product16;
+  const tensor y_fused = mlp.forward(tensor(x), fused, {&gate16, &up16, &product16});
+  CHECK(same_bits(y_fused, y_plain));
+  CHECK(same_bits(gate16, dn::to_bf16(plain.gate)));
+  CHECK(same_bits(up16, dn::to_bf16(plain.up)));
+  CHECK(same_bits(product16, dn::to_bf16(plain.product)));
+  CHECK(fused.gate.size() + fused.up.size() == 0);  // no float copy of either is kept
+  CHECK(same_bits(fused.product, plain.product));   // the down projection's input (in the gate's buffer)
+
+  // Recompute selective: the product again from the bf16 copies, in bf16.
+  nn::swiglu_mlp<float>::saved widened_state;
+  widened_state.gate = dn::widened<float>(gate16);
+  widened_state.up = dn::widened<float>(up16);
+  mlp.restore_product(widened_state);
+  CHECK(same_bits(mlp.restore_product(gate16, up16), dn::to_bf16(widened_state.product)));
+
+  // The backward from the copies against the float backward over the widened copies.
+  nn::swiglu_mlp<float>::saved old_route = plain;
+  old_route.gate = dn::widened<float>(gate16);
+  old_route.up = dn::widened<float>(up16);
+  const tensor dx_old = mlp.backward_input(old_route, dy);
+  const tensor dx_fused = mlp.backward_input(fused, dy, std::move(gate16), std::move(up16));
+  CHECK(same_bits(dx_fused, dx_old));
+  CHECK(same_bits(fused.d_gate, old_route.d_gate));
+  CHECK(same_bits(fused.d_up, old_route.d_up));
+  CHECK(gate16.size() + up16.size() == 0);  // freed once the gradient pass has read them
+
+  // Copies of another width, or a gate without its up, are refused with the reason.
+  nn::swiglu_mlp<float>::saved again;
+  mlp.forward(tensor(x), again, {&gate16, &up16, nullptr});
+  const half narrow = half::for_overwrite({3, 5, h - 1});
+  CHECK_THROWS_WITH(mlp.backward_input(again, dy, half(narrow), half(narrow)),
+                    Catch::Contains("needs the gate and up pre-activations"));
+  CHECK_THROWS_WITH(mlp.restore_product(gate16, half::for_overwrite({3, 5, h, 1})),
+                    Catch::Contains("needs the gate and up pre-activations"));
+  CHECK_THROWS_WITH(mlp.forward(tensor(x), again, {&gate16, nullptr, nullptr}),
+                    Catch::Contains("needs somewhere to put gate and up"));
+}
+
+#if defined(__GNUC__)
+// The vector rounding and widening the fused pass uses against the scalar bfloat16 conversion,
+// on every upper half (sign, exponent, the 7 kept mantissa bits) with the lower halves that
+// decide the rounding: 0, just below, at and just above the tie, the largest, and two others;
+// NaNs (quiet and signalling), infinities, subnormals and the values that round to infinity
+// are among them.
+TEST_CASE("bf16 storage: vector rounding to bf16 and widening equal the scalar conversions bit for bit", "[nn][memory]") {
+  namespace simd = baton::detail::core::simd;
+  constexpr int w = simd::width_v<float>;
+  const std::uint32_t lows[] = {0x0000, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1234, 0xc001};
+  std::vector<float> in;
+  for (std::uint32_t high = 0; high < 0x10000; ++high)
+    for (const std::uint32_t low : lows) in.push_back(std::bit_cast<float>(high << 16 | low));
+  REQUIRE(in.size() % w == 0);
+  std::int64_t rounding_mismatches = 0, widening_mismatches = 0;
+  for (std::size_t i = 0; i < in.size(); i += w) {
+    simd::vec_t<float> v;
+    std::memcpy(&v, in.data() + i, sizeof v);
+    baton::bfloat16 out[w];
+    baton::detail::nn::store_bf16(out, v);
+    const simd::vec_t<float> back = baton::detail::nn::load_widened(out);
+    for (int j = 0; j < w; ++j) {
+      rounding_mismatches += out[j].bits != baton::bfloat16(in[i + j]).bits;
+      widening_mismatches += std::bit_cast<std::uint32_t>(back[j]) != std::bit_cast<std::uint32_t>(out[j].to_float());
+    }
+  }
+  INFO(in.size() << " values, " << w << " a vector");
+  CHECK(rounding_mismatches == 0);
+  CHECK(widening_mismatches == 0);
+}
+#endif
 
 TEST_CASE("bf16 storage: refused where the attention cannot take bf16, and a bad value is refused", "[nn][memory]") {
   using ref_block = nn::transformer_block<float, nn::no_cp<baton::reference_attention>>;

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -181,6 +182,9 @@ class transformer_block
   }
 
  private:
+  // bf16 storage (float blocks only: set_storage refuses it elsewhere).
+  static constexpr bool takes_bf16 = std::is_same_v<T, float>;
+
   // bf16 storage's slots in saved::packed: which tensor each holds.
   enum slot : std::size_t {
     attention_norm_slot,  // attention_norm.x_hat
@@ -225,19 +229,26 @@ class transformer_block
     }
     // bf16 storage: each packed tensor is widened just before the first step that reads it
     // (unpack does nothing for a slot that holds nothing: native storage, or a dropped tensor).
+    // Gate and up stay in bf16: the MLP's backward reads them widened.
     auto& p = st.packed;
-    p.unpack(gate_slot, st.mlp.gate);
-    p.unpack(up_slot, st.mlp.up);
+    const bool gate_packed = p.held[gate_slot].size() > 0;
     if (st.policy == recompute_policy::selective) {
       p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
       st.mlp.x = mlp_norm_.output(st.mlp_norm);
-      mlp_.restore_product(st.mlp);
-      if (st.bf16) {  // read by W only: packed as none's forward packs them
+      if (gate_packed) {  // read by W only: kept in bf16 as none's forward keeps them
         p.pack(mlp_slot, st.mlp.x);
-        p.pack(product_slot, st.mlp.product);
+        if constexpr (takes_bf16) p.held[product_slot] = mlp_.restore_product(p.held[gate_slot], p.held[up_slot]);
+      } else {
+        mlp_.restore_product(st.mlp);
       }
     }
-    tensor d_mlp = mlp_.backward_input(st.mlp, dy);
+    tensor d_mlp;
+    if constexpr (takes_bf16) {
+      if (gate_packed) {
+        d_mlp = mlp_.backward_input(st.mlp, dy, std::move(p.held[gate_slot]), std::move(p.held[up_slot]));
+      }
+    }
+    if (!gate_packed) d_mlp = mlp_.backward_input(st.mlp, dy);
     if (fused) mlp_weight(st);
     p.unpack(mlp_norm_slot, st.mlp_norm.x_hat);
     tensor dh = mlp_norm_.backward_input(st.mlp_norm, d_mlp);
@@ -279,12 +290,13 @@ class transformer_block
     detail::nn::add_into(h, x);
     tensor normed = mlp_norm_.forward(h, st.mlp_norm);
     if (pack) st.packed.pack(mlp_norm_slot, st.mlp_norm.x_hat);
+    // bf16 storage: the MLP writes gate, up and (when kept) the product in bf16 as it computes
+    // the product; the float product is dropped once the down projection has read it.
     if (!with_output) {
-      mlp_.forward_state(std::move(normed), st.mlp);
-      if (pack) pack_mlp(st);
+      forward_mlp(std::move(normed), st, keep, pack, false);
       return tensor();
     }
-    tensor y = mlp_.forward(std::move(normed), st.mlp);
+    tensor y = forward_mlp(std::move(normed), st, keep, pack, true);
     if (keep != recompute_policy::none) {  // the MLP's input (the norm's output) and the product
       st.mlp.x = tensor();
       st.mlp.product = tensor();
@@ -293,16 +305,30 @@ class transformer_block
       st.mlp_norm = {};
       st.mlp = {};
     }
-    if (pack) pack_mlp(st);
+    if (pack) st.packed.pack(mlp_slot, st.mlp.x);
     detail::nn::add_into(y, h);
     return y;
   }
 
-  static void pack_mlp(saved& st) {
-    st.packed.pack(mlp_slot, st.mlp.x);
-    st.packed.pack(gate_slot, st.mlp.gate);
-    st.packed.pack(up_slot, st.mlp.up);
-    st.packed.pack(product_slot, st.mlp.product);
+  tensor forward_mlp(tensor&& normed, saved& st, recompute_policy keep, bool pack, bool with_output) const {
+    if constexpr (takes_bf16) {
+      if (pack) {
+        auto& held = st.packed.held;
+        const typename swiglu_mlp<T>::bf16_copies copies{
+            &held[gate_slot], &held[up_slot], keep == recompute_policy::none ? &held[product_slot] : nullptr};
+        tensor y;
+        if (with_output)
+          y = mlp_.forward(std::move(normed), st.mlp, copies);
+        else
+          mlp_.forward_state(std::move(normed), st.mlp, copies);
+        if (keep == recompute_policy::none) st.mlp.product = tensor();
+        if (!with_output) st.packed.pack(mlp_slot, st.mlp.x);
+        return y;
+      }
+    }
+    if (with_output) return mlp_.forward(std::move(normed), st.mlp);
+    mlp_.forward_state(std::move(normed), st.mlp);
+    return tensor();
   }
 
   // Empty when dy is a valid output gradient for `st`; else the message.
