@@ -39,6 +39,7 @@
 #include <baton/attention/kokkos.hpp>
 #endif
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -338,6 +339,33 @@ TEST_CASE("bf16 storage: the MLP's fused copies are the bits of rounding afterwa
                     Catch::Contains("needs the gate and up pre-activations"));
   CHECK_THROWS_WITH(mlp.forward(tensor(x), again, {&gate16, nullptr, nullptr}),
                     Catch::Contains("needs somewhere to put gate and up"));
+}
+
+// RMSNorm under bf16 storage rounds x̂ (kept in bf16 only) and a copy of its output in its row
+// loop. Oracle: the float forward, then detail::nn::to_bf16 of x̂ and of the output.
+TEST_CASE("bf16 storage: RMSNorm's row-loop roundings are the bits of rounding afterwards", "[nn][memory]") {
+  using tensor = baton::host_tensor<float>;
+  using half = baton::host_tensor<baton::bfloat16>;
+  namespace dn = baton::detail::nn;
+  nn::rms_norm<float> norm(37);
+  const tensor gain = nn_test::random_tensor<float>({37}, 21);
+  std::copy(gain.data(), gain.data() + gain.size(), norm.gain().value.data());
+  const tensor x = nn_test::random_tensor<float>({3, 5, 37}, 22, 3.0);
+  const auto same_bits = [](const auto& a, const auto& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(*a.data())) == 0;
+  };
+  nn::rms_norm<float>::saved plain, fused, x_hat_only;
+  const tensor y_plain = norm.forward(x, plain);
+  half x_hat16, y16, x_hat16_only;
+  const tensor y_fused = norm.forward(x, fused, {&x_hat16, &y16});
+  CHECK(same_bits(y_fused, y_plain));
+  CHECK(same_bits(fused.inv_rms, plain.inv_rms));
+  CHECK(same_bits(x_hat16, dn::to_bf16(plain.x_hat)));
+  CHECK(same_bits(y16, dn::to_bf16(y_plain)));
+  CHECK(fused.x_hat.size() == 0);  // x̂ is kept in bf16 only
+  CHECK(same_bits(norm.forward(x, x_hat_only, {&x_hat16_only, nullptr}), y_plain));
+  CHECK(same_bits(x_hat16_only, x_hat16));
+  CHECK_THROWS_WITH(norm.forward(x, fused, {nullptr, &y16}), Catch::Contains("needs somewhere to put x̂"));
 }
 
 #if defined(__GNUC__)

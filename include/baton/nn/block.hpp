@@ -270,26 +270,27 @@ class transformer_block
 
   // The forward, keeping in `st` what `keep` says; without `with_output` (a recomputation)
   // it stops once the state is complete, before the MLP's output projection. With `pack`
-  // (bf16 storage, none or selective) each kept tensor goes to bf16 as soon as the forward
-  // has read it for the last time, while it is still in cache. The first forward and the
-  // recomputation run this one function (never inlined: one machine code, whatever the
-  // compiler fuses), so they compute the same bits.
+  // (bf16 storage, none or selective) each kept tensor goes to bf16 in the loop that computes
+  // it (the norms' x̂ and outputs, the MLP's gate, up and product) or as soon as the forward
+  // has read it for the last time (q, k, v: self_attention), while it is in cache. The first
+  // forward and the recomputation run this one function (never inlined: one machine code,
+  // whatever the compiler fuses), so they compute the same bits.
   BATON_NEVER_INLINE tensor run_forward(const tensor& x, const side& info, saved& st, recompute_policy keep,
                                         bool with_output, bool pack) {
-    tensor h = attention_.forward(attention_norm_.forward(x, st.attention_norm), info, st.attention);
-    // The attention's input is the norm's output: selective recomputes it from x̂ and 1/rms.
-    if (keep != recompute_policy::none) st.attention.x = tensor();
+    // bf16 storage: each norm rounds x̂ (and, where it is kept, its output: the attention's or
+    // the MLP's input) to bf16 in its row loop; the float output is dropped once read.
+    tensor h = attention_.forward(forward_norm(attention_norm_, x, st.attention_norm, keep, pack, attention_norm_slot,
+                                               attention_slot, st.packed),
+                                  info, st.attention);
+    // The attention's input is the norm's output: selective recomputes it from x̂ and 1/rms;
+    // with `pack` its bf16 copy is kept.
+    if (keep != recompute_policy::none || pack) st.attention.x = tensor();
     if (keep == recompute_policy::full) {
       st.attention_norm = {};
       st.attention = {};
     }
-    if (pack) {
-      st.packed.pack(attention_norm_slot, st.attention_norm.x_hat);
-      st.packed.pack(attention_slot, st.attention.x);
-    }
     detail::nn::add_into(h, x);
-    tensor normed = mlp_norm_.forward(h, st.mlp_norm);
-    if (pack) st.packed.pack(mlp_norm_slot, st.mlp_norm.x_hat);
+    tensor normed = forward_norm(mlp_norm_, h, st.mlp_norm, keep, pack, mlp_norm_slot, mlp_slot, st.packed);
     // bf16 storage: the MLP writes gate, up and (when kept) the product in bf16 as it computes
     // the product; the float product is dropped once the down projection has read it.
     if (!with_output) {
@@ -305,9 +306,22 @@ class transformer_block
       st.mlp_norm = {};
       st.mlp = {};
     }
-    if (pack) st.packed.pack(mlp_slot, st.mlp.x);
+    if (pack) st.mlp.x = tensor();
     detail::nn::add_into(y, h);
     return y;
+  }
+
+  // A norm's forward; with `pack`, x̂ to bf16 in `x_hat_slot` and, under `none`, the output
+  // too in `output_slot` (rounded in the norm's row loop).
+  static tensor forward_norm(const rms_norm<T>& norm, const tensor& x, typename rms_norm<T>::saved& st,
+                             recompute_policy keep, bool pack, slot x_hat_slot, slot output_slot,
+                             detail::nn::bf16_pack<T, 8>& packed) {
+    if constexpr (takes_bf16) {
+      if (pack)
+        return norm.forward(
+            x, st, {&packed.held[x_hat_slot], keep == recompute_policy::none ? &packed.held[output_slot] : nullptr});
+    }
+    return norm.forward(x, st);
   }
 
   tensor forward_mlp(tensor&& normed, saved& st, recompute_policy keep, bool pack, bool with_output) const {
@@ -322,7 +336,7 @@ class transformer_block
         else
           mlp_.forward_state(std::move(normed), st.mlp, copies);
         if (keep == recompute_policy::none) st.mlp.product = tensor();
-        if (!with_output) st.packed.pack(mlp_slot, st.mlp.x);
+        if (!with_output) st.mlp.x = tensor();  // in bf16 since the norm (forward_norm)
         return y;
       }
     }

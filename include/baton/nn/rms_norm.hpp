@@ -3,6 +3,7 @@
 
 #include <baton/nn/detail/checks.hpp>
 #include <baton/nn/detail/piece.hpp>
+#include <baton/nn/detail/storage.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,13 +58,40 @@ class rms_norm : public detail::nn::piece<rms_norm<T>, T, "baton::nn::rms_norm">
     st.inv_rms = tensor::for_overwrite({rows});
     const T* g = gain_.value.data();
     for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = x.data() + r * features_;
-      const double sum_sq = sum_products(xr, xr, nullptr);
-      const double inv = 1.0 / std::sqrt(sum_sq / static_cast<double>(features_) + eps_);
-      st.inv_rms[r] = static_cast<T>(inv);
       T* hr = st.x_hat.data() + r * features_;
-      for (std::int64_t j = 0; j < features_; ++j) hr[j] = static_cast<T>(static_cast<double>(xr[j]) * inv);
+      st.inv_rms[r] = normalize_row(x.data() + r * features_, hr);
       scale_row(hr, g, y.data() + r * features_);
+    }
+    return y;
+  }
+
+  /// Where a forward under bf16 storage (activation_storage::bf16, float only) puts x̂, which
+  /// it then keeps in bf16 only, and optionally a bf16 copy of its output (the float output is
+  /// returned as always): each row rounded in the row loop, while it is in cache. The same
+  /// bits as forward followed by detail::nn::to_bf16.
+  struct bf16_copies {
+    host_tensor<bfloat16>* x_hat = nullptr;
+    host_tensor<bfloat16>* output = nullptr;
+  };
+  tensor forward(const tensor& x, saved& st, bf16_copies copies) const {
+    static_assert(std::is_same_v<T, float>, "baton::nn::rms_norm: bf16 storage is for float norms");
+    const std::int64_t rows =
+        detail::nn::rows_of(x, features_, rms_norm::name, "input", "features = " + std::to_string(features_));
+    if (copies.x_hat == nullptr)
+      throw nn_error(std::string(rms_norm::name) + ": a bf16-storage forward needs somewhere to put x̂");
+    tensor y = tensor::for_overwrite(x.shape());
+    st.x_hat = tensor();
+    st.inv_rms = tensor::for_overwrite({rows});
+    *copies.x_hat = host_tensor<bfloat16>::for_overwrite(x.shape());
+    if (copies.output != nullptr) *copies.output = host_tensor<bfloat16>::for_overwrite(x.shape());
+    const T* g = gain_.value.data();
+    std::vector<T> x_hat_row(static_cast<std::size_t>(features_));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* yr = y.data() + r * features_;
+      st.inv_rms[r] = normalize_row(x.data() + r * features_, x_hat_row.data());
+      scale_row(x_hat_row.data(), g, yr);
+      detail::nn::round_to_bf16(x_hat_row.data(), features_, copies.x_hat->data() + r * features_);
+      if (copies.output != nullptr) detail::nn::round_to_bf16(yr, features_, copies.output->data() + r * features_);
     }
     return y;
   }
@@ -94,6 +123,14 @@ class rms_norm : public detail::nn::piece<rms_norm<T>, T, "baton::nn::rms_norm">
   }
 
  private:
+  // x̂ of one row and its 1/rms: both forwards share it, so they compute the same bits.
+  T normalize_row(const T* xr, T* hr) const {
+    const double sum_sq = sum_products(xr, xr, nullptr);
+    const double inv = 1.0 / std::sqrt(sum_sq / static_cast<double>(features_) + eps_);
+    for (std::int64_t j = 0; j < features_; ++j) hr[j] = static_cast<T>(static_cast<double>(xr[j]) * inv);
+    return static_cast<T>(inv);
+  }
+
   // y = x̂∘g for one row: forward and output() share it, so a recomputed output has the bits
   // of the first.
   void scale_row(const T* x_hat, const T* g, T* y) const {

@@ -138,7 +138,8 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
   /// gradient pass reads them: no float copy of either), which it frees after that pass. The
   /// gate's gradient overwrites the product's, so the pass holds no more than the float route
   /// (gate and up widened, then overwritten by their gradients) did.
-  tensor backward_input(saved& st, const tensor& dy, host_tensor<bfloat16>&& gate16, host_tensor<bfloat16>&& up16) const {
+  tensor backward_input(saved& st, const tensor& dy, host_tensor<bfloat16>&& gate16,
+                        host_tensor<bfloat16>&& up16) const {
     static_assert(std::is_same_v<T, float>, "baton::nn::swiglu_mlp: bf16 storage is for float blocks");
     check_pre_activations(gate16.shape(), up16.shape(), "backward_input");
     tensor d_product = down_.input_grad(dy);
@@ -220,7 +221,8 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
   // d_gate = gate or d_product, d_up = up): every element is read before it is written.
   template <class S>
   static void silu_product(const S* gate, const S* up, T* product, std::int64_t n, rounded_outputs rounded) {
-    [[maybe_unused]] const bool any_rounded = rounded.gate != nullptr || rounded.up != nullptr || rounded.product != nullptr;
+    [[maybe_unused]] const bool any_rounded =
+        rounded.gate != nullptr || rounded.up != nullptr || rounded.product != nullptr;
     std::int64_t i = 0;
 #if defined(__GNUC__)
     namespace va = detail::core::simd;

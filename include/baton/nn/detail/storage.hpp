@@ -16,12 +16,16 @@
 
 namespace baton::detail::nn {
 
+/// dst[0..n) = src[0..n) rounded to bf16 (GCC and Clang vectorise the loop).
+template <class T>
+void round_to_bf16(const T* src, std::int64_t n, bfloat16* dst) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = bfloat16(static_cast<float>(src[i]));
+}
+
 template <class T>
 host_tensor<bfloat16> to_bf16(const host_tensor<T>& t) {
   auto out = host_tensor<bfloat16>::for_overwrite(t.shape());
-  const T* src = t.data();
-  bfloat16* dst = out.data();
-  for (std::int64_t i = 0; i < t.size(); ++i) dst[i] = bfloat16(static_cast<float>(src[i]));
+  round_to_bf16(t.data(), t.size(), out.data());
   return out;
 }
 
