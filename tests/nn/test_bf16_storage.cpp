@@ -368,6 +368,37 @@ TEST_CASE("bf16 storage: RMSNorm's row-loop roundings are the bits of rounding a
   CHECK_THROWS_WITH(norm.forward(x, fused, {nullptr, &y16}), Catch::Contains("needs somewhere to put x̂"));
 }
 
+// RoPE under bf16 storage rotates q and k straight into bf16 and rotates dq, dk back out of
+// bf16 into float. Oracle: rotating in float and rounding afterwards (forward), widening first
+// and rotating in float (backward).
+TEST_CASE("bf16 storage: RoPE into and out of bf16 gives the bits of converting apart", "[nn][memory]") {
+  using tensor = baton::host_tensor<float>;
+  using half = baton::host_tensor<baton::bfloat16>;
+  namespace dn = baton::detail::nn;
+  const std::int64_t rows = 2, tokens = 7, n_heads = 3, dim = 10;
+  const nn::rotary_embedding<float> rope(dim);
+  const std::vector<std::int64_t> positions{3, 9, 0, 15, 100, 4096, 7};  // a shard's global positions
+  const std::vector<float>& table = rope.table(positions);
+  const tensor x = nn_test::random_tensor<float>({rows, tokens, n_heads, dim}, 31, 3.0);
+  const auto same_bits = [](const auto& a, const auto& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(*a.data())) == 0;
+  };
+  tensor rotated = x;
+  rope.apply(rotated.data(), rows, tokens, n_heads, table, false);
+  half rotated16 = half::for_overwrite(x.shape());
+  rope.apply(x.data(), rotated16.data(), rows, tokens, n_heads, table, false);
+  CHECK(same_bits(rotated16, dn::to_bf16(rotated)));
+
+  const half g16 = dn::to_bf16(x);
+  tensor back = dn::widened<float>(g16);
+  rope.apply(back.data(), rows, tokens, n_heads, table, true);
+  tensor back_fused = tensor::for_overwrite(x.shape());
+  rope.apply(g16.data(), back_fused.data(), rows, tokens, n_heads, table, true);
+  CHECK(same_bits(back_fused, back));
+  // And a rotation really happened (the inverse of the forward, up to rounding).
+  CHECK(!same_bits(back_fused, dn::widened<float>(g16)));
+}
+
 #if defined(__GNUC__)
 // The vector rounding and widening the fused pass uses against the scalar bfloat16 conversion,
 // on every upper half (sign, exponent, the 7 kept mantissa bits) with the lower halves that

@@ -351,17 +351,15 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
     st.q = wq_.apply(x);
     st.k = wk_.apply(x);
     st.v = wv_.apply(x);
-    {
-      const std::vector<T>& rotation = rope_.table(info.positions);  // one table for q and k
-      rope_.apply(st.q.data(), batch, seq, hq, rotation, false);
-      rope_.apply(st.k.data(), batch, seq, hkv, rotation, false);
-    }
+    const std::vector<T>& rotation = rope_.table(info.positions);  // one table for q and k
     st.lse = lse_tensor::for_overwrite({batch, hq, seq});
     st.positions = info.positions;
     st.documents = info.documents;
     if constexpr (takes_bf16) {
-      if (config_.storage == activation_storage::bf16) return forward_bf16(std::move(x), st);
+      if (config_.storage == activation_storage::bf16) return forward_bf16(std::move(x), st, rotation);
     }
+    rope_.apply(st.q.data(), batch, seq, hq, rotation, false);
+    rope_.apply(st.k.data(), batch, seq, hkv, rotation, false);
     st.out = tensor::for_overwrite({batch, seq, hq * d});
 
     for_each_mask(st, batch, [&](std::int64_t b0, std::int64_t rows, const auto& mask) {
@@ -406,13 +404,15 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
   }
 
  private:
-  // bf16 storage: q, k, v rounded to bf16 after RoPE, the attention on them (bf16 K/V blocks
-  // around a ring), O kept in bf16 and widened for the output projection.
-  tensor forward_bf16(tensor&& x, saved& st) {
+  // bf16 storage: q and k rotated by RoPE straight into bf16, v rounded, the attention on them
+  // (bf16 K/V blocks around a ring), O kept in bf16 and widened for the output projection.
+  tensor forward_bf16(tensor&& x, saved& st, const std::vector<T>& rotation) {
     const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
     const std::int64_t hq = config_.heads, hkv = config_.kv_heads;
-    st.q16 = detail::nn::to_bf16(st.q);
-    st.k16 = detail::nn::to_bf16(st.k);
+    st.q16 = host_tensor<bfloat16>::for_overwrite(st.q.shape());
+    st.k16 = host_tensor<bfloat16>::for_overwrite(st.k.shape());
+    rope_.apply(std::as_const(st.q).data(), st.q16.data(), batch, seq, hq, rotation, false);
+    rope_.apply(std::as_const(st.k).data(), st.k16.data(), batch, seq, hkv, rotation, false);
     st.v16 = detail::nn::to_bf16(st.v);
     st.q = tensor();
     st.k = tensor();
@@ -428,7 +428,8 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
   }
 
   // bf16 storage: dO rounded to bf16, the attention backward in bf16 storage (fp32 sums inside),
-  // dq, dk, dv widened for RoPE's backward and the projections' gradients.
+  // dq and dk widened by RoPE's backward as it rotates them back, dv widened, for the
+  // projections' gradients.
   tensor backward_input_bf16(saved& st, const tensor& dy, const tensor& dout) {
     const std::int64_t hq = config_.heads, hkv = config_.kv_heads, d = config_.head_dim;
     const std::int64_t batch = st.x.shape()[0], seq = st.x.shape()[1];
@@ -443,21 +444,27 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
                         mutable_view(dq16, b0, rows, seq, hq), mutable_view(dk16, b0, rows, seq, hkv),
                         mutable_view(dv16, b0, rows, seq, hkv), st.positions);
     });
-    st.dq = detail::nn::widened<T>(dq16);
-    st.dk = detail::nn::widened<T>(dk16);
+    {
+      const std::vector<T>& rotation = rope_.table(st.positions);
+      st.dq = tensor::for_overwrite(dq16.shape());
+      st.dk = tensor::for_overwrite(dk16.shape());
+      rope_.apply(std::as_const(dq16).data(), st.dq.data(), batch, seq, hq, rotation, true);
+      rope_.apply(std::as_const(dk16).data(), st.dk.data(), batch, seq, hkv, rotation, true);
+    }
     st.dv = detail::nn::widened<T>(dv16);
     st.q16 = host_tensor<bfloat16>();
     st.k16 = host_tensor<bfloat16>();
     st.v16 = host_tensor<bfloat16>();
-    return finish_backward_input(st, dy);
+    return finish_backward_input(st, dy, true);
   }
 
-  // RoPE's backward and the projections' input gradients, from st.dq, st.dk, st.dv.
-  tensor finish_backward_input(saved& st, const tensor& dy) {
+  // RoPE's backward (unless `rotated`: done already) and the projections' input gradients,
+  // from st.dq, st.dk, st.dv.
+  tensor finish_backward_input(saved& st, const tensor& dy, bool rotated = false) {
     const std::int64_t hq = config_.heads, hkv = config_.kv_heads;
     const std::int64_t batch = st.x.shape()[0], seq = st.x.shape()[1];
     // RoPE is a rotation: its backward rotates the gradient back.
-    {
+    if (!rotated) {
       const std::vector<T>& rotation = rope_.table(st.positions);
       rope_.apply(st.dq.data(), batch, seq, hq, rotation, true);
       rope_.apply(st.dk.data(), batch, seq, hkv, rotation, true);

@@ -7,6 +7,7 @@
 
 #include <baton/nn/detail/checks.hpp>
 #include <baton/nn/detail/piece.hpp>
+#include <baton/nn/detail/storage.hpp>
 #include <baton/nn/error.hpp>
 #include <baton/payload/host_tensor.hpp>
 
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace baton::nn {
@@ -98,6 +100,19 @@ class rotary_embedding : public detail::nn::piece<rotary_embedding<T>, T, "baton
   /// rotate() by a table() of the sequence axis's positions.
   void apply(T* x, std::int64_t batch, std::int64_t seq, std::int64_t heads, const std::vector<T>& table,
              bool inverse) const {
+    apply(static_cast<const T*>(x), x, batch, seq, heads, table, inverse);
+  }
+  /// apply() from `in` into `out` (which may be `in`), each holding T or, for float,
+  /// baton::bfloat16: read widened (exactly), written rounded to nearest even. bf16 storage
+  /// rounds q and k here, and widens dq and dk here, instead of in passes of their own: the
+  /// bits of rotating in float and converting before or after.
+  template <class In, class Out>
+  void apply(const In* in, Out* out, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+             const std::vector<T>& table, bool inverse) const {
+    constexpr bool bf16_allowed = std::is_same_v<T, float>;
+    static_assert((std::is_same_v<In, T> || (bf16_allowed && std::is_same_v<In, bfloat16>)) &&
+                      (std::is_same_v<Out, T> || (bf16_allowed && std::is_same_v<Out, bfloat16>)),
+                  "baton::nn::rotary_embedding::apply: rotates T, or baton::bfloat16 in and out of float");
     if (static_cast<std::int64_t>(table.size()) != seq * head_dim_)
       throw nn_error("baton::nn::rotary_embedding: a table of " +
                      std::to_string(table.size() / static_cast<std::size_t>(head_dim_)) +
@@ -109,11 +124,14 @@ class rotary_embedding : public detail::nn::piece<rotary_embedding<T>, T, "baton
         const T* c = table.data() + s * head_dim_;
         const T* sn = c + half;
         for (std::int64_t h = 0; h < heads; ++h) {
-          T* v = x + ((b * seq + s) * heads + h) * head_dim_;
+          const std::int64_t row = ((b * seq + s) * heads + h) * head_dim_;
+          const In* v = in + row;
+          Out* w = out + row;
           for (std::int64_t i = 0; i < half; ++i) {
-            const T lo = v[i], hi = v[i + half], si = sign * sn[i];
-            v[i] = lo * c[i] - hi * si;
-            v[i + half] = hi * c[i] + lo * si;
+            const T lo = detail::nn::widen_value<T>(v[i]), hi = detail::nn::widen_value<T>(v[i + half]);
+            const T si = sign * sn[i];
+            w[i] = static_cast<Out>(lo * c[i] - hi * si);
+            w[i + half] = static_cast<Out>(hi * c[i] + lo * si);
           }
         }
       }
