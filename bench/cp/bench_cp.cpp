@@ -21,9 +21,13 @@
 //   ring2_roof_document = T(one rank alone) / T(each of 2 ranks, both at once)
 // is the efficiency a ring with no overhead and a perfect split would reach on this machine
 // (below 1 where two busy cores slow each other: shared caches, memory bandwidth, clocks);
-// ring2_efficiency_document_vs_roof is the ratio of the two, per pair.
+// ring2_efficiency_document_vs_roof is the ratio of the two, per pair. The balanced sharding
+// also prices each ring step's walk of a query row (balance_options::ring_row_step, 128 by
+// default; --ring-row-step 0 balances the tiles alone): document_balance_ratio_R2 is its
+// tile balance, document_ring_balance_ratio_R2 its balance under that model.
 //
 //   bench_cp [--quick] [--seq S] [--heads H] [--dim D] [--pairs N] [--balance-only] [--documents-only]
+//            [--ring-row-step X]
 //
 // After the timed figures (or alone, with --balance-only) it prints the balance figures of
 // baton/cp/balance.hpp: pure computation, no timing. balance_ratio_* = the most loaded
@@ -95,6 +99,7 @@ static_assert(baton::ring_communicator<counting_comm> && baton::all_to_all_commu
 
 struct problem {
   std::int64_t b = 1, s = 8192, h = 8, hkv = 8, d = 64;
+  double ring_row_step = 128;  // balance_options::ring_row_step of the documents' balanced sharding
   std::vector<T> q, k, v, dout;
 };
 
@@ -207,7 +212,7 @@ struct mask_figures {
 struct document_figures {
   bench::series single_s, balanced_s, zigzag_s, balanced_eff, zigzag_eff, balanced_work, zigzag_work;
   bench::series both_s, roof, balanced_vs_roof;
-  double balance_ratio = 0, zigzag_ratio = 0;
+  double balance_ratio = 0, zigzag_ratio = 0, ring_balance_ratio = 0;
 };
 
 // Causal documents of lengths uniform in [64, S/4] (several per sequence at any size), seed 1.
@@ -224,8 +229,11 @@ void run_pairs(const problem& p, int pairs, bool documents_only, mask_figures& f
   const baton::no_mask no_mask;
   const baton::causal_mask causal_mask;
   const auto document_mask = bench_documents(p);
-  const baton::balanced_sharding_result plan = baton::balanced_sharding(document_mask, p.s, 2, balance_block(p));
+  baton::balance_options for_ring;
+  for_ring.ring_row_step = p.ring_row_step;
+  const baton::balanced_sharding_result plan = baton::balanced_sharding(document_mask, p.s, 2, balance_block(p), for_ring);
   documents.balance_ratio = plan.ratio;
+  documents.ring_balance_ratio = plan.ring_ratio;
   documents.zigzag_ratio = plan.zigzag_ratio;
   std::array<std::array<double, 2>, 2> cpu{};  // [layer][rank] of the last run
   std::array<std::int64_t, 2> sent{};
@@ -411,6 +419,7 @@ int main(int argc, char** argv) {
     else if (a == "--dim") p.d = next();
     else if (a == "--balance-only") balance_only = true;
     else if (a == "--documents-only") documents_only = true;
+    else if (a == "--ring-row-step") p.ring_row_step = std::atof(i + 1 < argc ? argv[++i] : "0");
   }
   if (balance_only) {
     bench::print_build();
@@ -471,6 +480,7 @@ int main(int argc, char** argv) {
   // (blocks of S/64) against ring over zigzag, each against the same one-rank baseline.
   bench::print_value("document_balance_ratio_R2", documents.balance_ratio, "%.4f");
   bench::print_value("document_balance_ratio_R2_zigzag", documents.zigzag_ratio, "%.4f");
+  bench::print_value("document_ring_balance_ratio_R2", documents.ring_balance_ratio, "%.4f");
   bench::print("single_document_seconds", documents.single_s);
   bench::print("ring2_document_seconds", documents.balanced_s);
   bench::print("ring2_document_zigzag_seconds", documents.zigzag_s);

@@ -133,6 +133,19 @@ TEST_CASE("balanced shardings: ring and hybrid over balanced_sharding equal the 
   check(window, window, "sliding window {7, 0}");
   check(documents, documents, "documents (causal)");
   check(prefix, prefix, "prefix-LM 20");
+  // Balanced for the ring's walks of each row too (balance_options::ring_row_step): another
+  // sharding of the same positions, the same attention.
+  for (std::int64_t block : {4, 5}) {
+    baton::balance_options for_ring;
+    for_ring.ring_row_step = 8;
+    const problem<double> p = make_problem<double>(d, documents, 29);
+    const baton::balanced_sharding_result plan = baton::balanced_sharding(documents, n, 3, block, for_ring);
+    for (const config& c : {config{mode::ring, shard_layout::custom, 3, 1}, config{mode::hybrid, shard_layout::custom, 3, 2}}) {
+      INFO(c.text() << ", documents, ring_row_step 8, block " << block << ", ring ratio " << plan.ring_ratio);
+      const errors e = compare(run_cp_sharded<double>(c, plan.sharding(c.inner_degree), p, documents), p.reference);
+      REQUIRE(e.max() <= tolerance<double>());
+    }
+  }
   // A two-mask model (sliding-window layers and global causal layers) balanced by the sum of
   // both costs: one sharding, each layer's attention under its own mask.
   const std::vector<baton::attention_cost> model{{window, 3}, {baton::causal_mask{}, 1}};

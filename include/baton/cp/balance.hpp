@@ -10,11 +10,13 @@
 //
 // The pieces: the cost model (balance/cost.hpp: block_costs, sharding_costs, attention_cost),
 // the layouts compared with (balance/layouts.hpp: zigzag_positions, contiguous_positions,
-// per_document_zigzag_positions), and the search (detail/balance_search.hpp).
+// per_document_zigzag_positions), the search (detail/balance_search.hpp), and the pass that
+// also balances the ring's walks of each row (detail/balance_ring.hpp, ring_row_step).
 #pragma once
 
 #include <baton/cp/balance/cost.hpp>
 #include <baton/cp/balance/layouts.hpp>
+#include <baton/cp/detail/balance_ring.hpp>
 #include <baton/cp/detail/balance_search.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/sharding.hpp>
@@ -41,6 +43,19 @@ struct balance_options {
   /// consecutive blocks on one rank: every rank's cost stays the same, and fewer, longer runs
   /// mean fewer copies when shards are gathered and longer tiles for the kernels.
   bool contiguous_ties = true;
+  /// What one query row costs each ring step that computes it, in units of one allowed
+  /// (query, key) pair of a full tile (`weights.full`); 0 (the default) balances the tiles
+  /// alone. A ring (or hybrid) walks a query block once in every step whose K/V block holds
+  /// keys it needs, and that walk costs the same whatever its tiles hold: the call's row
+  /// panels, the packing of the keys they meet, the merge of its result. With a value > 0 a
+  /// last pass swaps blocks between ranks while that lowers the most loaded rank's
+  /// `ring_cost_per_rank`; it may trade tile balance for it, so `ratio` (the tiles alone) may
+  /// then exceed `guaranteed_ratio`, which bounds the assignment before that pass. 128 suits
+  /// the CPU flash backend (bench_cp, packed documents on 2 ranks: the ring's time about 5 %
+  /// lower than with 0; docs/context-parallel.md). With several masks a block's walks are
+  /// those of the union of their needs, times the summed layer count. Needs the masks:
+  /// refused by balanced_sharding_from_costs.
+  double ring_row_step = 0.0;
 };
 
 /// What balanced_sharding returns. `positions[r]` holds rank r's global token positions in
@@ -56,7 +71,7 @@ struct balanced_sharding_result {
   std::vector<double> cost_per_rank;
   double total_cost = 0;
   /// max(cost_per_rank) / (total_cost / ranks); 1 is a perfect split (and the value when the
-  /// mask allows nothing at all).
+  /// mask allows nothing at all). Tiles only: see ring_ratio for balance_options::ring_row_step.
   double ratio = 1;
   /// What the guarantee promises for this instance: ratio <= guaranteed_ratio
   /// = 1 + (1 - 1/R) * spread / (total_cost / R), where spread is computed from the sorted
@@ -67,6 +82,13 @@ struct balanced_sharding_result {
   /// tile model. From a bare cost vector (no mask) their chunk edges are rounded to blocks.
   double zigzag_ratio = 1;
   double contiguous_ratio = 1;
+  /// Per rank: cost_per_rank plus, for each of its blocks, ring_row_step x its rows (in
+  /// block x block units, times the masks' summed layer count) x the number of ranks holding
+  /// keys it needs — the ring steps that walk it. Equal to cost_per_rank when ring_row_step
+  /// is 0.
+  std::vector<double> ring_cost_per_rank;
+  /// max(ring_cost_per_rank) / their mean.
+  double ring_ratio = 1;
 
   /// The sharding the CP attention classes take: group g holds positions[g], split over
   /// `inner_degree` Ulysses ranks in hybrid attention.
@@ -104,6 +126,70 @@ namespace detail::cp::balance {
   return out;
 }
 
+// Which query blocks need each key block (a tile under some mask with layers > 0 that is not
+// classified empty), and what one ring step's walk of each block costs in block x block
+// units: ring_row_step x its rows / block^2.
+[[nodiscard]] inline block_needs needs_of(std::span<const attention_cost> masks, std::int64_t seq_len,
+                                          std::int64_t block) {
+  const std::int64_t n = block_count(seq_len, block);
+  const positions all(0, seq_len);
+  std::vector<position_block> tiles;
+  for (std::int64_t b = 0; b < n; ++b) tiles.emplace_back(all, b * block, std::min(block, seq_len - b * block));
+  block_needs needs;
+  needs.needers.resize(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k)
+    for (std::int64_t q = 0; q < n; ++q)
+      for (const attention_cost& m : masks)
+        if (m.layers() > 0.0 &&
+            m.classify(tiles[static_cast<std::size_t>(q)], tiles[static_cast<std::size_t>(k)]) != block_kind::empty) {
+          needs.needers[static_cast<std::size_t>(k)].push_back(q);
+          break;
+        }
+  return needs;
+}
+
+[[nodiscard]] inline std::vector<double> step_costs_of(std::int64_t seq_len, std::int64_t block, double ring_row_step) {
+  std::vector<double> out(static_cast<std::size_t>(block_count(seq_len, block)));
+  const double whole = static_cast<double>(block) * static_cast<double>(block);
+  for (std::size_t b = 0; b < out.size(); ++b) {
+    const std::int64_t rows = std::min(block, seq_len - static_cast<std::int64_t>(b) * block);
+    out[b] = ring_row_step * static_cast<double>(rows) / whole;
+  }
+  return out;
+}
+
+[[nodiscard]] inline std::vector<int> owners_of(const std::vector<std::vector<std::int64_t>>& blocks, std::int64_t n) {
+  std::vector<int> owner(static_cast<std::size_t>(n), 0);
+  for (std::size_t r = 0; r < blocks.size(); ++r)
+    for (const std::int64_t b : blocks[r]) owner[static_cast<std::size_t>(b)] = static_cast<int>(r);
+  return owner;
+}
+
+// The ring refinement (balance_options::ring_row_step > 0) and the ring costs of the result.
+inline void account_for_ring(balanced_sharding_result& out, std::span<const attention_cost> masks,
+                             std::span<const double> costs, int ranks, double ring_row_step) {
+  const std::int64_t n = static_cast<std::int64_t>(costs.size());
+  if (ring_row_step <= 0.0 || ranks == 1) {
+    out.ring_cost_per_rank = out.cost_per_rank;
+    out.ring_ratio = out.ratio;
+    return;
+  }
+  const block_needs needs = needs_of(masks, out.seq_len, out.block);
+  const std::vector<double> steps = step_costs_of(out.seq_len, out.block, ring_row_step);
+  const std::vector<int> owner = refine_for_ring(costs, steps, needs, owners_of(out.blocks, n), ranks);
+  for (auto& mine : out.blocks) mine.clear();
+  for (auto& mine : out.positions) mine.clear();
+  for (std::int64_t b = 0; b < n; ++b) {
+    const auto r = static_cast<std::size_t>(owner[static_cast<std::size_t>(b)]);
+    out.blocks[r].push_back(b);
+    append_range(out.positions[r], b * out.block, std::min(out.seq_len, (b + 1) * out.block));
+  }
+  out.cost_per_rank = costs_of_blocks(out.positions, costs, out.block);
+  out.ratio = ratio_of(out.cost_per_rank);
+  out.ring_cost_per_rank = ring_loads(costs, steps, needs, owner, ranks);
+  out.ring_ratio = ratio_of(out.ring_cost_per_rank);
+}
+
 }  // namespace detail::cp::balance
 
 /// Balances given block costs (costs[i] for block i; any sum of masks or a measured profile):
@@ -124,7 +210,12 @@ namespace detail::cp::balance {
     if (!(costs[i] >= 0.0) || !std::isfinite(costs[i]))
       throw cp_error("baton::balanced_sharding_from_costs: the cost of block " + std::to_string(i) + " is " +
                      std::to_string(costs[i]) + "; costs must be finite and >= 0");
+  if (options.ring_row_step != 0.0)
+    throw cp_error("baton::balanced_sharding_from_costs: ring_row_step needs to know which blocks need which keys, "
+                   "which bare costs do not say; pass the masks to baton::balanced_sharding, or set ring_row_step to 0");
   auto out = detail::cp::balance::balance_from_costs(costs, seq_len, ranks, block, options.improve, options.contiguous_ties);
+  out.ring_cost_per_rank = out.cost_per_rank;
+  out.ring_ratio = out.ratio;
   out.zigzag_ratio = detail::cp::balance::ratio_of(detail::cp::balance::costs_of_blocks(detail::cp::balance::zigzag_cut(seq_len, ranks, block), costs, block));
   out.contiguous_ratio =
       detail::cp::balance::ratio_of(detail::cp::balance::costs_of_blocks(detail::cp::balance::contiguous_cut(seq_len, ranks, block), costs, block));
@@ -138,8 +229,14 @@ namespace detail::cp::balance {
                                                                 std::int64_t seq_len, int ranks, std::int64_t block,
                                                                 const balance_options& options = {}) {
   detail::cp::balance::check_balance_args("baton::balanced_sharding", seq_len, ranks, block);
+  if (!(options.ring_row_step >= 0.0) || !std::isfinite(options.ring_row_step))
+    throw cp_error("baton::balanced_sharding: ring_row_step " + std::to_string(options.ring_row_step) +
+                   " must be finite and >= 0 (the cost of one query row per ring step, in allowed pairs; 0 ignores it)");
   const auto costs = block_costs(masks, seq_len, block, options.weights);
   auto out = detail::cp::balance::balance_from_costs(costs, seq_len, ranks, block, options.improve, options.contiguous_ties);
+  double layers = 0;
+  for (const attention_cost& m : masks) layers += m.layers();
+  detail::cp::balance::account_for_ring(out, masks, costs, ranks, options.ring_row_step * options.weights.full * layers);
   std::vector<double> zigzag, contiguous;
   for (const auto& mine : detail::cp::balance::zigzag_cut(seq_len, ranks, 1))
     zigzag.push_back(detail::cp::balance::masks_positions_cost(masks, mine, seq_len, block, options.weights));
