@@ -21,7 +21,6 @@ namespace baton::detail::cp::balance {
 // mask with layers > 0 does not classify empty).
 struct block_needs {
   std::vector<std::vector<std::int64_t>> needers;
-  [[nodiscard]] std::size_t blocks() const noexcept { return needers.size(); }
 };
 
 // The ring cost model over an assignment (owner of every block), kept up to date as blocks
