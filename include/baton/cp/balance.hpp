@@ -97,6 +97,16 @@ struct balanced_sharding_result {
 
 namespace detail::cp::balance {
 
+// out.positions from out.blocks (each rank's blocks sorted first).
+inline void positions_from_blocks(balanced_sharding_result& out) {
+  out.positions.assign(out.blocks.size(), {});
+  for (std::size_t r = 0; r < out.blocks.size(); ++r) {
+    std::sort(out.blocks[r].begin(), out.blocks[r].end());
+    for (const std::int64_t b : out.blocks[r])
+      append_range(out.positions[r], b * out.block, std::min(out.seq_len, (b + 1) * out.block));
+  }
+}
+
 [[nodiscard]] inline balanced_sharding_result balance_from_costs(std::span<const double> costs, std::int64_t seq_len,
                                                                  int ranks, std::int64_t block, bool improve_pass,
                                                                  bool contiguous_ties) {
@@ -110,11 +120,7 @@ namespace detail::cp::balance {
   if (max_load(other) < max_load(best)) best = std::move(other);
   if (contiguous_ties) join_equal_cost_runs(best, costs);
   out.blocks = std::move(best.blocks);
-  out.positions.resize(out.blocks.size());
-  for (std::size_t r = 0; r < out.blocks.size(); ++r) {
-    std::sort(out.blocks[r].begin(), out.blocks[r].end());
-    for (const std::int64_t b : out.blocks[r]) append_range(out.positions[r], b * block, std::min(seq_len, (b + 1) * block));
-  }
+  positions_from_blocks(out);
   // Summed afresh in ascending block order: the reported costs do not depend on the order of
   // the incremental updates above.
   out.cost_per_rank = costs_of_blocks(out.positions, costs, block);
@@ -158,13 +164,6 @@ namespace detail::cp::balance {
   return out;
 }
 
-[[nodiscard]] inline std::vector<int> owners_of(const std::vector<std::vector<std::int64_t>>& blocks, std::int64_t n) {
-  std::vector<int> owner(static_cast<std::size_t>(n), 0);
-  for (std::size_t r = 0; r < blocks.size(); ++r)
-    for (const std::int64_t b : blocks[r]) owner[static_cast<std::size_t>(b)] = static_cast<int>(r);
-  return owner;
-}
-
 // The ring refinement (balance_options::ring_row_step > 0) and the ring costs of the result.
 inline void account_for_ring(balanced_sharding_result& out, std::span<const attention_cost> masks,
                              std::span<const double> costs, int ranks, double ring_row_step) {
@@ -177,13 +176,8 @@ inline void account_for_ring(balanced_sharding_result& out, std::span<const atte
   const block_needs needs = needs_of(masks, out.seq_len, out.block);
   const std::vector<double> steps = step_costs_of(out.seq_len, out.block, ring_row_step);
   const std::vector<int> owner = refine_for_ring(costs, steps, needs, owners_of(out.blocks, n), ranks);
-  for (auto& mine : out.blocks) mine.clear();
-  for (auto& mine : out.positions) mine.clear();
-  for (std::int64_t b = 0; b < n; ++b) {
-    const auto r = static_cast<std::size_t>(owner[static_cast<std::size_t>(b)]);
-    out.blocks[r].push_back(b);
-    append_range(out.positions[r], b * out.block, std::min(out.seq_len, (b + 1) * out.block));
-  }
+  blocks_from_owners(owner, out.blocks);
+  positions_from_blocks(out);
   out.cost_per_rank = costs_of_blocks(out.positions, costs, out.block);
   out.ratio = ratio_of(out.cost_per_rank);
   out.ring_cost_per_rank = ring_loads(costs, steps, needs, owner, ranks);

@@ -45,6 +45,22 @@ struct assignment {
   std::vector<double> load;
 };
 
+// Which rank holds each of n blocks, from the blocks each rank holds.
+[[nodiscard]] inline std::vector<int> owners_of(const std::vector<std::vector<std::int64_t>>& blocks, std::int64_t n) {
+  std::vector<int> owner(static_cast<std::size_t>(n), 0);
+  for (std::size_t r = 0; r < blocks.size(); ++r)
+    for (const std::int64_t b : blocks[r]) owner[static_cast<std::size_t>(b)] = static_cast<int>(r);
+  return owner;
+}
+
+// The blocks each rank holds, ascending, from the owner of every block (into `blocks`, whose
+// size is the rank count).
+inline void blocks_from_owners(const std::vector<int>& owner, std::vector<std::vector<std::int64_t>>& blocks) {
+  for (auto& mine : blocks) mine.clear();
+  for (std::size_t b = 0; b < owner.size(); ++b)
+    blocks[static_cast<std::size_t>(owner[b])].push_back(static_cast<std::int64_t>(b));
+}
+
 [[nodiscard]] inline double max_load(const assignment& a) {
   return a.load.empty() ? 0.0 : *std::max_element(a.load.begin(), a.load.end());
 }
@@ -170,9 +186,7 @@ inline void improve(assignment& a, std::span<const double> costs) {
 // work at all, so every rank's load, the ratio and the bound are untouched.
 inline void join_equal_cost_runs(assignment& a, std::span<const double> costs) {
   const auto n = static_cast<std::int64_t>(costs.size());
-  std::vector<int> owner(static_cast<std::size_t>(n), 0);
-  for (std::size_t r = 0; r < a.blocks.size(); ++r)
-    for (const std::int64_t b : a.blocks[r]) owner[static_cast<std::size_t>(b)] = static_cast<int>(r);
+  std::vector<int> owner = owners_of(a.blocks, n);
   const auto at = [&](std::int64_t b) { return owner[static_cast<std::size_t>(b)]; };
   // Run starts among blocks b and b+1 (the only ones a change of b's owner can affect).
   const auto starts_near = [&](std::int64_t b) {
@@ -201,8 +215,7 @@ inline void join_equal_cost_runs(assignment& a, std::span<const double> costs) {
         }
       }
   }
-  for (auto& mine : a.blocks) mine.clear();
-  for (std::int64_t b = 0; b < n; ++b) a.blocks[static_cast<std::size_t>(at(b))].push_back(b);
+  blocks_from_owners(owner, a.blocks);
 }
 
 
