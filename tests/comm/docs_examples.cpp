@@ -57,7 +57,7 @@ TEST_CASE("docs: point to point between pipeline stages", "[comm][docs]") {
     if (comm.rank() == 0) {
       auto s0 = baton::isend(comm, std::span<const double>(act0), /*dest=*/1, /*tag=*/0);
       auto s1 = baton::isend(comm, std::span<const double>(act1), /*dest=*/1, /*tag=*/1);
-      s0.wait();  // act0 may be reused only now: the receiver copies straight from it
+      s0.wait();  // act0 may be reused only now: it is copied straight from it
       s1.wait();
     } else {
       auto r1 = baton::irecv(comm, std::span(in1), /*source=*/0, /*tag=*/1);

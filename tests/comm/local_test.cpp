@@ -9,6 +9,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <numeric>
 #include <span>
 #include <thread>
 #include <vector>
@@ -243,6 +244,99 @@ TEST_CASE("local world: a send is never copied before the receive (one copy)", "
       baton::irecv(c, std::span(buffer), 0, 0).wait();
       comm_suite::check(buffer.front() == 2 && buffer.back() == 2, "received the buffer as it was at receive time",
                         __LINE__, c.rank());
+    }
+  }, quick));
+}
+
+TEST_CASE("local world: a large message paired while its receiver computes is copied by the first end to wait",
+          "[comm][local]") {
+  // In a ring shift every rank posts, computes, then waits; a copy made by the second poster
+  // would put both directions on one rank (local_world.hpp). Here rank 1 pairs the message
+  // while rank 0 is busy (in its own code, in no wait) and goes on; the receive buffer is
+  // untouched until an end waits, and the sender's wait alone completes it.
+  const std::size_t count = baton::detail::comm::local::deferred_copy_bytes / sizeof(std::int32_t) + 5;
+  std::atomic<int> stage{0};
+  REQUIRE_NOTHROW(run_local(2, [count, &stage](local_communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::int32_t> in(count, -1);
+      auto recv = baton::irecv(c, std::span(in), 1, 7);
+      stage.store(1);
+      while (stage.load() != 2) std::this_thread::yield();  // busy: rank 1 pairs meanwhile
+      comm_suite::check(in.front() == -1 && in.back() == -1, "pairing did not copy", __LINE__, c.rank());
+      c.barrier();  // rank 1 waits on its send after this
+      c.barrier();
+      comm_suite::check(recv.test(), "the sender's wait completed the receive too", __LINE__, c.rank());
+      comm_suite::check(in.front() == 0 && in.back() == static_cast<std::int32_t>(count - 1), "delivered", __LINE__,
+                        c.rank());
+    } else {
+      std::vector<std::int32_t> out(count);
+      std::iota(out.begin(), out.end(), 0);
+      while (stage.load() != 1) std::this_thread::yield();
+      auto send = baton::isend(c, std::span<const std::int32_t>(out), 0, 7);
+      stage.store(2);
+      c.barrier();
+      send.wait();
+      c.barrier();
+    }
+  }, quick));
+}
+
+TEST_CASE("local world: dropping a request whose large message is paired delivers it", "[comm][local]") {
+  const std::size_t count = baton::detail::comm::local::deferred_copy_bytes / sizeof(std::int32_t) * 2;
+  const bool drop_send = GENERATE(true, false);
+  CAPTURE(drop_send);
+  REQUIRE_NOTHROW(run_local(2, [count, drop_send](local_communicator& c) {
+    std::vector<std::int32_t> buffer(count, c.rank() == 1 ? 9 : 0);
+    if (c.rank() == 0) {
+      auto recv = baton::irecv(c, std::span(buffer), 1, 3);
+      c.barrier();  // both ends posted: paired, not copied
+      if (drop_send) {
+        c.barrier();  // rank 1 dropped its send
+        recv.wait();
+      } else {
+        { auto dropped = std::move(recv); }  // the receive's end goes away without waiting
+      }
+      comm_suite::check(buffer.front() == 9 && buffer.back() == 9, "the paired message arrived", __LINE__, c.rank());
+      if (!drop_send) c.barrier();
+    } else {
+      auto send = baton::isend(c, std::span<const std::int32_t>(buffer), 0, 3);
+      c.barrier();
+      if (drop_send) {
+        { auto dropped = std::move(send); }
+        std::fill(buffer.begin(), buffer.end(), 4);  // the drop delivered it: the buffer is free
+        c.barrier();
+      } else {
+        c.barrier();  // rank 0 dropped its receive
+        send.wait();
+      }
+    }
+  }, quick));
+}
+
+TEST_CASE("local world: a large message that does not fit its receive buffer fails at the receiver only",
+          "[comm][local]") {
+  const std::size_t count = baton::detail::comm::local::deferred_copy_bytes / sizeof(std::int32_t) + 1;
+  const bool receiver_waits_first = GENERATE(true, false);
+  CAPTURE(receiver_waits_first);
+  REQUIRE_NOTHROW(run_local(2, [count, receiver_waits_first](local_communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::int32_t> out(count, 1);
+      auto send = baton::isend(c, std::span<const std::int32_t>(out), 1, 2);
+      if (!receiver_waits_first) send.wait();  // this end meets the mismatch; no throw here
+      c.barrier();
+      send.wait();
+    } else {
+      std::vector<std::int32_t> in(count - 1, 0);
+      auto recv = baton::irecv(c, std::span(in), 0, 2);
+      if (receiver_waits_first) {
+        const std::string what = SUITE_EXPECT_ERROR(c, recv.wait());
+        SUITE_CHECK_HAS(c, what, "receive buffer holds " + std::to_string((count - 1) * sizeof(std::int32_t)));
+      }
+      c.barrier();
+      if (!receiver_waits_first) {
+        const std::string what = SUITE_EXPECT_ERROR(c, recv.wait());
+        SUITE_CHECK_HAS(c, what, "the message has " + std::to_string(count * sizeof(std::int32_t)) + " bytes");
+      }
     }
   }, quick));
 }

@@ -10,7 +10,7 @@
 //
 // Used by the tests, the demo and single-machine runs. It models every capability concept
 // (point-to-point, all collectives, split, ring shift). Messages are copied once, straight
-// from the sender's buffer into the receiver's. Floating-point reductions are computed in
+// from the sender's buffer into the receiver's (a large one by whichever end waits first). Floating-point reductions are computed in
 // a fixed rank order, each element by one rank, so every rank gets bitwise the same result.
 // Nothing hangs: every wait ends within local_options::timeout, and when one rank throws,
 // every other rank's pending and later operations end with comm_error at once and
@@ -74,7 +74,8 @@ struct access {
 }  // namespace detail::comm::local
 
 /// A pending isend, irecv or shift of the local world. Move-only. Destroying it before it
-/// completes cancels the parts not yet matched (a withdrawn send is never delivered).
+/// completes cancels the parts not yet matched (a withdrawn send is never delivered) and
+/// delivers the parts already matched (their partner counts on them).
 class local_request {
  public:
   local_request() = default;
@@ -102,7 +103,11 @@ class local_request {
     const auto deadline = detail::comm::deadline_after(timeout_);
     for (auto& op : ops_) {
       if (!op) continue;
-      while (op->state == op_state::posted || op->state == op_state::copying) {
+      while (op->state == op_state::posted || op->state == op_state::matched || op->state == op_state::copying) {
+        if (op->state == op_state::matched) {  // paired, nobody copying yet: this end copies
+          group_->deliver(*op, lock);
+          continue;
+        }
         if (op->state == op_state::copying) {  // a memcpy in progress: bounded, no timeout
           w.sleep(group_->world_rank_of(op->owner), lock, detail::comm::local::clock::time_point::max());
           continue;
@@ -128,7 +133,11 @@ class local_request {
     if (empty()) return true;
     std::unique_lock lock(group_->the_world->mutex);
     for (auto& op : ops_) {
-      if (!op || op->state == op_state::done || op->state == op_state::failed) continue;
+      if (!op) continue;
+      // Paired but not copied: copy now (bounded work, not a wait on the peer). Were test()
+      // to leave it, two ranks that only poll would never finish.
+      if (op->state == op_state::matched) group_->deliver(*op, lock);
+      if (op->state == op_state::done || op->state == op_state::failed) continue;
       if (op->state == op_state::posted) {
         std::string why = group_->hopeless(*op, detail::comm::local::clock::time_point::max(), timeout_);
         if (!why.empty()) {
@@ -200,7 +209,7 @@ class local_communicator {
   // ---- point to point ---------------------------------------------------------------
 
   /// Starts sending `data` to `dest` with `tag`. The buffer must stay unchanged until the
-  /// request completes: the receiver copies straight from it.
+  /// request completes: the message is copied straight from it.
   [[nodiscard]] local_request isend(std::span<const std::byte> data, int dest, int tag) {
     detail::comm::check_peer_and_tag([this] { return rank_text(); }, size(), "isend", dest, tag, data.size());
     local_request r = make_request();
