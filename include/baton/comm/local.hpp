@@ -10,8 +10,9 @@
 //
 // Used by the tests, the demo and single-machine runs. It models every capability concept
 // (point-to-point, all collectives, split, ring shift). Messages are copied once, straight
-// from the sender's buffer into the receiver's (a large one by whichever end waits first). Floating-point reductions are computed in
-// a fixed rank order, each element by one rank, so every rank gets bitwise the same result.
+// from the sender's buffer into the receiver's (a large one, paired while its partner
+// computes, by whichever end waits first). Floating-point reductions are computed in a fixed
+// rank order, each element by one rank, so every rank gets bitwise the same result.
 // Nothing hangs: every wait ends within local_options::timeout, and when one rank throws,
 // every other rank's pending and later operations end with comm_error at once and
 // run_local rethrows the first (root-cause) error.
