@@ -248,6 +248,20 @@ TEST_CASE("local world: a send is never copied before the receive (one copy)", "
   }, quick));
 }
 
+namespace {
+/// Spins (in the caller's own code, in no wait of the world: a busy rank) until `stage` reaches
+/// `at`. Gives up after 10 s (the other rank failed before it got there) instead of spinning
+/// forever.
+void busy_until(const std::atomic<int>& stage, int at) {
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (stage.load() < at) {
+    if (std::chrono::steady_clock::now() > give_up)
+      throw std::runtime_error("the other rank never reached stage " + std::to_string(at) + " (at " + std::to_string(stage.load()) + ")");
+    std::this_thread::yield();
+  }
+}
+}  // namespace
+
 TEST_CASE("local world: a large message paired while its receiver computes is copied by the first end to wait",
           "[comm][local]") {
   // In a ring shift every rank posts, computes, then waits; a copy made by the second poster
@@ -261,7 +275,7 @@ TEST_CASE("local world: a large message paired while its receiver computes is co
       std::vector<std::int32_t> in(count, -1);
       auto recv = baton::irecv(c, std::span(in), 1, 7);
       stage.store(1);
-      while (stage.load() != 2) std::this_thread::yield();  // busy: rank 1 pairs meanwhile
+      busy_until(stage, 2);  // rank 1 pairs the message meanwhile
       comm_suite::check(in.front() == -1 && in.back() == -1, "pairing did not copy", __LINE__, c.rank());
       c.barrier();  // rank 1 waits on its send after this
       c.barrier();
@@ -271,7 +285,7 @@ TEST_CASE("local world: a large message paired while its receiver computes is co
     } else {
       std::vector<std::int32_t> out(count);
       std::iota(out.begin(), out.end(), 0);
-      while (stage.load() != 1) std::this_thread::yield();
+      busy_until(stage, 1);
       auto send = baton::isend(c, std::span<const std::int32_t>(out), 0, 7);
       stage.store(2);
       c.barrier();
@@ -285,29 +299,35 @@ TEST_CASE("local world: dropping a request whose large message is paired deliver
   const std::size_t count = baton::detail::comm::local::deferred_copy_bytes / sizeof(std::int32_t) * 2;
   const bool drop_send = GENERATE(true, false);
   CAPTURE(drop_send);
-  REQUIRE_NOTHROW(run_local(2, [count, drop_send](local_communicator& c) {
+  std::atomic<int> stage{0};
+  REQUIRE_NOTHROW(run_local(2, [count, drop_send, &stage](local_communicator& c) {
     std::vector<std::int32_t> buffer(count, c.rank() == 1 ? 9 : 0);
     if (c.rank() == 0) {
       auto recv = baton::irecv(c, std::span(buffer), 1, 3);
-      c.barrier();  // both ends posted: paired, not copied
+      stage.store(1);
+      busy_until(stage, 2);  // rank 1 pairs the message meanwhile
+      comm_suite::check(buffer.front() == 0 && buffer.back() == 0, "paired, not copied", __LINE__, c.rank());
+      stage.store(3);
       if (drop_send) {
-        c.barrier();  // rank 1 dropped its send
+        busy_until(stage, 4);  // rank 1 dropped its send
         recv.wait();
       } else {
         { auto dropped = std::move(recv); }  // the receive's end goes away without waiting
       }
       comm_suite::check(buffer.front() == 9 && buffer.back() == 9, "the paired message arrived", __LINE__, c.rank());
-      if (!drop_send) c.barrier();
+      if (!drop_send) stage.store(4);
     } else {
+      busy_until(stage, 1);
       auto send = baton::isend(c, std::span<const std::int32_t>(buffer), 0, 3);
-      c.barrier();
+      stage.store(2);
+      busy_until(stage, 3);
       if (drop_send) {
         { auto dropped = std::move(send); }
         std::fill(buffer.begin(), buffer.end(), 4);  // the drop delivered it: the buffer is free
-        c.barrier();
+        stage.store(4);
       } else {
-        c.barrier();  // rank 0 dropped its receive
-        send.wait();
+        busy_until(stage, 4);  // rank 0 dropped its receive
+        comm_suite::check(send.test(), "the receiver's drop completed the send", __LINE__, c.rank());
       }
     }
   }, quick));
@@ -318,22 +338,31 @@ TEST_CASE("local world: a large message that does not fit its receive buffer fai
   const std::size_t count = baton::detail::comm::local::deferred_copy_bytes / sizeof(std::int32_t) + 1;
   const bool receiver_waits_first = GENERATE(true, false);
   CAPTURE(receiver_waits_first);
-  REQUIRE_NOTHROW(run_local(2, [count, receiver_waits_first](local_communicator& c) {
+  std::atomic<int> stage{0};
+  REQUIRE_NOTHROW(run_local(2, [count, receiver_waits_first, &stage](local_communicator& c) {
     if (c.rank() == 0) {
       std::vector<std::int32_t> out(count, 1);
       auto send = baton::isend(c, std::span<const std::int32_t>(out), 1, 2);
-      if (!receiver_waits_first) send.wait();  // this end meets the mismatch; no throw here
-      c.barrier();
+      stage.store(1);
+      busy_until(stage, 2);  // rank 1 pairs the message meanwhile: left for the first waiter
+      if (receiver_waits_first) {
+        busy_until(stage, 3);
+      } else {
+        send.wait();  // this end meets the mismatch; no throw here
+        stage.store(3);
+      }
       send.wait();
     } else {
       std::vector<std::int32_t> in(count - 1, 0);
+      busy_until(stage, 1);
       auto recv = baton::irecv(c, std::span(in), 0, 2);
+      stage.store(2);
       if (receiver_waits_first) {
         const std::string what = SUITE_EXPECT_ERROR(c, recv.wait());
         SUITE_CHECK_HAS(c, what, "receive buffer holds " + std::to_string((count - 1) * sizeof(std::int32_t)));
-      }
-      c.barrier();
-      if (!receiver_waits_first) {
+        stage.store(3);
+      } else {
+        busy_until(stage, 3);
         const std::string what = SUITE_EXPECT_ERROR(c, recv.wait());
         SUITE_CHECK_HAS(c, what, "the message has " + std::to_string(count * sizeof(std::int32_t)) + " bytes");
       }
