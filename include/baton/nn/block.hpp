@@ -277,20 +277,23 @@ class transformer_block
   // whatever the compiler fuses), so they compute the same bits.
   BATON_NEVER_INLINE tensor run_forward(const tensor& x, const side& info, saved& st, recompute_policy keep,
                                         bool with_output, bool pack) {
-    // bf16 storage: each norm rounds x̂ (and, where it is kept, its output: the attention's or
-    // the MLP's input) to bf16 in its row loop; the float output is dropped once read.
-    tensor h = attention_.forward(forward_norm(attention_norm_, x, st.attention_norm, keep, pack, attention_norm_slot,
-                                               attention_slot, st.packed),
+    // bf16 storage: each norm rounds x̂ to bf16 in its row loop (x̂ is never kept in float);
+    // its output, where it is kept (the attention's or the MLP's input), is rounded once the
+    // attention or the MLP has run: rounded in the row loop, its bf16 copy would be alive beside
+    // the float one through the attention's forward, a d-wide tensor more at a recomputation's
+    // largest moment (the same bits either way).
+    tensor h = attention_.forward(forward_norm(attention_norm_, x, st.attention_norm, pack, attention_norm_slot,
+                                               st.packed),
                                   info, st.attention);
-    // The attention's input is the norm's output: selective recomputes it from x̂ and 1/rms;
-    // with `pack` its bf16 copy is kept.
-    if (keep != recompute_policy::none || pack) st.attention.x = tensor();
+    // The attention's input is the norm's output: selective recomputes it from x̂ and 1/rms.
+    if (pack && keep == recompute_policy::none) st.packed.pack(attention_slot, st.attention.x);
+    if (keep != recompute_policy::none) st.attention.x = tensor();
     if (keep == recompute_policy::full) {
       st.attention_norm = {};
       st.attention = {};
     }
     detail::nn::add_into(h, x);
-    tensor normed = forward_norm(mlp_norm_, h, st.mlp_norm, keep, pack, mlp_norm_slot, mlp_slot, st.packed);
+    tensor normed = forward_norm(mlp_norm_, h, st.mlp_norm, pack, mlp_norm_slot, st.packed);
     // bf16 storage: the MLP writes gate, up and (when kept) the product in bf16 as it computes
     // the product; the float product is dropped once the down projection has read it.
     if (!with_output) {
@@ -306,20 +309,16 @@ class transformer_block
       st.mlp_norm = {};
       st.mlp = {};
     }
-    if (pack) st.mlp.x = tensor();
+    if (pack) st.packed.pack(mlp_slot, st.mlp.x);
     detail::nn::add_into(y, h);
     return y;
   }
 
-  // A norm's forward; with `pack`, x̂ to bf16 in `x_hat_slot` and, under `none`, the output
-  // too in `output_slot` (rounded in the norm's row loop).
-  static tensor forward_norm(const rms_norm<T>& norm, const tensor& x, typename rms_norm<T>::saved& st,
-                             recompute_policy keep, bool pack, slot x_hat_slot, slot output_slot,
-                             detail::nn::bf16_pack<T, 8>& packed) {
+  // A norm's forward; with `pack`, x̂ to bf16 in `x_hat_slot` (rounded in the norm's row loop).
+  static tensor forward_norm(const rms_norm<T>& norm, const tensor& x, typename rms_norm<T>::saved& st, bool pack,
+                             slot x_hat_slot, detail::nn::bf16_pack<T, 8>& packed) {
     if constexpr (takes_bf16) {
-      if (pack)
-        return norm.forward(
-            x, st, {&packed.held[x_hat_slot], keep == recompute_policy::none ? &packed.held[output_slot] : nullptr});
+      if (pack) return norm.forward(x, st, {&packed.held[x_hat_slot], nullptr});
     }
     return norm.forward(x, st);
   }
@@ -336,7 +335,7 @@ class transformer_block
         else
           mlp_.forward_state(std::move(normed), st.mlp, copies);
         if (keep == recompute_policy::none) st.mlp.product = tensor();
-        if (!with_output) st.mlp.x = tensor();  // in bf16 since the norm (forward_norm)
+        if (!with_output) st.packed.pack(mlp_slot, st.mlp.x);
         return y;
       }
     }
