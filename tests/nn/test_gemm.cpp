@@ -1,11 +1,16 @@
 // The model layer's matrix product: the blocked fallback and (when linked) cblas against a
-// naive triple loop, for every transpose combination, alpha/beta and odd sizes.
+// naive triple loop, for every transpose combination, alpha/beta and odd sizes; the bf16
+// product (gemm_bf16, both kernels) against the same loop on the operands rounded to bf16.
 #include <baton/nn/detail/gemm.hpp>
+#include <baton/nn/detail/gemm_bf16.hpp>
+#include <baton/nn/error.hpp>
 
 #include "catch.hpp"
+#include "skip.hpp"
 
 #include "nn_test_util.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -72,4 +77,113 @@ TEST_CASE("nn gemm: the configured implementation equals the definition", "[nn][
   INFO("implementation: " << baton::detail::nn::gemm_implementation());
   check_all<double>(baton::detail::nn::gemm<double>, 1e-13);
   check_all<float>(baton::detail::nn::gemm<float>, 1e-5);
+}
+
+// ---- gemm_bf16 ----
+//
+// Oracle: the definition in double on the operands rounded to bf16 (bfloat16(float), the
+// scalar conversion the model layer checks on every upper half). A bf16 x bf16 product is
+// exact in float (8 + 8 significant bits), so the only error is the float sums: at most k + 1
+// additions into the accumulator (two per VDPBF16PS lane, one per FMA) and alpha, beta, each
+// a relative error of at most 2^-24 of a partial sum bounded by sum |a_p b_p|. Bound per element:
+// (k + 3) 2^-24 (|alpha| sum_p |a_p b_p| + |beta c|). Values are N(0, 1) and not bf16 values, so
+// a kernel that skipped the rounding misses the oracle by ~2^-9 of the sum: far outside.
+namespace {
+
+using baton::bfloat16;
+using baton::detail::nn::bf16_gemm_kernel;
+
+float rounded(float x) { return bfloat16(x).to_float(); }
+
+template <class SA, class SB>
+void check_bf16(bf16_gemm_kernel kernel) {
+  // Sizes around the kernel's tile (14 x 32), its blocks (k 256, m 224, n 2048) and odd k,
+  // with padded leading dimensions; a size with k = 0 (C = beta C).
+  const std::int64_t sizes[][3] = {{1, 1, 1}, {5, 7, 3}, {15, 33, 2}, {29, 45, 33},   {230, 70, 513},
+                                   {3, 2049, 9}, {14, 32, 256}, {4, 4, 0}, {33, 20, 300}};
+  std::uint32_t seed = 7;
+  for (const auto& s : sizes) {
+    const std::int64_t m = s[0], n = s[1], k = s[2];
+    for (op ta : {op::none, op::transpose})
+      for (op tb : {op::none, op::transpose})
+        for (float beta : {0.0f, 1.0f, -0.5f}) {
+          const std::int64_t lda = (ta == op::none ? k : m) + 1, ldb = (tb == op::none ? n : k) + 2, ldc = n + 3;
+          const auto rows_a = ta == op::none ? m : k, rows_b = tb == op::none ? k : n;
+          const auto af = nn_test::random_tensor<float>({rows_a * lda}, seed++);
+          const auto bf = nn_test::random_tensor<float>({rows_b * ldb}, seed++);
+          auto c = nn_test::random_tensor<float>({m * ldc}, seed++);
+          if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();  // beta 0 overwrites, NaN included
+          std::vector<SA> a(static_cast<std::size_t>(af.size()));
+          std::vector<SB> b(static_cast<std::size_t>(bf.size()));
+          std::vector<double> ar, br, absa, absb;
+          for (std::int64_t i = 0; i < af.size(); ++i) {
+            a[static_cast<std::size_t>(i)] = SA(af[i]);
+            ar.push_back(rounded(af[i]));
+            absa.push_back(std::fabs(rounded(af[i])));
+          }
+          for (std::int64_t i = 0; i < bf.size(); ++i) {
+            b[static_cast<std::size_t>(i)] = SB(bf[i]);
+            br.push_back(rounded(bf[i]));
+            absb.push_back(std::fabs(rounded(bf[i])));
+          }
+          const std::vector<double> cv(c.values().begin(), c.values().end());
+          std::vector<double> zero(cv.size(), 0.0), absc(cv.size());
+          for (std::size_t i = 0; i < cv.size(); ++i) absc[i] = std::isnan(cv[i]) ? 0.0 : std::fabs(cv[i]);
+          const auto expected = naive(ta, tb, m, n, k, 0.75, ar, lda, br, ldb, beta, cv, ldc);
+          const auto magnitude = naive(ta, tb, m, n, k, 0.75, absa, lda, absb, ldb, std::fabs(beta), absc, ldc);
+          baton::detail::nn::gemm_bf16(ta, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc,
+                                       kernel);
+          INFO("m " << m << " n " << n << " k " << k << " ta " << (ta == op::transpose) << " tb "
+                    << (tb == op::transpose) << " beta " << beta);
+          double worst = 0;  // error / bound, over C's m x n elements (the padding is not C's)
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              const auto at = static_cast<std::size_t>(i * ldc + j);
+              const double bound = static_cast<double>(k + 3) * 0x1p-24 * magnitude[at] + 1e-30;
+              REQUIRE(std::isfinite(c[static_cast<std::int64_t>(at)]));
+              worst = std::max(worst, std::fabs(c[static_cast<std::int64_t>(at)] - expected[at]) / bound);
+            }
+          REQUIRE(worst <= 1.0);
+        }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("nn gemm_bf16: the widened-sgemm kernel equals the definition on bf16-rounded operands", "[nn][gemm]") {
+  check_bf16<float, float>(bf16_gemm_kernel::widened_sgemm);
+  check_bf16<baton::bfloat16, float>(bf16_gemm_kernel::widened_sgemm);
+  check_bf16<float, baton::bfloat16>(bf16_gemm_kernel::widened_sgemm);
+}
+
+TEST_CASE("nn gemm_bf16: the AVX512_BF16 kernel equals the definition on bf16-rounded operands",
+          "[nn][gemm][can-skip]") {
+  if (!baton::detail::nn::cpu_has_avx512_bf16()) BATON_SKIP("this CPU has no AVX512_BF16 (the widened kernel runs)");
+  check_bf16<float, float>(bf16_gemm_kernel::avx512_bf16);
+  check_bf16<baton::bfloat16, baton::bfloat16>(bf16_gemm_kernel::avx512_bf16);
+  check_bf16<float, baton::bfloat16>(bf16_gemm_kernel::avx512_bf16);
+}
+
+TEST_CASE("nn gemm_bf16: operands are rounded to bf16, sums are not", "[nn][gemm]") {
+  // 1 + 2^-9 rounds to 1 in bf16 (8 significant bits; a tie, to even); a float product would
+  // give 1 + 2^-9. The sum of 512 products of 1 is 512: exact in float, 2^9 past bf16's steps
+  // (a bf16 accumulator would stop at 256).
+  for (bf16_gemm_kernel kernel : {bf16_gemm_kernel::automatic, bf16_gemm_kernel::widened_sgemm}) {
+    const float a = 1.0f + 0x1p-9f, b = 1.0f;
+    float c = 7.0f;
+    baton::detail::nn::gemm_bf16(op::none, op::none, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1, kernel);
+    CHECK(c == 1.0f);
+    const std::vector<float> ones(512, 1.0f + 0x1p-10f);
+    baton::detail::nn::gemm_bf16(op::none, op::transpose, 1, 1, 512, 1.0f, ones.data(), 512, ones.data(), 512, 0.0f,
+                                 &c, 1, kernel);
+    CHECK(c == 512.0f);
+  }
+  INFO("implementation here: " << baton::detail::nn::bf16_gemm_implementation());
+  if (!baton::detail::nn::cpu_has_avx512_bf16()) {
+    const float a = 1.0f;
+    float c = 0.0f;
+    REQUIRE_THROWS_WITH(baton::detail::nn::gemm_bf16(op::none, op::none, 1, 1, 1, 1.0f, &a, 1, &a, 1, 0.0f, &c, 1,
+                                                     bf16_gemm_kernel::avx512_bf16),
+                        Catch::Matchers::Contains("needs a CPU with AVX512_BF16"));
+  }
 }

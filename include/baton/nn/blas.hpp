@@ -8,6 +8,7 @@
 #pragma once
 
 #include <baton/config.hpp>
+#include <baton/nn/detail/gemm_bf16.hpp>
 
 #if BATON_HAS_BLAS()
 #include <cblas.h>
@@ -27,6 +28,11 @@ inline std::string blas_kernel() {
   return "blocked fallback";
 #endif
 }
+
+/// What matmul_precision::bf16's products run on here: "avx512_bf16" (VDPBF16PS, on a CPU
+/// with AVX512_BF16) or "widened sgemm" (the operands rounded, widened and multiplied by the
+/// products' usual kernel).
+inline std::string bf16_matmul_kernel() { return detail::nn::bf16_gemm_implementation(); }
 
 /// Sets the number of threads OpenBLAS runs each call on (no effect without baton::blas).
 /// When ranks are threads of one process they already occupy the cores: one BLAS thread per
