@@ -74,6 +74,7 @@ baton::train::lm_config options::config() const {
   c.clip_norm = clip;  // 0: off (parse() refuses a negative value)
   c.seed = seed;
   if (dtype == "bf16") c.model.storage = baton::nn::activation_storage::bf16;
+  if (bf16_matmul()) c.model.matmul = baton::nn::matmul_precision::bf16;
   return c;
 }
 
@@ -117,7 +118,11 @@ bool parse(int argc, char** argv, options& o) {
       ->group("Model");
   cli::add_integer<std::int64_t>(app, "--seq", o.seq, 1, max_size, "sequence length (tokens = bytes)")->group("Model");
   cli::add_choice(app, "--dtype", o.dtype, {"float", "double", "bf16"},
-                  "element type (bf16: float weights and arithmetic, activations kept and sent in bf16)")->group("Model");
+                  "element type (bf16: float master weights, activations kept and sent in bf16, the blocks' "
+                  "projections on bf16 operands with float sums)")->group("Model");
+  cli::add_choice(app, "--matmul", o.matmul, {"native", "bf16"},
+                  "the blocks' projections: on the element type, or on operands rounded to bf16 with float sums "
+                  "(the default with --dtype bf16). docs/nn.md")->group("Model");
   cli::add_choice(app, "--backend", o.backend, {"kokkos", "reference"}, "attention kernels")->group("Model");
   auto* recompute_opt = cli::add_choice(app, "--recompute", recompute, {"none", "selective", "full", "auto"},
                   "what every block keeps for its backward: everything; the matrix products' outputs (the norms "
@@ -462,6 +467,12 @@ prepared prepare(const options& o_in, int world_size, int ranks_here) {
   if (o.dtype == "bf16" && o.backend != "kokkos")
     throw input_error("--dtype bf16 runs the attention on bf16 storage, which --backend " + o.backend + " does not take",
                       "--backend kokkos");
+  if (o.dtype == "double" && o.bf16_matmul())
+    throw input_error("--matmul bf16 rounds float operands to bf16 and sums in float; --dtype double has none",
+                      "--dtype float or bf16, or --matmul native");
+  if (o.dtype != "bf16" && o.bf16_matmul() && o.check)
+    throw input_error("--check --matmul bf16: --check's one-rank model and tolerance are float's or double's",
+                      "--check --matmul native");
   if (o.dtype == "bf16" && o.check)
     throw input_error("--check --dtype bf16: --check's one-rank model and tolerance are float's or double's",
                       "--check --dtype float (bf16 is tested against the float64 model in test_train_recompute)");

@@ -45,6 +45,10 @@ struct options {
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 0;
   baton::train::lr_schedule lr_schedule{};  // total is set to steps
   std::string backend = "kokkos", comm = "local", dtype = "float";
+  // --matmul: the blocks' projections on bf16 operands (sums in float) or the element type's;
+  // empty: bf16 with --dtype bf16, native otherwise.
+  std::string matmul;
+  bool bf16_matmul() const { return matmul.empty() ? dtype == "bf16" : matmul == "bf16"; }
   baton::nn::recompute_policy recompute = baton::nn::recompute_policy::none;  // --recompute, every stage
   bool plan_memory = false;  // --plan-memory: print each rank's predicted peak and exit
   // --memory-cap SIZE (bytes per rank; 0: none) and --recompute auto (implied by a cap without

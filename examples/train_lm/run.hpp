@@ -80,10 +80,13 @@ int run_rank(Comm& world, const options& o, const prepared& prep, std::FILE* met
   say("baton-train: %d ranks = %s, cp %s (%s), schedule %s: %d stages on %d ranks, %d microbatches\n", world.size(),
       parallelism.mesh.text().c_str(), std::string(baton::nn::to_string(o.cp_mode)).c_str(),
       std::string(baton::to_string(o.layout)).c_str(), o.schedule.c_str(), stages, shape.ranks, shape.microbatches);
-  say("model: %lld layers, d_model %lld, %lld heads / %lld kv heads, vocab 256 (bytes), %s; %s attention; "
+  const std::string products =
+      o.bf16_matmul() ? ", bf16 products (" + baton::nn::bf16_matmul_kernel() + ")" : "";
+  say("model: %lld layers, d_model %lld, %lld heads / %lld kv heads, vocab 256 (bytes), %s%s; %s attention; "
       "OpenBLAS kernel %s\n",
       static_cast<long long>(o.layers), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
-      static_cast<long long>(o.kv_heads), o.dtype.c_str(), o.backend.c_str(), baton::nn::blas_kernel().c_str());
+      static_cast<long long>(o.kv_heads), o.dtype.c_str(), products.c_str(), o.backend.c_str(),
+      baton::nn::blas_kernel().c_str());
   say("data: %s (%lld bytes%s), seq %lld, %lld rows per step (%lld per dp replica)\n", o.data.c_str(),
       static_cast<long long>(corpus.size()), o.packed ? ", packed paragraphs with a document mask" : "",
       static_cast<long long>(o.seq), static_cast<long long>(o.batch * o.dp), static_cast<long long>(o.batch));

@@ -255,10 +255,73 @@ TEST_CASE("bf16 storage: a block's output and gradients against the double block
     // What the state holds: the exact sum, about half of float's.
     CHECK(bf16.kept_after_forward == bf16_bytes_after_forward(policy));
     CHECK(static_cast<double>(bf16.kept_after_forward) < 0.56 * static_cast<double>(native.kept_after_forward));
+    // Both: bf16 storage and bf16 products (--dtype bf16 in baton-train): within the products'
+    // bound, their errors dominating (the storage's roundings are a subset of the operands').
+    nn::transformer_config both = config(activation_storage::bf16, policy);
+    both.matmul = nn::matmul_precision::bf16;
+    std::string where_both;
+    const double e_both = worst_error(run_block<float, baton::kokkos_attention>(both), want, where_both);
+    INFO("bf16 storage and products: " << e_both << " (" << where_both << ") = " << e_both / u << "u");
+    CHECK(e_both <= 32 * u);
   }
 #else
   BATON_SKIP("built without Kokkos: bf16 storage runs the attention on a backend that takes bfloat16 (kokkos_attention)");
 #endif
+}
+
+// bf16 matrix products (transformer_config::matmul = matmul_precision::bf16): every projection
+// (q, k, v, o, gate, up, down) rounds both operands to bf16 and sums in float, forward and
+// backward. Oracle and measure as above. The bound, by the same first-order count: a product
+// on two rounded operands is 2u off. Forward: q and k (2u each) give the scores 4u, and
+// through exp (|s| <= 2) P 8u; v 2u, so O 10u; O Wo adds 2u: the attention's output 12u; the
+// MLP's gate and up add 2u on top of their input's error, and the product doubles it... but the
+// residual stream carries x exactly, so the block's output is x + small terms and its error is
+// that of those terms over the output's scale. Backward to dWq/dWk (the longest chain): dy Wdownᵀ,
+// d_gate/d_up, the two products back to the norm (2u each: 6u), the norm (2u as in the storage
+// count), dO Woᵀ (2u), dP from dO and v (4u), dS through P (8u), dq = dS k (2u), and the weight
+// product x̂ᵀ dq (2u): 26u, rounded up to 32u = 2^-3. A run that kept float products would be
+// within the float bound (1e-5), so e >= u/16 shows the rounding happened.
+TEST_CASE("bf16 matmul: a block's output and gradients against the double block within 32u", "[nn][memory]") {
+  for (const recompute_policy policy : {recompute_policy::none, recompute_policy::selective, recompute_policy::full}) {
+    const auto want = run_block<double, baton::reference_attention>(config(activation_storage::native, policy));
+    nn::transformer_config c = config(activation_storage::native, policy);
+    // [doc:bf16_matmul]
+    c.matmul = nn::matmul_precision::bf16;  // q, k, v, o, gate, up, down on bf16 operands, float sums
+    // [/doc:bf16_matmul]
+    const auto got = run_block<float, baton::reference_attention>(c);
+    std::string where;
+    const double e = worst_error(got, want, where);
+    INFO("policy " << nn::to_string(policy) << ": bf16 products " << e << " (" << where << ") = " << e / u
+                   << "u; bound 32u = " << 32 * u << "; kernel " << baton::detail::nn::bf16_gemm_implementation());
+    CHECK(e <= 32 * u);
+    CHECK(e >= u / 16);
+    // Recomputation runs the same products on the same operands: the bits of policy none.
+    if (policy != recompute_policy::none) {
+      c.recompute = recompute_policy::none;
+      const auto none = run_block<float, baton::reference_attention>(c);
+      CHECK(nn_test::max_rel_error(got.dx, none.dx) == 0.0);
+      for (const auto& [name, g] : none.grads) CHECK(nn_test::max_rel_error(got.grads.at(name), g) == 0.0);
+    }
+  }
+}
+
+TEST_CASE("bf16 matmul: refused for double blocks and for a value that is no precision", "[nn][memory]") {
+  nn::transformer_config c = config(activation_storage::native);
+  c.matmul = nn::matmul_precision::bf16;
+  using double_block = nn::transformer_block<double, nn::no_cp<baton::reference_attention>>;
+  CHECK_THROWS_WITH(double_block(c, nn::initializer(1), {}),
+                    Catch::Contains("matmul_precision::bf16 rounds float operands to bf16") &&
+                        Catch::Contains("use matmul_precision::native"));
+  c.matmul = static_cast<nn::matmul_precision>(5);
+  CHECK_THROWS_WITH(c.resolved(), Catch::Contains("matmul = 5 is not a matmul precision"));
+  using float_block = nn::transformer_block<float, nn::no_cp<baton::reference_attention>>;
+  float_block block(config(activation_storage::native), nn::initializer(1), {});
+  CHECK(block.matmul() == nn::matmul_precision::native);
+  block.set_matmul(nn::matmul_precision::bf16);
+  CHECK(block.matmul() == nn::matmul_precision::bf16);
+  CHECK(block.mlp().down().matmul() == nn::matmul_precision::bf16);
+  CHECK(block.attention().wo().matmul() == nn::matmul_precision::bf16);
+  CHECK(nn::to_string(nn::matmul_precision::bf16) == "bf16");
 }
 
 TEST_CASE("bf16 storage: K/V blocks around the ring are half of float's bytes, measured at the communicator", "[nn][cp][memory][can-skip][bf16_ring]") {

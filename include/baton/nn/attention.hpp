@@ -227,6 +227,11 @@ class self_attention : public detail::nn::piece<self_attention<T, Strategy, Mask
                                                : "this block's element type is not float") +
                      ": use activation_storage::native, or a bf16 backend");
   }
+  /// The operands of the four projections from now on (matmul_precision; the attention's own
+  /// products are the strategy's).
+  void set_matmul(matmul_precision precision) {
+    for (linear<T>* l : {&wq_, &wk_, &wv_, &wo_}) l->set_matmul(precision);
+  }
   /// The storage of the next forwards (states already kept are backpropagated as they were kept).
   void set_storage(activation_storage storage) {
     check_storage(storage);

@@ -98,7 +98,9 @@ class transformer_block
         attention_norm_(config_.d_model, config_.norm_eps),
         attention_(config_, init / "attention", std::move(strategy), std::move(mask)),
         mlp_norm_(config_.d_model, config_.norm_eps),
-        mlp_(config_.d_model, config_.ffn_hidden, init / "mlp") {}
+        mlp_(config_.d_model, config_.ffn_hidden, init / "mlp") {
+    set_matmul(config_.matmul);
+  }
 
   const transformer_config& config() const noexcept { return config_; }
   rms_norm<T>& attention_norm() noexcept { return attention_norm_; }
@@ -127,6 +129,15 @@ class transformer_block
       throw nn_error(std::string(transformer_block::name) + ": " + problem);
     attention_.set_storage(storage);
     config_.storage = storage;
+  }
+
+  /// The operands of the block's projections (attention's q, k, v, o; the MLP's gate, up,
+  /// down) from now on (matmul_precision); nn_error for bf16 on double blocks.
+  matmul_precision matmul() const noexcept { return config_.matmul; }
+  void set_matmul(matmul_precision precision) {
+    attention_.set_matmul(precision);
+    mlp_.set_matmul(precision);
+    config_.matmul = precision;
   }
 
   template <class Visit>

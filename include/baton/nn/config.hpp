@@ -57,6 +57,23 @@ constexpr std::string_view to_string(activation_storage s) noexcept {
   return "unknown";
 }
 
+/// The operands of a block's matrix products (docs/nn.md, "bf16 matrix products"):
+///  - native: the block's element type, as always;
+///  - bf16: each operand rounded to bf16 and the products summed in float — the float weights
+///    (the master copy, which the optimizer updates) and activations enter every projection of
+///    attention and the MLP as bf16, as mixed-precision training computes them; on a CPU with
+///    AVX512_BF16 this runs at up to twice a float FMA's rate (detail/gemm_bf16.hpp). The
+///    embedding, the head and the attention's own products stay in float. Float blocks only.
+enum class matmul_precision { native, bf16 };
+
+constexpr std::string_view to_string(matmul_precision p) noexcept {
+  switch (p) {
+    case matmul_precision::native: return "native";
+    case matmul_precision::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
 }  // namespace baton::nn
 
 namespace baton::detail::nn {
@@ -66,6 +83,14 @@ inline std::string storage_problem(baton::nn::activation_storage s) {
   if (s == activation_storage::native || s == activation_storage::bf16) return {};
   return "storage = " + std::to_string(static_cast<int>(s)) +
          " is not an activation storage; choose activation_storage::native or bf16";
+}
+
+// The text of a matmul precision that is none of the enumerators, or empty when it is one.
+inline std::string matmul_problem(baton::nn::matmul_precision p) {
+  using baton::nn::matmul_precision;
+  if (p == matmul_precision::native || p == matmul_precision::bf16) return {};
+  return "matmul = " + std::to_string(static_cast<int>(p)) +
+         " is not a matmul precision; choose matmul_precision::native or bf16";
 }
 
 // The text of a recompute policy that is none of the enumerators (a cast from a bad
@@ -97,6 +122,8 @@ struct transformer_config {
   recompute_policy recompute = recompute_policy::none;
   /// The element type of the activations each block keeps for its backward (activation_storage).
   activation_storage storage = activation_storage::native;
+  /// The operands of the blocks' matrix products (matmul_precision; bf16 needs float blocks).
+  matmul_precision matmul = matmul_precision::native;
 
   /// This config with head_dim and ffn_hidden derived; throws nn_error naming the field to
   /// change when the sizes do not fit together.
@@ -124,6 +151,7 @@ struct transformer_config {
     if (!(rope_base > 1)) fail("rope_base must be > 1");
     if (std::string problem = detail::nn::recompute_problem(recompute); !problem.empty()) fail(problem);
     if (std::string problem = detail::nn::storage_problem(storage); !problem.empty()) fail(problem);
+    if (std::string problem = detail::nn::matmul_problem(matmul); !problem.empty()) fail(problem);
     return c;
   }
 };

@@ -89,6 +89,10 @@ class cross_attention : public detail::nn::piece<cross_attention<T, Strategy, Ma
   linear<T>& wk() noexcept { return wk_; }
   linear<T>& wv() noexcept { return wv_; }
   linear<T>& wo() noexcept { return wo_; }
+  /// The operands of the four projections from now on (matmul_precision).
+  void set_matmul(matmul_precision precision) {
+    for (linear<T>* l : {&wq_, &wk_, &wv_, &wo_}) l->set_matmul(precision);
+  }
 
   template <class Visit>
   void visit_parameters(Visit&& visit) {

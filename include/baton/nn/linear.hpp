@@ -1,8 +1,10 @@
 // baton/nn/linear.hpp — y = x W + b over the last axis, with split backward.
 #pragma once
 
+#include <baton/nn/config.hpp>
 #include <baton/nn/detail/checks.hpp>
 #include <baton/nn/detail/gemm.hpp>
+#include <baton/nn/detail/gemm_bf16.hpp>
 #include <baton/nn/detail/piece.hpp>
 #include <baton/nn/parameter.hpp>
 #include <baton/payload/host_tensor.hpp>
@@ -12,12 +14,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace baton::nn {
 
 /// A dense layer on the last axis: x [..., in] -> y = x W + b [..., out], with W [in, out]
-/// and an optional bias b [out]. Every product is one gemm (cblas when baton::blas is linked).
+/// and an optional bias b [out]. Every product is one gemm (cblas when baton::blas is linked),
+/// or under matmul_precision::bf16 one gemm_bf16 (x, W and dy rounded to bf16, sums in float).
 ///
 /// As a piece (split backward):
 ///  - forward(x, saved) keeps x;
@@ -57,6 +61,19 @@ class linear : public detail::nn::piece<linear<T>, T, "baton::nn::linear"> {
   parameter<T>& bias() noexcept { return bias_; }
   const parameter<T>& bias() const noexcept { return bias_; }
 
+  /// The operands of this layer's products from now on (matmul_precision); nn_error for bf16
+  /// on a double layer.
+  matmul_precision matmul() const noexcept { return matmul_; }
+  void set_matmul(matmul_precision precision) {
+    if (std::string problem = detail::nn::matmul_problem(precision); !problem.empty())
+      throw nn_error(std::string(linear::name) + ": " + problem);
+    if (precision == matmul_precision::bf16 && !std::is_same_v<T, float>)
+      throw nn_error(std::string(linear::name) +
+                     ": matmul_precision::bf16 rounds float operands to bf16 and sums in float; this layer's element "
+                     "type is not float: use matmul_precision::native, or float layers");
+    matmul_ = precision;
+  }
+
   template <class Visit>
   void visit_parameters(Visit&& visit) {
     visit("weight", weight_);
@@ -72,8 +89,8 @@ class linear : public detail::nn::piece<linear<T>, T, "baton::nn::linear"> {
     if (has_bias_) {
       for (std::int64_t r = 0; r < rows; ++r) std::copy_n(bias_.value.data(), out_, y.data() + r * out_);
     }
-    detail::nn::gemm<T>(op::none, op::none, rows, out_, in_, T(1), x.data(), in_, weight_.value.data(), out_,
-                        has_bias_ ? T(1) : T(0), y.data(), out_);
+    product(op::none, op::none, rows, out_, in_, x.data(), in_, weight_.value.data(), out_, has_bias_ ? T(1) : T(0),
+            y.data(), out_);
     return y;
   }
 
@@ -85,8 +102,8 @@ class linear : public detail::nn::piece<linear<T>, T, "baton::nn::linear"> {
       detail::nn::shape_mismatch(linear::name, "dx", dx.shape(),
                                  "[..., " + std::to_string(in_) + "] with " + std::to_string(rows) + " rows",
                                  "the input gradient has the input's shape");
-    detail::nn::gemm<T>(op::none, op::transpose, rows, in_, out_, T(1), dy.data(), out_, weight_.value.data(), out_,
-                        accumulate ? T(1) : T(0), dx.data(), in_);
+    product(op::none, op::transpose, rows, in_, out_, dy.data(), out_, weight_.value.data(), out_,
+            accumulate ? T(1) : T(0), dx.data(), in_);
   }
 
   /// dx = dy Wᵀ as a new tensor of shape [..., in].
@@ -103,8 +120,7 @@ class linear : public detail::nn::piece<linear<T>, T, "baton::nn::linear"> {
       detail::nn::shape_mismatch(linear::name, "dy", dy.shape(),
                                  "[..., " + std::to_string(out_) + "] with " + std::to_string(rows) + " rows",
                                  "the output gradient matches the input's rows");
-    detail::nn::gemm<T>(op::transpose, op::none, in_, out_, rows, T(1), x.data(), in_, dy.data(), out_, T(1),
-                        weight_.grad.data(), out_);
+    product(op::transpose, op::none, in_, out_, rows, x.data(), in_, dy.data(), out_, T(1), weight_.grad.data(), out_);
     if (has_bias_) {
       T* db = bias_.grad.data();
       for (std::int64_t r = 0; r < rows; ++r)
@@ -139,12 +155,25 @@ class linear : public detail::nn::piece<linear<T>, T, "baton::nn::linear"> {
  private:
   using op = detail::nn::op;
 
+  // C = op(A) op(B) + beta C in this layer's matmul precision.
+  void product(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
+               const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (matmul_ == matmul_precision::bf16) {
+        detail::nn::gemm_bf16(op_a, op_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    detail::nn::gemm<T>(op_a, op_b, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
+  }
+
   std::int64_t check_input(const tensor& x, const char* tensor_name) const {
     return detail::nn::rows_of(x, in_, linear::name, tensor_name, "in_features = " + std::to_string(in_));
   }
 
   std::int64_t in_, out_;
   bool has_bias_ = false;
+  matmul_precision matmul_ = matmul_precision::native;
   parameter<T> weight_, bias_;
 };
 

@@ -131,6 +131,14 @@ class lm_stage : public detail::nn::piece<lm_stage<T, Strategy, Mask>, T, "baton
     config_.storage = storage;
   }
 
+  /// The operands of this stage's blocks' projections (matmul_precision; the embedding and
+  /// the head stay in the stage's element type).
+  matmul_precision matmul() const noexcept { return config_.matmul; }
+  void set_matmul(matmul_precision precision) {
+    for (block_type& b : blocks_) b.set_matmul(precision);
+    config_.matmul = precision;
+  }
+
   /// The recompute policy of this stage's blocks.
   recompute_policy recompute() const noexcept { return config_.recompute; }
   /// Sets it for every block of this stage, for the forwards from now on (a pipeline may

@@ -57,6 +57,10 @@ class swiglu_mlp : public detail::nn::piece<swiglu_mlp<T>, T, "baton::nn::swiglu
   linear<T>& gate() noexcept { return gate_; }
   linear<T>& up() noexcept { return up_; }
   linear<T>& down() noexcept { return down_; }
+  /// The operands of the three projections from now on (matmul_precision).
+  void set_matmul(matmul_precision precision) {
+    for (linear<T>* l : {&gate_, &up_, &down_}) l->set_matmul(precision);
+  }
 
   template <class Visit>
   void visit_parameters(Visit&& visit) {
