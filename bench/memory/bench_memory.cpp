@@ -17,11 +17,13 @@
 //                                    (which goes first alternates): median (min, max, n).
 //                                    The goal: <= 1.35.
 //   recompute_selective_step_ratio   the same for selective. Goal: <= 1.10.
-//   bf16_step_ratio                  step time with bf16 storage (saved state, messages between
-//                                    stages, the ring's K/V blocks) / with float, policy none,
-//                                    two trainers on the same ranks stepping in interleaved
-//                                    pairs. Goal: <= 1.0. (bench_nn's figure of the same name
-//                                    is one block on one thread: no messages, no ring.)
+//   bf16_step_ratio                  step time with bf16 as baton-train --dtype bf16 runs it
+//                                    (storage: saved state, messages between stages, the ring's
+//                                    K/V blocks; the blocks' projections on bf16 operands) / with
+//                                    float, policy none, trainers on the same ranks stepping in
+//                                    interleaved rounds. Goal: <= 1.0. (bench_nn's figure of the
+//                                    same name is one block on one thread: no messages, no ring.)
+//   bf16_storage_step_ratio          the same with bf16 storage alone (products in float).
 //   peak_bytes_<policy>              the largest measured peak over the ranks
 //                                    (lm_step_report::peak_host_bytes) over that policy's steps;
 //   predicted_peak_bytes_<policy>    estimate_memory's largest over the pipeline ranks.
@@ -150,33 +152,54 @@ struct fit_run {
         schedule(one_f_one_b ? baton::one_f_one_b::generate(baton::shape_for<baton::one_f_one_b>(2, 4))
                              : baton::zbv::generate(baton::shape_for<baton::zbv>(2, 4))) {
     config.model.recompute = p;
-    if (bf16) config.model.storage = nn::activation_storage::bf16;
+    if (bf16) {  // as baton-train --dtype bf16
+      config.model.storage = nn::activation_storage::bf16;
+      config.model.matmul = nn::matmul_precision::bf16;
+    }
   }
 };
 
-// bf16_step_ratio: the same model trained by two trainers on the same ranks, one keeping float
-// activations and messages, one bf16 (activation_storage::bf16: saved state, stage-to-stage
-// messages and the ring's K/V blocks in bf16), policy none, under ZBV, their steps interleaved
-// in pairs (which goes first alternates). Each trainer faults its pages in first.
-bench::series measure_bf16(std::int64_t seq, int pairs) {
+// bf16_step_ratio: the same model trained by three trainers on the same ranks: float; bf16 as
+// baton-train --dtype bf16 runs it (activation_storage::bf16: saved state, stage-to-stage
+// messages and the ring's K/V blocks in bf16; matmul_precision::bf16: the blocks' projections
+// on bf16 operands, float sums); and bf16 storage alone (bf16_storage_step_ratio). Policy none,
+// ZBV; their steps interleaved in rounds whose order rotates. Each trainer faults its pages in
+// first.
+struct bf16_ratios {
+  bench::series full, storage_only;
+};
+bf16_ratios measure_bf16(std::int64_t seq, int pairs) {
   const fit_run float_run(seq, recompute_policy::none, false, false), bf16_run(seq, recompute_policy::none, true, false);
+  fit_run storage_run(seq, recompute_policy::none, true, false);
+  storage_run.config.model.matmul = nn::matmul_precision::native;
   const auto ranks = baton::run_local(4, [&](baton::local_communicator& world) {
     using trainer_t = train::lm_trainer<float, baton::local_communicator, baton::kokkos_attention>;
     trainer_t float_trainer(world, float_run.config, float_run.parallelism, float_run.schedule);
     trainer_t bf16_trainer(world, bf16_run.config, bf16_run.parallelism, bf16_run.schedule);
+    trainer_t storage_trainer(world, storage_run.config, storage_run.parallelism, storage_run.schedule);
     int step = 0;
     const auto run = [&](trainer_t& t) {
       return t.step(corpus().train_batch(step++, float_run.config.batch, float_run.config.seq, false)).seconds;
     };
-    run(float_trainer), run(bf16_trainer);
-    std::vector<double> ratio;
-    bench::interleave(
-        pairs, [&] { return run(float_trainer); }, [&] { return run(bf16_trainer); },
-        [&](int, double f, double b) { ratio.push_back(b / f); });
-    return ratio;
+    run(float_trainer), run(bf16_trainer), run(storage_trainer);
+    std::vector<double> ratios;  // full, storage-only, per round
+    for (int round = 0; round < pairs; ++round) {
+      double seconds[3] = {};
+      trainer_t* trainers[3] = {&float_trainer, &bf16_trainer, &storage_trainer};
+      for (int i = 0; i < 3; ++i) {
+        const int which = (round + i) % 3;
+        seconds[which] = run(*trainers[which]);
+      }
+      ratios.push_back(seconds[1] / seconds[0]);
+      ratios.push_back(seconds[2] / seconds[0]);
+    }
+    return ratios;
   });
-  bench::series out;
-  for (double v : ranks[0]) out.add(v);
+  bf16_ratios out;
+  for (std::size_t i = 0; i + 1 < ranks[0].size(); i += 2) {
+    out.full.add(ranks[0][i]);
+    out.storage_only.add(ranks[0][i + 1]);
+  }
   return out;
 }
 
@@ -340,12 +363,13 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     const std::int64_t seq = seqs[i];
     const figures f = measure(seq, pairs);
-    const bench::series bf16_ratio = measure_bf16(seq, pairs);
+    const bf16_ratios bf16_ratio = measure_bf16(seq, pairs);
     for (const std::string& suffix : {"_seq" + std::to_string(seq), std::string()}) {
       if (suffix.empty() && i + 1 != seqs.size()) continue;
       bench::print("recompute_full_step_ratio" + suffix, f.full_ratio, "%.3f");
       bench::print("recompute_selective_step_ratio" + suffix, f.selective_ratio, "%.3f");
-      bench::print("bf16_step_ratio" + suffix, bf16_ratio, "%.3f");
+      bench::print("bf16_step_ratio" + suffix, bf16_ratio.full, "%.3f");
+      bench::print("bf16_storage_step_ratio" + suffix, bf16_ratio.storage_only, "%.3f");
       for (std::size_t p = 0; p < 3; ++p) {
         const std::string name(nn::to_string(policies[p]));
         bench::print_value("peak_bytes_" + name + suffix, f.peak[p], "%.0f");

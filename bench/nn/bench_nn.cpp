@@ -44,10 +44,13 @@
 // selective / none per repetition (goals <= 1.35 and <= 1.10), and recompute_saved_bytes_*
 // what each policy keeps after forward (saved.bytes(): a count, not a measurement).
 //
-// bf16 storage (docs/nn.md, "bf16 storage"): the same step with activation_storage native and
-// bf16 alternating, each one's best of --inner rounds per repetition; bf16_step_ratio is bf16 /
-// native per repetition (goal <= 1.0), storage_saved_bytes_* what each keeps after forward,
-// block_{forward,backward_input,backward_weight}_ms_storage_* the phases of each one's best round.
+// bf16 (docs/nn.md, "bf16 storage", "bf16 matrix products"): the same step native, as
+// baton-train --dtype bf16 runs it (activation_storage::bf16 and matmul_precision::bf16) and with
+// bf16 storage alone, in an order that rotates, each one's best of --inner rounds per
+// repetition; bf16_step_ratio is bf16 / native per repetition (goal <= 1.0),
+// bf16_storage_step_ratio storage-only / native, storage_saved_bytes_* what each keeps after
+// forward, block_{forward,backward_input,backward_weight}_ms_* the phases of each one's best
+// round, block_gemms_sgemm_vs_bf16 the block's 21 products through sgemm / through gemm_bf16.
 //
 // OpenBLAS picks its kernel by CPUID; a CPU newer than the library (OpenBLAS 0.3.21 on an
 // Emerald Rapids Xeon, for one) gets the "Prescott" SSE3 fallback, several times below the
@@ -195,6 +198,16 @@ class gemm_set {
   }
   void run_all() {
     for (std::size_t i = 0; i < calls_.size(); ++i) run(i);
+  }
+  // The same products on bf16 operands (matmul_precision::bf16: gemm_bf16).
+  void run_all_bf16() {
+    using nn_detail::op;
+    for (std::size_t i = 0; i < calls_.size(); ++i) {
+      const gemm_call& g = calls_[i];
+      const std::int64_t lda = g.op_a == op::none ? g.k : g.m, ldb = g.op_b == op::none ? g.n : g.k;
+      nn_detail::gemm_bf16(g.op_a, g.op_b, g.m, g.n, g.k, 1.0f, a_[i].data(), lda, b_[i].data(), ldb, g.beta,
+                           c_[i].data(), g.n);
+    }
   }
 
  private:
@@ -479,25 +492,38 @@ int main(int argc, char** argv) {
     print("block_ms_recompute_full", policy_ms[2], "%.1f");
   }
 
-  // ---- bf16 storage: the block's step keeping its activations in bf16, interleaved with float ----
-  const std::array<nn::activation_storage, 2> storages{nn::activation_storage::native, nn::activation_storage::bf16};
-  for (const nn::activation_storage s : storages) {
-    block.set_storage(s);
+  // ---- bf16: the block's step as --dtype bf16 runs it, and with bf16 storage alone ----
+  struct variant {
+    const char* name;
+    nn::activation_storage storage;
+    nn::matmul_precision matmul;
+  };
+  const std::array<variant, 3> variants{{{"native", nn::activation_storage::native, nn::matmul_precision::native},
+                                         {"bf16", nn::activation_storage::bf16, nn::matmul_precision::bf16},
+                                         {"bf16_storage_only", nn::activation_storage::bf16, nn::matmul_precision::native}}};
+  const auto use = [&](const variant& v) {
+    block.set_storage(v.storage);
+    block.set_matmul(v.matmul);
+  };
+  std::printf("gemm_bf16_implementation: %s\n", nn_detail::bf16_gemm_implementation());
+  for (const variant& v : variants) {
+    use(v);
     block_t::saved st;
     (void)block.forward(x, info, st);
-    std::printf("storage_saved_bytes_%s: %zu\n", std::string(nn::to_string(s)).c_str(), st.bytes());
+    std::printf("storage_saved_bytes_%s: %zu\n", v.name, st.bytes());
     (void)block.backward(st, dy);
   }
-  // The phases (forward, backward_input, backward_weight) of each storage's best round, to
-  // show where bf16 gains or loses.
-  series bf16_ratio, storage_ms[2], storage_phase_ms[2][3];
+  // The phases (forward, backward_input, backward_weight) of each variant's best round, to
+  // show where bf16 gains or loses; and the block's 21 products alone, sgemm against gemm_bf16.
+  series bf16_ratio, storage_ratio, gemm_speedup, variant_ms[3], variant_phase_ms[3][3];
   for (int r = 0; r < reps; ++r) {
-    std::array<double, 2> best{1e300, 1e300};
-    std::array<std::array<double, 3>, 2> phases{};
-    for (int c = 0; c < inner; ++c)
-      for (std::size_t s = 0; s < storages.size(); ++s) {
-        const std::size_t i = (s + static_cast<std::size_t>(r + c)) % storages.size();
-        block.set_storage(storages[i]);
+    std::array<double, 3> best{1e300, 1e300, 1e300};
+    double best_sgemm = 1e300, best_bf16_gemm = 1e300;
+    std::array<std::array<double, 3>, 3> phases{};
+    for (int c = 0; c < inner; ++c) {
+      for (std::size_t s = 0; s < variants.size(); ++s) {
+        const std::size_t i = (s + static_cast<std::size_t>(r + c)) % variants.size();
+        use(variants[i]);
         const double t0 = thread_cpu_seconds();
         (void)run_block();
         const double t = thread_cpu_seconds() - t0;
@@ -506,21 +532,36 @@ int main(int argc, char** argv) {
           phases[i] = {t_forward, t_input, t_weight};
         }
       }
+      const bool sgemm_first = (r + c) % 2 == 0;
+      for (int k = 0; k < 2; ++k) {
+        const double t0 = thread_cpu_seconds();
+        if ((k == 0) == sgemm_first) {
+          gemms.run_all();
+          best_sgemm = std::min(best_sgemm, thread_cpu_seconds() - t0);
+        } else {
+          gemms.run_all_bf16();
+          best_bf16_gemm = std::min(best_bf16_gemm, thread_cpu_seconds() - t0);
+        }
+      }
+    }
     bf16_ratio.add(best[1] / best[0]);
-    for (std::size_t i = 0; i < storages.size(); ++i) {
-      storage_ms[i].add(1e3 * best[i]);
-      for (std::size_t p = 0; p < 3; ++p) storage_phase_ms[i][p].add(1e3 * phases[i][p]);
+    storage_ratio.add(best[2] / best[0]);
+    gemm_speedup.add(best_sgemm / best_bf16_gemm);
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      variant_ms[i].add(1e3 * best[i]);
+      for (std::size_t p = 0; p < 3; ++p) variant_phase_ms[i][p].add(1e3 * phases[i][p]);
     }
   }
-  block.set_storage(nn::activation_storage::native);
+  use(variants[0]);
   print("bf16_step_ratio", bf16_ratio, "%.3f");
-  print("block_ms_storage_native", storage_ms[0], "%.1f");
-  print("block_ms_storage_bf16", storage_ms[1], "%.1f");
-  for (std::size_t i = 0; i < storages.size(); ++i) {
-    const std::string name(nn::to_string(storages[i]));
-    print("block_forward_ms_storage_" + name, storage_phase_ms[i][0], "%.1f");
-    print("block_backward_input_ms_storage_" + name, storage_phase_ms[i][1], "%.1f");
-    print("block_backward_weight_ms_storage_" + name, storage_phase_ms[i][2], "%.1f");
+  print("bf16_storage_step_ratio", storage_ratio, "%.3f");
+  print("block_gemms_sgemm_vs_bf16", gemm_speedup, "%.2f");
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const std::string name = variants[i].name;
+    print("block_ms_" + name, variant_ms[i], "%.1f");
+    print("block_forward_ms_" + name, variant_phase_ms[i][0], "%.1f");
+    print("block_backward_input_ms_" + name, variant_phase_ms[i][1], "%.1f");
+    print("block_backward_weight_ms_" + name, variant_phase_ms[i][2], "%.1f");
   }
   bench::print_load("after");
   return 0;
