@@ -189,25 +189,20 @@ class gemm_set {
     }
   }
   const std::vector<gemm_call>& calls() const { return calls_; }
-  void run(std::size_t i) {
+  // Product i through gemm, or with `bf16` on bf16 operands (matmul_precision::bf16: gemm_bf16).
+  void run(std::size_t i, bool bf16 = false) {
     using nn_detail::op;
     const gemm_call& g = calls_[i];
     const std::int64_t lda = g.op_a == op::none ? g.k : g.m, ldb = g.op_b == op::none ? g.n : g.k;
-    nn_detail::gemm<T>(g.op_a, g.op_b, g.m, g.n, g.k, T(1), a_[i].data(), lda, b_[i].data(), ldb, g.beta,
-                       c_[i].data(), g.n);
-  }
-  void run_all() {
-    for (std::size_t i = 0; i < calls_.size(); ++i) run(i);
-  }
-  // The same products on bf16 operands (matmul_precision::bf16: gemm_bf16).
-  void run_all_bf16() {
-    using nn_detail::op;
-    for (std::size_t i = 0; i < calls_.size(); ++i) {
-      const gemm_call& g = calls_[i];
-      const std::int64_t lda = g.op_a == op::none ? g.k : g.m, ldb = g.op_b == op::none ? g.n : g.k;
+    if (bf16)
       nn_detail::gemm_bf16(g.op_a, g.op_b, g.m, g.n, g.k, 1.0f, a_[i].data(), lda, b_[i].data(), ldb, g.beta,
                            c_[i].data(), g.n);
-    }
+    else
+      nn_detail::gemm<T>(g.op_a, g.op_b, g.m, g.n, g.k, T(1), a_[i].data(), lda, b_[i].data(), ldb, g.beta,
+                         c_[i].data(), g.n);
+  }
+  void run_all(bool bf16 = false) {
+    for (std::size_t i = 0; i < calls_.size(); ++i) run(i, bf16);
   }
 
  private:
@@ -539,7 +534,7 @@ int main(int argc, char** argv) {
           gemms.run_all();
           best_sgemm = std::min(best_sgemm, thread_cpu_seconds() - t0);
         } else {
-          gemms.run_all_bf16();
+          gemms.run_all(true);
           best_bf16_gemm = std::min(best_bf16_gemm, thread_cpu_seconds() - t0);
         }
       }

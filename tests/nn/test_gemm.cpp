@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -39,11 +40,19 @@ std::vector<double> naive(op ta, op tb, std::int64_t m, std::int64_t n, std::int
   return out;
 }
 
-template <class T, class Gemm>
-void check_all(Gemm gemm, double tolerance) {
-  // Sizes that cross the fallback's 4-row, 256-deep and 512-wide blocks, and a padded ldc.
-  const std::int64_t sizes[][3] = {{1, 1, 1}, {5, 7, 3}, {9, 513, 17}, {33, 20, 300}, {4, 4, 0}};
-  std::uint32_t seed = 1;
+// One case of the grid every check walks: a size, both transposes of A and B, beta 0, 1 and
+// -0.5, with A, B and C drawn N(0, 1) from consecutive seeds at padded leading dimensions
+// (beta 0 puts a NaN in C: it must be overwritten, as BLAS does).
+template <class T>
+struct gemm_case {
+  std::int64_t m, n, k, lda, ldb, ldc;
+  op ta, tb;
+  double beta;
+  baton::host_tensor<T> a, b, c;
+};
+
+template <class T, std::size_t N, class Visit>
+void for_each_case(const std::int64_t (&sizes)[N][3], std::uint32_t seed, Visit&& visit) {
   for (const auto& s : sizes) {
     const std::int64_t m = s[0], n = s[1], k = s[2];
     for (op ta : {op::none, op::transpose})
@@ -51,19 +60,30 @@ void check_all(Gemm gemm, double tolerance) {
         for (double beta : {0.0, 1.0, -0.5}) {
           const std::int64_t lda = (ta == op::none ? k : m) + 1, ldb = (tb == op::none ? n : k) + 2, ldc = n + 3;
           const auto rows_a = ta == op::none ? m : k, rows_b = tb == op::none ? k : n;
-          const auto a = nn_test::random_tensor<T>({rows_a * lda}, seed++);
-          const auto b = nn_test::random_tensor<T>({rows_b * ldb}, seed++);
-          auto c = nn_test::random_tensor<T>({m * ldc}, seed++);
-          if (beta == 0.0) c[0] = std::numeric_limits<T>::quiet_NaN();  // beta 0 overwrites, NaN included
-          const std::vector<T> av(a.values().begin(), a.values().end()), bv(b.values().begin(), b.values().end()),
-              cv(c.values().begin(), c.values().end());
-          const auto expected = naive(ta, tb, m, n, k, 0.75, av, lda, bv, ldb, beta, cv, ldc);
-          gemm(ta, tb, m, n, k, T(0.75), a.data(), lda, b.data(), ldb, static_cast<T>(beta), c.data(), ldc);
+          gemm_case<T> g{m, n, k, lda, ldb, ldc, ta, tb, beta, nn_test::random_tensor<T>({rows_a * lda}, seed),
+                         nn_test::random_tensor<T>({rows_b * ldb}, seed + 1),
+                         nn_test::random_tensor<T>({m * ldc}, seed + 2)};
+          seed += 3;
+          if (beta == 0.0) g.c[0] = std::numeric_limits<T>::quiet_NaN();
           INFO("m " << m << " n " << n << " k " << k << " ta " << (ta == op::transpose) << " tb "
                     << (tb == op::transpose) << " beta " << beta);
-          REQUIRE(nn_test::max_rel_error(std::span<const T>(c.values()), std::span<const double>(expected)) <= tolerance);
+          visit(g);
         }
   }
+}
+
+template <class T, class Gemm>
+void check_all(Gemm gemm, double tolerance) {
+  // Sizes that cross the fallback's 4-row, 256-deep and 512-wide blocks, and a padded ldc.
+  const std::int64_t sizes[][3] = {{1, 1, 1}, {5, 7, 3}, {9, 513, 17}, {33, 20, 300}, {4, 4, 0}};
+  for_each_case<T>(sizes, 1, [&](gemm_case<T>& g) {
+    const std::vector<T> av(g.a.values().begin(), g.a.values().end()), bv(g.b.values().begin(), g.b.values().end()),
+        cv(g.c.values().begin(), g.c.values().end());
+    const auto expected = naive(g.ta, g.tb, g.m, g.n, g.k, 0.75, av, g.lda, bv, g.ldb, g.beta, cv, g.ldc);
+    gemm(g.ta, g.tb, g.m, g.n, g.k, T(0.75), g.a.data(), g.lda, g.b.data(), g.ldb, static_cast<T>(g.beta), g.c.data(),
+         g.ldc);
+    REQUIRE(nn_test::max_rel_error(std::span<const T>(g.c.values()), std::span<const double>(expected)) <= tolerance);
+  });
 }
 
 }  // namespace
@@ -101,51 +121,40 @@ void check_bf16(bf16_gemm_kernel kernel) {
   // with padded leading dimensions; a size with k = 0 (C = beta C).
   const std::int64_t sizes[][3] = {{1, 1, 1}, {5, 7, 3}, {15, 33, 2}, {29, 45, 33},   {230, 70, 513},
                                    {3, 2049, 9}, {14, 32, 256}, {4, 4, 0}, {33, 20, 300}};
-  std::uint32_t seed = 7;
-  for (const auto& s : sizes) {
-    const std::int64_t m = s[0], n = s[1], k = s[2];
-    for (op ta : {op::none, op::transpose})
-      for (op tb : {op::none, op::transpose})
-        for (float beta : {0.0f, 1.0f, -0.5f}) {
-          const std::int64_t lda = (ta == op::none ? k : m) + 1, ldb = (tb == op::none ? n : k) + 2, ldc = n + 3;
-          const auto rows_a = ta == op::none ? m : k, rows_b = tb == op::none ? k : n;
-          const auto af = nn_test::random_tensor<float>({rows_a * lda}, seed++);
-          const auto bf = nn_test::random_tensor<float>({rows_b * ldb}, seed++);
-          auto c = nn_test::random_tensor<float>({m * ldc}, seed++);
-          if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();  // beta 0 overwrites, NaN included
-          std::vector<SA> a(static_cast<std::size_t>(af.size()));
-          std::vector<SB> b(static_cast<std::size_t>(bf.size()));
-          std::vector<double> ar, br, absa, absb;
-          for (std::int64_t i = 0; i < af.size(); ++i) {
-            a[static_cast<std::size_t>(i)] = SA(af[i]);
-            ar.push_back(rounded(af[i]));
-            absa.push_back(std::fabs(rounded(af[i])));
-          }
-          for (std::int64_t i = 0; i < bf.size(); ++i) {
-            b[static_cast<std::size_t>(i)] = SB(bf[i]);
-            br.push_back(rounded(bf[i]));
-            absb.push_back(std::fabs(rounded(bf[i])));
-          }
-          const std::vector<double> cv(c.values().begin(), c.values().end());
-          std::vector<double> zero(cv.size(), 0.0), absc(cv.size());
-          for (std::size_t i = 0; i < cv.size(); ++i) absc[i] = std::isnan(cv[i]) ? 0.0 : std::fabs(cv[i]);
-          const auto expected = naive(ta, tb, m, n, k, 0.75, ar, lda, br, ldb, beta, cv, ldc);
-          const auto magnitude = naive(ta, tb, m, n, k, 0.75, absa, lda, absb, ldb, std::fabs(beta), absc, ldc);
-          baton::detail::nn::gemm_bf16(ta, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc,
-                                       kernel);
-          INFO("m " << m << " n " << n << " k " << k << " ta " << (ta == op::transpose) << " tb "
-                    << (tb == op::transpose) << " beta " << beta);
-          double worst = 0;  // error / bound, over C's m x n elements (the padding is not C's)
-          for (std::int64_t i = 0; i < m; ++i)
-            for (std::int64_t j = 0; j < n; ++j) {
-              const auto at = static_cast<std::size_t>(i * ldc + j);
-              const double bound = static_cast<double>(k + 3) * 0x1p-24 * magnitude[at] + 1e-30;
-              REQUIRE(std::isfinite(c[static_cast<std::int64_t>(at)]));
-              worst = std::max(worst, std::fabs(c[static_cast<std::int64_t>(at)] - expected[at]) / bound);
-            }
-          REQUIRE(worst <= 1.0);
-        }
-  }
+  // x as the kernel's operand type S, and its bf16 value and magnitude for the oracle.
+  const auto operand = [](const baton::host_tensor<float>& x, auto& as_s, std::vector<double>& value,
+                          std::vector<double>& magnitude) {
+    using S = typename std::remove_reference_t<decltype(as_s)>::value_type;
+    for (std::int64_t i = 0; i < x.size(); ++i) {
+      as_s.push_back(S(x[i]));
+      value.push_back(rounded(x[i]));
+      magnitude.push_back(std::fabs(rounded(x[i])));
+    }
+  };
+  for_each_case<float>(sizes, 7, [&](gemm_case<float>& g) {
+    std::vector<SA> a;
+    std::vector<SB> b;
+    std::vector<double> ar, br, absa, absb;
+    operand(g.a, a, ar, absa);
+    operand(g.b, b, br, absb);
+    const std::vector<double> cv(g.c.values().begin(), g.c.values().end());
+    std::vector<double> absc(cv.size());
+    for (std::size_t i = 0; i < cv.size(); ++i) absc[i] = std::isnan(cv[i]) ? 0.0 : std::fabs(cv[i]);
+    const auto expected = naive(g.ta, g.tb, g.m, g.n, g.k, 0.75, ar, g.lda, br, g.ldb, g.beta, cv, g.ldc);
+    const auto magnitude =
+        naive(g.ta, g.tb, g.m, g.n, g.k, 0.75, absa, g.lda, absb, g.ldb, std::fabs(g.beta), absc, g.ldc);
+    baton::detail::nn::gemm_bf16(g.ta, g.tb, g.m, g.n, g.k, 0.75f, a.data(), g.lda, b.data(), g.ldb,
+                                 static_cast<float>(g.beta), g.c.data(), g.ldc, kernel);
+    double worst = 0;  // error / bound, over C's m x n elements (the padding is not C's)
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        const std::int64_t at = i * g.ldc + j;
+        const double bound = static_cast<double>(g.k + 3) * 0x1p-24 * magnitude[static_cast<std::size_t>(at)] + 1e-30;
+        REQUIRE(std::isfinite(g.c[at]));
+        worst = std::max(worst, std::fabs(g.c[at] - expected[static_cast<std::size_t>(at)]) / bound);
+      }
+    REQUIRE(worst <= 1.0);
+  });
 }
 
 }  // namespace
