@@ -28,9 +28,24 @@ namespace baton::detail::comm::mpi {
 /// An all_reduce of at most this many bytes times (ranks - 1) sends its data with the
 /// agreement descriptor to every rank, instead of a reduce-scatter and an all-gather.
 inline constexpr std::size_t small_all_reduce_bytes = std::size_t{64} << 10;
-/// A large all_reduce moves each rank's pieces in segments of this size, folding one
-/// while the next arrives (2 segments per rank of scratch).
-inline constexpr std::size_t all_reduce_segment_bytes = std::size_t{256} << 10;
+/// A large all_reduce moves each rank's pieces in segments of at most this size, folding one
+/// while the next arrives. Over shared memory (Open MPI's vader with CMA) the receiving
+/// process copies each message itself, so a segment overlaps nothing and costs a handshake
+/// (about 9 us: 64 KiB segments made a 1 MiB all_reduce of 2 ranks 50 us slower than 256 KiB
+/// ones); few, large segments are fastest there (docs/communicators.md).
+inline constexpr std::size_t all_reduce_segment_bytes = std::size_t{1} << 20;
+/// ... and the scratch of 2 segments per rank stays within this, so a segment shrinks with
+/// many ranks (256 KiB at 16).
+inline constexpr std::size_t all_reduce_scratch_bytes = std::size_t{8} << 20;
+
+/// The elements of one segment: the same on every rank (count is agreed), never more than a
+/// chunk.
+template <class T>
+std::size_t all_reduce_segment(std::size_t count, int ranks) {
+  const auto n = static_cast<std::size_t>(ranks);
+  const std::size_t bytes = std::min(all_reduce_segment_bytes, all_reduce_scratch_bytes / (2 * n));
+  return std::max<std::size_t>(1, std::min(bytes / sizeof(T), (count + n - 1) / n));
+}
 
 /// Reduce-scatter then all-gather, over baton's own messages. Rank r owns chunk r: every
 /// rank sends r its piece of it in segments, and r folds each segment's pieces in rank order
@@ -43,7 +58,7 @@ void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op) {
   const auto un = static_cast<std::size_t>(n);
   const std::size_t count = inout.size();
   const MPI_Datatype type = datatype_of(element_kind_of<T>());
-  const std::size_t seg = std::max<std::size_t>(1, all_reduce_segment_bytes / sizeof(T));
+  const std::size_t seg = all_reduce_segment<T>(count, n);
   const auto begin = [&](int r) { return chunk_begin(count, n, r); };
   const auto length = [&](int r) { return begin(r + 1) - begin(r); };
   const auto segments = [&](int r) { return (length(r) + seg - 1) / seg; };
