@@ -12,8 +12,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -171,6 +173,25 @@ TEST_CASE("nn gemm_bf16: the AVX512_BF16 kernel equals the definition on bf16-ro
   check_bf16<float, float>(bf16_gemm_kernel::avx512_bf16);
   check_bf16<baton::bfloat16, baton::bfloat16>(bf16_gemm_kernel::avx512_bf16);
   check_bf16<float, baton::bfloat16>(bf16_gemm_kernel::avx512_bf16);
+}
+
+TEST_CASE("nn gemm_bf16: automatic runs, bit for bit, the kernel bf16_gemm_implementation names", "[nn][gemm]") {
+  // The choice follows the CPU (AVX512_BF16 and whether its dot products beat float FMAs),
+  // never a timing: the same machine sums in the same order on every run.
+  const bool fast = baton::detail::nn::bf16_dot_products_fast();
+  const std::string named = baton::detail::nn::bf16_gemm_implementation();
+  INFO("implementation here: " << named);
+  CHECK(named.starts_with(fast ? "avx512_bf16" : "widened sgemm"));
+  CHECK((!fast || baton::detail::nn::cpu_has_avx512_bf16()));
+  const std::int64_t m = 37, n = 45, k = 300;  // long sums: the two kernels add in different orders
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37f * static_cast<float>(i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.11f * static_cast<float>(i));
+  std::vector<float> automatic(static_cast<std::size_t>(m * n)), chosen(automatic.size());
+  baton::detail::nn::gemm_bf16(op::none, op::none, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, automatic.data(), n);
+  baton::detail::nn::gemm_bf16(op::none, op::none, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, chosen.data(), n,
+                               fast ? bf16_gemm_kernel::avx512_bf16 : bf16_gemm_kernel::widened_sgemm);
+  CHECK(std::memcmp(automatic.data(), chosen.data(), automatic.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("nn gemm_bf16: operands are rounded to bf16, sums are not", "[nn][gemm]") {

@@ -10,12 +10,13 @@
 //  - `bf16_gemm_kernel::avx512_bf16`: packs op(A) and op(B) into pairs of bf16 along k and
 //    multiplies them with VDPBF16PS (two bf16 products added to a float per lane, 32 products
 //    per instruction, twice the multiply-adds of a float FMA). Compiled wherever the compiler
-//    takes `target("avx512bf16")` on x86-64 (GCC, Clang) whatever the build's -march, and
-//    run where the CPU has AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
-//    Rapids and later). The instruction treats bf16 subnormals as zero and flushes subnormal
+//    takes `target("avx512bf16")` on x86-64 (GCC, Clang) whatever the build's -march; it runs
+//    wherever the CPU has AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
+//    Rapids and later), and `automatic` picks it where it is the faster kernel: AMD's
+//    (bf16_dot_products_fast; on Intel's the instruction is slower than float FMAs). The instruction treats bf16 subnormals as zero and flushes subnormal
 //    results to zero; each lane adds its two products to the sum one after the other, each
 //    addition rounded to nearest even.
-//  - `bf16_gemm_kernel::widened_sgemm` (every other CPU): the operands rounded to bf16, widened
+//  - `bf16_gemm_kernel::widened_sgemm` (`automatic` on every other CPU): the operands rounded to bf16, widened
 //    back to float (exact) and multiplied by gemm<float> (cblas_sgemm when linked). A bf16
 //    times bf16 product is exact in float, so both sum the same exact products in float; they
 //    differ only in the order of the additions and in subnormals.
@@ -43,7 +44,8 @@
 
 namespace baton::detail::nn {
 
-/// Which code gemm_bf16 runs (automatic: the AVX512_BF16 kernel where the CPU has it).
+/// Which code gemm_bf16 runs (automatic: the AVX512_BF16 kernel where it is the faster one,
+/// see bf16_dot_products_fast).
 enum class bf16_gemm_kernel { automatic, avx512_bf16, widened_sgemm };
 
 /// Whether this CPU runs the AVX512_BF16 kernel.
@@ -57,9 +59,28 @@ inline bool cpu_has_avx512_bf16() noexcept {
 #endif
 }
 
-/// What gemm_bf16 runs here: "avx512_bf16" or "widened sgemm".
+/// Whether VDPBF16PS multiplies faster than float FMAs on this CPU. On AMD's Zen 4 and Zen 5
+/// one instruction adds 32 exact products at the FMA's rate: twice float's multiply-adds. On
+/// Intel's Sapphire Rapids it issues at a quarter of the FMA's rate, so half float's
+/// multiply-adds (39 against 82 G multiply-adds/s on one core, measured), and the kernel ran
+/// the block's products at 0.52-0.56 of sgemm's speed; there the widened sgemm is the faster
+/// way to the same exact products. Decided by the CPU's vendor, not by a timing, so a machine
+/// runs the same kernel, and sums in the same order, on every run.
+inline bool bf16_dot_products_fast() noexcept {
+#if BATON_BF16_GEMM_X86
+  static const bool fast = cpu_has_avx512_bf16() && __builtin_cpu_is("amd");
+  return fast;
+#else
+  return false;
+#endif
+}
+
+/// What gemm_bf16's automatic choice runs here: "avx512_bf16" or "widened sgemm" (with the
+/// reason where the CPU has AVX512_BF16).
 inline const char* bf16_gemm_implementation() noexcept {
-  return cpu_has_avx512_bf16() ? "avx512_bf16" : "widened sgemm";
+  if (bf16_dot_products_fast()) return "avx512_bf16";
+  return cpu_has_avx512_bf16() ? "widened sgemm (this CPU's VDPBF16PS is slower than its float FMAs)"
+                               : "widened sgemm";
 }
 
 /// The bits of x rounded to bf16 (x itself when it is bf16).
@@ -286,7 +307,7 @@ void gemm_bf16(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k,
                 "baton::nn gemm_bf16: operands are float or baton::bfloat16");
   if (m == 0 || n == 0) return;
   if (kernel == bf16_gemm_kernel::automatic)
-    kernel = cpu_has_avx512_bf16() ? bf16_gemm_kernel::avx512_bf16 : bf16_gemm_kernel::widened_sgemm;
+    kernel = bf16_dot_products_fast() ? bf16_gemm_kernel::avx512_bf16 : bf16_gemm_kernel::widened_sgemm;
   if (kernel == bf16_gemm_kernel::avx512_bf16) {
 #if BATON_BF16_GEMM_X86
     if (!cpu_has_avx512_bf16())
