@@ -12,14 +12,15 @@
 //    per instruction, twice the multiply-adds of a float FMA). Compiled wherever the compiler
 //    takes `target("avx512bf16")` on x86-64 (GCC, Clang) whatever the build's -march; it runs
 //    wherever the CPU has AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
-//    Rapids and later), and `automatic` picks it where it is the faster kernel: AMD's
-//    (bf16_dot_products_fast; on Intel's the instruction is slower than float FMAs). The instruction treats bf16 subnormals as zero and flushes subnormal
-//    results to zero; each lane adds its two products to the sum one after the other, each
-//    addition rounded to nearest even.
-//  - `bf16_gemm_kernel::widened_sgemm` (`automatic` on every other CPU): the operands rounded to bf16, widened
-//    back to float (exact) and multiplied by gemm<float> (cblas_sgemm when linked). A bf16
-//    times bf16 product is exact in float, so both sum the same exact products in float; they
-//    differ only in the order of the additions and in subnormals.
+//    Rapids and later), and `automatic` picks it where it is the faster kernel, on AMD's
+//    (bf16_dot_products_fast: on Intel's the instruction is slower than float FMAs). The
+//    instruction treats bf16 subnormals as zero and flushes subnormal results to zero; each
+//    lane adds its two products to the sum one after the other, each addition rounded to
+//    nearest even.
+//  - `bf16_gemm_kernel::widened_sgemm` (`automatic` on every other CPU): the operands rounded
+//    to bf16, widened back to float (exact) and multiplied by gemm<float> (cblas_sgemm when
+//    linked). A bf16 times bf16 product is exact in float, so both sum the same exact
+//    products in float; they differ only in the order of the additions and in subnormals.
 // Both are deterministic for a given CPU and thread count (one thread each).
 #pragma once
 
