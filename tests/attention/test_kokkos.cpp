@@ -293,6 +293,42 @@ TEST_CASE("kokkos_attention: peaked softmax, custom scale, large magnitudes", "[
   }
 }
 
+TEST_CASE("kokkos_attention: a later key tile past the first one's max by more than float's range",
+          "[attention][kokkos]") {
+  // The forward exponentiates each tile against the row's max so far and tests afterwards
+  // whether a probability passed 2^8 (then it takes the exact path). Here the first key tile's
+  // scores are ~0 and the later tiles' ~160 (231 in log2 units): against the old max they are
+  // 2^231, +inf in float, so a forward whose test let them through gives inf / NaN rows
+  // instead of the softmax over the later keys. float, every row whole (no mask) and causal
+  // with the queries after the keys (partial tiles), softmax_scale 1 so that the scores are
+  // q . k as written.
+  const shape s{1, 9, 200, 2, 2, 64};
+  baton::attention_params params;
+  params.softmax_scale = 1.0;
+  auto in = attn_test::random_inputs<float>(s, 5, 1.0);
+  for (std::int64_t i = 0; i < s.seq_q; ++i)
+    for (std::int64_t h = 0; h < s.heads_q; ++h)
+      for (std::int64_t d = 0; d < s.dim; ++d) in.q[static_cast<std::size_t>((i * s.heads_q + h) * s.dim + d)] = 1.0f;
+  for (std::int64_t j = 0; j < s.seq_k; ++j)
+    for (std::int64_t h = 0; h < s.heads_kv; ++h)
+      for (std::int64_t d = 0; d < s.dim; ++d)
+        in.k[static_cast<std::size_t>((j * s.heads_kv + h) * s.dim + d)] =
+            j < 64 ? 0.01f * static_cast<float>(d % 5) : 2.5f + 0.05f * static_cast<float>((j + h) % 7);
+  baton::attention_params causal_params = params;
+  causal_params.q_pos = baton::positions(s.seq_k - s.seq_q, s.seq_q);
+  const auto check = [&](const auto& mask, const baton::attention_params& p, const char* what) {
+    INFO(what);
+    const auto expected = attn_test::run(baton::reference_attention{}, in, mask, p);
+    const auto got = attn_test::run(baton::kokkos_attention{}, in, mask, p);
+    // Scores of ~160 carry float rounding of ~1e-5 each; the outputs are averages of v
+    // (|v| ~ 1) with weights e^(score - max): 1e-4 of the largest output bounds that.
+    CHECK(attn_test::max_abs_error(got.out, expected.out) <= 1e-4 * attn_test::max_magnitude(expected.out));
+    CHECK(attn_test::max_abs_error(got.lse, expected.lse) <= 1e-5 * attn_test::max_magnitude(expected.lse));
+  };
+  check(baton::no_mask{}, params, "no mask");
+  check(baton::causal_mask{}, causal_params, "causal, queries after the keys");
+}
+
 TEST_CASE("kokkos_attention backward: dQ summed from several key-pass runs, as several threads make it",
           "[attention][kokkos]") {
   // The key pass adds each key block's share of dQ to its run's partial, and the query pass

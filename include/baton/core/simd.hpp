@@ -227,8 +227,8 @@ BATON_ALWAYS_INLINE T hsum(const vec_t<T>& v) noexcept {
 #endif
 }
 
-/// 2^f for f in [-1/2, 1/2]: exp2's polynomial (degree-7 Taylor of e^(f ln 2)), one definition
-/// for every exponential built on it (attention's softmax tiles too), so they give the same values.
+/// 2^f for f in [-1/2, 1/2]: exp2's polynomial (degree-7 Taylor of e^(f ln 2)). The AVX-512
+/// softmax tiles of the attention kernels use their own (flash_tiles.hpp: exp2_scores).
 BATON_ALWAYS_INLINE vec_t<float> exp2_fraction(vec_t<float> f) noexcept {
   constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
                   c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,

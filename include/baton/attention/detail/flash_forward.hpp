@@ -102,11 +102,12 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     // moves only when a score exceeds it by more than lazy_rescale_log2; P is then at most
     // 2^lazy_rescale_log2 (out = O / l and lse = m + log2 l do not depend on which m). So a
     // tile needs no pass for the row max and no horizontal max: one pass computes P, the
-    // row's sum and whether a score went past m + threshold, and only such a row (rare after
-    // a row's first tile), or a row's first tile, takes the exact path: max, then P again,
-    // and rescale l and O when m moved.
+    // row's sum and whether a P went past 2^threshold (a score past m + threshold), and only
+    // such a row (rare after a row's first tile), or a row's first tile, takes the exact
+    // path: max, then P again, and rescale l and O when m moved.
     const V cv = broadcast(c);
     const V threshold = broadcast(lazy_rescale_log2<T>);
+    const V threshold_power = broadcast(std::exp2(lazy_rescale_log2<T>));
     for (std::int64_t i = 0; i < rows; ++i) {
       const std::int64_t j_begin = tile.col_begin[i / tile_rows], j_end = tile.col_end[i / tile_rows];
       if (j_begin >= j_end) continue;
@@ -119,18 +120,19 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
         // The row keeps its scores until it is known not to need the exact path, which
         // reads them again.
         if (j_begin == 0 && j_end == block_k) {  // a whole row: unrolled, P held in registers
+          // The test is on the lane sums, one compare per row instead of one per vector: a
+          // lane sum adds NV values of P >= 0, so no sum above 2^threshold means no P above
+          // it. A sum can pass it with every P below (the exact path then runs for nothing and
+          // gives the same result); an overflow to +inf passes it; a NaN does not, and reaches
+          // the row's sum as before.
           constexpr int NV = static_cast<int>(block_k / W);
           V e[NV];
-          for (int v = 0; v < NV; ++v) {
-            const V x = fma(load(row + v * W), cv, msub);
-            over |= greater_bits<T>(x, threshold);
-            e[v] = exp2_scores<true, T>(x);
-          }
-          if (over == 0) {
-            sum = e[0];
+          for (int v = 0; v < NV; ++v) e[v] = exp2_scores<true, T>(fma(load(row + v * W), cv, msub));
+          sum = e[0];
+          for (int v = 1; v < NV; ++v) sum = sum + e[v];
+          over = greater_bits<T>(sum, threshold_power);
+          if (over == 0)
             for (int v = 0; v < NV; ++v) store(row + v * W, e[v]);
-            for (int v = 1; v < NV; ++v) sum = sum + e[v];
-          }
         } else {  // a partial row: test first, then exponentiate in place
           for (std::int64_t j = j_begin; j < j_end; j += W)
             over |= greater_bits<T>(fma(load(row + j), cv, msub), threshold);

@@ -99,6 +99,12 @@ inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round
   unsigned char bad[block_k] = {};
   bool any_bad = false;
   for (std::int64_t j = 0; j < kc; ++j) {
+    // This is the first read of the rows (the copies below find them in cache): without the
+    // prefetch it waited on memory row by row, 2 % of a D = 64 forward on the Intel machine.
+    if (j + prefetch_rows_ahead < kc) {
+      prefetch_row(k_rows[j + prefetch_rows_ahead], call.dim);
+      prefetch_row(v_rows[j + prefetch_rows_ahead], call.dim);
+    }
     bad[j] = !(all_finite(k_rows[j], call.dim) && all_finite(v_rows[j], call.dim));
     any_bad = any_bad || bad[j];
   }

@@ -328,25 +328,44 @@ template <class TT>
 
 // ---- the softmax's exponential ----------------------------------------------------------
 
-/// 2^x per lane for the softmax tiles: the same values as core::simd's exp2 (same reduction,
-/// same polynomial) on every x >= -126.5; below that, and -inf (a masked score), 0. A NaN
-/// gives NaN when NanToNan (the forward: it then reaches the row's sum, and the non-finite
-/// rule makes the row NaN), else 0 as exp2 does. With AVX-512 the rounding and the scaling
-/// are one instruction each (vrndscaleps, vscalefps), and the range test a mask: 11
-/// operations instead of exp2's 18, which showed as a fifth of a D = 64 forward.
+/// 2^f for f in [0, 1): the softmax tiles' polynomial, a degree-6 minimax fit of the
+/// relative error (1.9e-9 in exact arithmetic, 6.2e-8 evaluated in float over every f on a
+/// 2^-24 grid: below exp2_fraction's 7.3e-8 with one multiply-add fewer).
+BATON_ALWAYS_INLINE vec_t<float> exp2_unit_fraction(vec_t<float> f) noexcept {
+  constexpr float c0 = 1.0000000018557977f, c1 = 0.69314698384043868f, c2 = 0.24022983627589422f,
+                  c3 = 0.05548334197771016f, c4 = 0.0096788410070436723f, c5 = 0.0012439687747148748f,
+                  c6 = 0.00021702255680520309f;
+  vec_t<float> p = broadcast(c6);
+  p = fma(p, f, broadcast(c5));
+  p = fma(p, f, broadcast(c4));
+  p = fma(p, f, broadcast(c3));
+  p = fma(p, f, broadcast(c2));
+  p = fma(p, f, broadcast(c1));
+  p = fma(p, f, broadcast(c0));
+  return p;
+}
+
+/// 2^x per lane for the softmax tiles (forward and backward use this one, so the backward's
+/// P is the forward's): relative error ~6e-8 on every x >= -126; below that, and -inf (a
+/// masked score), 0. A NaN gives NaN when NanToNan (the forward: it then reaches the row's
+/// sum, and the non-finite rule makes the row NaN), else 0.
+/// With AVX-512 (DQ) it is 9 operations: the range test as a mask, vreduceps for
+/// f = x - floor(x) (0 for +-inf, so -inf needs no test), the degree-6 polynomial, and
+/// vscalefps for p * 2^floor(x). Every one of them competes with the tile GEMMs' FMAs for the
+/// same two ports on Intel's cores; the former 12 (round, subtract, degree 7) cost ~3 % of a
+/// D = 64 forward there.
 template <bool NanToNan, class T>
 BATON_ALWAYS_INLINE vec_t<T> exp2_scores(vec_t<T> x) noexcept {
-#if defined(__GNUC__) && defined(__AVX512F__)
+#if defined(__GNUC__) && defined(__AVX512F__) && defined(__AVX512DQ__)
   if constexpr (std::is_same_v<T, float> && width_v<T> == 16) {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.5f), NanToNan ? _CMP_NLT_UQ : _CMP_GE_OQ);
     // The masked form with x as its own source: GCC 12's unmasked one passes an undefined
     // operand that -Wmaybe-uninitialized reports.
-    const __m512 n = _mm512_mask_roundscale_ps(x, 0xffff, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const vec_t<float> f = x - n;  // in [-1/2, 1/2]
-    return _mm512_maskz_scalef_ps(live, core::simd::exp2_fraction(f), n);
+    const __m512 f = _mm512_mask_reduce_ps(x, 0xffff, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), NanToNan ? _CMP_NLT_UQ : _CMP_GE_OQ);
+    return _mm512_maskz_scalef_ps(live, exp2_unit_fraction(f), x);
   }
 #endif
-  return exp2(x);
+  return exp2(x);  // elsewhere core::simd's (NaN gives 0 there)
 }
 
 /// A bit per lane of x that is greater than y (0 for NaN lanes): where the target has mask
