@@ -175,13 +175,27 @@ TEST_CASE("nn gemm_bf16: the AVX512_BF16 kernel equals the definition on bf16-ro
   check_bf16<float, baton::bfloat16>(bf16_gemm_kernel::avx512_bf16);
 }
 
+TEST_CASE("nn gemm_bf16: the AMX kernel equals the definition on bf16-rounded operands", "[nn][gemm][can-skip]") {
+  if (!baton::detail::nn::cpu_has_amx_bf16())
+    BATON_SKIP("this CPU (or its OS) offers no AMX-BF16 tiles (another kernel runs)");
+  check_bf16<float, float>(bf16_gemm_kernel::amx_bf16);
+  check_bf16<baton::bfloat16, baton::bfloat16>(bf16_gemm_kernel::amx_bf16);
+  check_bf16<float, baton::bfloat16>(bf16_gemm_kernel::amx_bf16);
+  check_bf16<baton::bfloat16, float>(bf16_gemm_kernel::amx_bf16);
+}
+
 TEST_CASE("nn gemm_bf16: automatic runs, bit for bit, the kernel bf16_gemm_implementation names", "[nn][gemm]") {
-  // The choice follows the CPU (AVX512_BF16 and whether its dot products beat float FMAs),
-  // never a timing: the same machine sums in the same order on every run.
+  // The choice follows the CPU (AMX; else AVX512_BF16 and whether its dot products beat float
+  // FMAs), never a timing: the same machine sums in the same order on every run.
+  const bool amx = baton::detail::nn::cpu_has_amx_bf16();
   const bool fast = baton::detail::nn::bf16_dot_products_fast();
+  const bf16_gemm_kernel kernel = amx    ? bf16_gemm_kernel::amx_bf16
+                                  : fast ? bf16_gemm_kernel::avx512_bf16
+                                         : bf16_gemm_kernel::widened_sgemm;
+  CHECK(baton::detail::nn::bf16_gemm_automatic_kernel() == kernel);
   const std::string named = baton::detail::nn::bf16_gemm_implementation();
   INFO("implementation here: " << named);
-  CHECK(named.starts_with(fast ? "avx512_bf16" : "widened sgemm"));
+  CHECK(named.starts_with(amx ? "amx_bf16" : fast ? "avx512_bf16" : "widened sgemm"));
   CHECK((!fast || baton::detail::nn::cpu_has_avx512_bf16()));
   const std::int64_t m = 37, n = 45, k = 300;  // long sums: the two kernels add in different orders
   std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
@@ -190,7 +204,7 @@ TEST_CASE("nn gemm_bf16: automatic runs, bit for bit, the kernel bf16_gemm_imple
   std::vector<float> automatic(static_cast<std::size_t>(m * n)), chosen(automatic.size());
   baton::detail::nn::gemm_bf16(op::none, op::none, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, automatic.data(), n);
   baton::detail::nn::gemm_bf16(op::none, op::none, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, chosen.data(), n,
-                               fast ? bf16_gemm_kernel::avx512_bf16 : bf16_gemm_kernel::widened_sgemm);
+                               kernel);
   CHECK(std::memcmp(automatic.data(), chosen.data(), automatic.size() * sizeof(float)) == 0);
 }
 
@@ -215,5 +229,12 @@ TEST_CASE("nn gemm_bf16: operands are rounded to bf16, sums are not", "[nn][gemm
     REQUIRE_THROWS_WITH(baton::detail::nn::gemm_bf16(op::none, op::none, 1, 1, 1, 1.0f, &a, 1, &a, 1, 0.0f, &c, 1,
                                                      bf16_gemm_kernel::avx512_bf16),
                         Catch::Matchers::Contains("needs a CPU with AVX512_BF16"));
+  }
+  if (!baton::detail::nn::cpu_has_amx_bf16()) {
+    const float a = 1.0f;
+    float c = 0.0f;
+    REQUIRE_THROWS_WITH(baton::detail::nn::gemm_bf16(op::none, op::none, 1, 1, 1, 1.0f, &a, 1, &a, 1, 0.0f, &c, 1,
+                                                     bf16_gemm_kernel::amx_bf16),
+                        Catch::Matchers::Contains("amx_bf16 kernel"));
   }
 }

@@ -29,9 +29,9 @@ inline std::string blas_kernel() {
 #endif
 }
 
-/// What matmul_precision::bf16's products run on here: "avx512_bf16" (VDPBF16PS, on a CPU
-/// with AVX512_BF16) or "widened sgemm" (the operands rounded, widened and multiplied by the
-/// products' usual kernel).
+/// What matmul_precision::bf16's products run on here: "amx_bf16" (TDPBF16PS, Intel's tile
+/// unit), "avx512_bf16" (VDPBF16PS, on an AMD CPU with AVX512_BF16) or "widened sgemm" (the
+/// operands rounded, widened and multiplied by the products' usual kernel).
 inline std::string bf16_matmul_kernel() { return detail::nn::bf16_gemm_implementation(); }
 
 /// Sets the number of threads OpenBLAS runs each call on (no effect without baton::blas).

@@ -6,14 +6,21 @@
 // computes its matrix products in: the float master weights and float activations enter as
 // bf16, the sums stay float.
 //
-// Two implementations, chosen at run time:
+// Three implementations, chosen at run time:
+//  - `bf16_gemm_kernel::amx_bf16` (`automatic` wherever it runs): Intel's tile unit (Sapphire
+//    Rapids and later, on Linux 5.16 or later, which must grant the process the tile state).
+//    The operands are packed as pairs of bf16 along k into 16-row A tiles and 16-column B
+//    tiles, and TDPBF16PS adds 16 x 16 x 32 exact products per instruction into a 32 x 32
+//    block of C held in four tile registers. Rounding as VDPBF16PS's below (Intel: each
+//    accumulation to nearest even, bf16 subnormals as zero, subnormal results flushed).
 //  - `bf16_gemm_kernel::avx512_bf16`: packs op(A) and op(B) into pairs of bf16 along k and
 //    multiplies them with VDPBF16PS (two bf16 products added to a float per lane, 32 products
 //    per instruction, twice the multiply-adds of a float FMA). Compiled wherever the compiler
 //    takes `target("avx512bf16")` on x86-64 (GCC, Clang) whatever the build's -march; it runs
 //    wherever the CPU has AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
-//    Rapids and later), and `automatic` picks it where it is the faster kernel, on AMD's
-//    (bf16_dot_products_fast: on Intel's the instruction is slower than float FMAs). The
+//    Rapids and later), and `automatic` picks it where it is the faster kernel and AMX is
+//    absent, on AMD's (bf16_dot_products_fast: on Intel's the instruction is slower than float
+//    FMAs). The
 //    instruction treats bf16 subnormals as zero and flushes subnormal results to zero; each
 //    lane adds its two products to the sum one after the other, each addition rounded to
 //    nearest even.
@@ -21,7 +28,7 @@
 //    to bf16, widened back to float (exact) and multiplied by gemm<float> (cblas_sgemm when
 //    linked). A bf16 times bf16 product is exact in float, so both sum the same exact
 //    products in float; they differ only in the order of the additions and in subnormals.
-// Both are deterministic for a given CPU and thread count (one thread each).
+// All are deterministic for a given CPU and thread count (one thread each).
 #pragma once
 
 #include <baton/core/float16.hpp>
@@ -37,17 +44,26 @@
 #include <vector>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define BATON_BF16_GEMM_X86 1
 #else
 #define BATON_BF16_GEMM_X86 0
 #endif
+#if BATON_BF16_GEMM_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define BATON_BF16_GEMM_AMX 1
+#else
+#define BATON_BF16_GEMM_AMX 0
+#endif
 
 namespace baton::detail::nn {
 
-/// Which code gemm_bf16 runs (automatic: the AVX512_BF16 kernel where it is the faster one,
-/// see bf16_dot_products_fast).
-enum class bf16_gemm_kernel { automatic, avx512_bf16, widened_sgemm };
+/// Which code gemm_bf16 runs (automatic: the AMX kernel where the CPU and the OS allow it,
+/// else the AVX512_BF16 kernel where it is the faster one, see bf16_dot_products_fast, else the
+/// widened sgemm).
+enum class bf16_gemm_kernel { automatic, avx512_bf16, widened_sgemm, amx_bf16 };
 
 /// Whether this CPU runs the AVX512_BF16 kernel.
 inline bool cpu_has_avx512_bf16() noexcept {
@@ -76,9 +92,34 @@ inline bool bf16_dot_products_fast() noexcept {
 #endif
 }
 
-/// What gemm_bf16's automatic choice runs here: "avx512_bf16" or "widened sgemm" (with the
-/// reason where the CPU has AVX512_BF16).
+/// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-BF16 (Intel
+/// Sapphire Rapids and later) and AVX512_BF16 (the packing), and Linux (5.16 or later) grants
+/// the process the tile registers' state, asked once (arch_prctl ARCH_REQ_XCOMP_PERM).
+inline bool cpu_has_amx_bf16() noexcept {
+#if BATON_BF16_GEMM_AMX
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return tile && bf16 && syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+/// The kernel gemm_bf16's automatic choice runs on this machine.
+inline bf16_gemm_kernel bf16_gemm_automatic_kernel() noexcept {
+  if (cpu_has_amx_bf16()) return bf16_gemm_kernel::amx_bf16;
+  return bf16_dot_products_fast() ? bf16_gemm_kernel::avx512_bf16 : bf16_gemm_kernel::widened_sgemm;
+}
+
+/// What gemm_bf16's automatic choice runs here: "amx_bf16", "avx512_bf16" or "widened sgemm"
+/// (with the reason where the CPU has AVX512_BF16).
 inline const char* bf16_gemm_implementation() noexcept {
+  if (cpu_has_amx_bf16()) return "amx_bf16";
   if (bf16_dot_products_fast()) return "avx512_bf16";
   return cpu_has_avx512_bf16() ? "widened sgemm (this CPU's VDPBF16PS is slower than its float FMAs)"
                                : "widened sgemm";
@@ -148,10 +189,16 @@ BATON_BF16_TARGET inline void pairs_along_row(const S* p, std::int64_t count, st
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t / 2), a);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t / 2 + 8), b);
   }
-  for (; t < count; t += 2) {
-    const std::uint32_t lo = bf16_bits_of(p[t]);
-    const std::uint32_t hi = t + 1 < count ? bf16_bits_of(p[t + 1]) : 0u;
-    out[t / 2] = lo | (hi << 16);
+  if (t < count) {  // 1 to 31 values left, as masked loads (a row as short as 16 values, a head's,
+                    // was all tail, converted one value at a time)
+    const int rest = static_cast<int>(count - t);
+    const int dwords = (rest + 1) / 2;
+    const __m256i a = load16_bf16_bits(p + t, std::min(rest, 16));
+    _mm256_mask_storeu_epi32(out + t / 2, __mmask8((1u << std::min(dwords, 8)) - 1u), a);
+    if (dwords > 8) {
+      const __m256i b = load16_bf16_bits(p + t + 16, rest - 16);
+      _mm256_mask_storeu_epi32(out + t / 2 + 8, __mmask8((1u << (dwords - 8)) - 1u), b);
+    }
   }
 }
 
@@ -282,6 +329,152 @@ BATON_BF16_TARGET void gemm_avx512(op op_a, op op_b, std::int64_t m, std::int64_
     }
   }
 }
+#if BATON_BF16_GEMM_AMX
+// ---- AMX: TDPBF16PS on 16 x 16 tiles ------------------------------------------------------
+// One instruction multiplies a 16-row A tile (16 pairs of bf16 along k per row) by a B tile
+// (16 pairs along k, each the pair of 16 columns): 8192 exact products summed into 16 x 16
+// floats. A register block of C is 32 x 32: four C tiles, two A and two B tiles per step of 32
+// k. Operands are packed with the AVX-512 helpers above, k padded with zero pairs to 16 and
+// rows and columns to 32, so that every tile is whole and one tile configuration serves.
+#define BATON_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+inline constexpr std::int64_t amx_kc = 512;  // k per block (256 pairs): an A row of a block is 1 KiB
+inline constexpr std::int64_t amx_mc = 128;  // rows per A block (128 KiB, in L2)
+inline constexpr std::int64_t amx_nc = 512;  // columns per B block (512 KiB)
+
+struct alignas(64) amx_tile_config {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// op(X)'s rows [i0, i0 + rows) over k [p0, p0 + depth) as tile rows: row r's pairs at
+// out[r * padded_pairs ..], zero past depth, and rows up to rows_padded zero.
+template <class S>
+BATON_AMX_TARGET void pack_tile_rows(const S* x, std::int64_t ld, bool row_major_pairs, std::int64_t i0,
+                                     std::int64_t rows, std::int64_t rows_padded, std::int64_t p0, std::int64_t depth,
+                                     std::int64_t padded_pairs, std::uint32_t* out, std::vector<std::uint32_t>& panel) {
+  const std::int64_t pairs = (depth + 1) / 2;
+  std::memset(out, 0, static_cast<std::size_t>(rows_padded * padded_pairs) * sizeof(std::uint32_t));
+  if (row_major_pairs) {
+    for (std::int64_t r = 0; r < rows; ++r) pairs_along_row(x + (i0 + r) * ld + p0, depth, out + r * padded_pairs);
+    return;
+  }
+  // A row's pairs are one column of two memory rows: pack 16 rows at a time pair-major, then
+  // put each row's pairs together.
+  panel.resize(static_cast<std::size_t>(pairs * 16));
+  std::vector<std::uint32_t> unused;  // pack_panels reads rows through it only for row-major pairs
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const std::int64_t in_panel = std::min<std::int64_t>(16, rows - r0);
+    pack_panels(x, ld, false, i0 + r0, in_panel, p0, depth, 16, panel.data(), unused);
+    for (std::int64_t q = 0; q < pairs; ++q)
+      for (std::int64_t r = 0; r < in_panel; ++r)
+        out[(r0 + r) * padded_pairs + q] = panel[static_cast<std::size_t>(q * 16 + r)];
+  }
+}
+
+// op(B)'s columns [j0, j0 + cols) as B tiles: per 16 columns, padded_pairs pairs of 16 dwords,
+// zero past depth and past cols (up to cols_padded).
+template <class S>
+BATON_AMX_TARGET void pack_tile_columns(const S* x, std::int64_t ld, bool row_major_pairs, std::int64_t j0,
+                                        std::int64_t cols, std::int64_t cols_padded, std::int64_t p0,
+                                        std::int64_t depth, std::int64_t padded_pairs, std::uint32_t* out,
+                                        std::vector<std::uint32_t>& scratch) {
+  for (std::int64_t c0 = 0; c0 < cols_padded; c0 += 16) {
+    std::uint32_t* panel = out + (c0 / 16) * padded_pairs * 16;
+    std::memset(panel, 0, static_cast<std::size_t>(padded_pairs * 16) * sizeof(std::uint32_t));
+    if (c0 < cols) pack_panels(x, ld, row_major_pairs, j0 + c0, std::min<std::int64_t>(16, cols - c0), p0, depth, 16,
+                               panel, scratch);
+  }
+}
+
+// C[rows x cols] (rows, cols <= 32) = alpha (A rows . B columns) + (beta C, or nothing for beta 0).
+BATON_AMX_TARGET inline void amx_block(std::int64_t padded_pairs, const std::uint32_t* a, const std::uint32_t* b,
+                                       float* c, std::int64_t ldc, int rows, int cols, float alpha, float beta) noexcept {
+  alignas(64) float sum[32 * 32];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const std::int64_t a_stride = padded_pairs * 4;
+  const std::uint32_t* b1 = b + padded_pairs * 16;
+  for (std::int64_t q = 0; q < padded_pairs; q += 16) {
+    _tile_loadd(4, a + q, a_stride);
+    _tile_loadd(5, a + 16 * padded_pairs + q, a_stride);
+    _tile_loadd(6, b + q * 16, 64);
+    _tile_loadd(7, b1 + q * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, sum, 128);
+  _tile_stored(1, sum + 16, 128);
+  _tile_stored(2, sum + 16 * 32, 128);
+  _tile_stored(3, sum + 16 * 32 + 16, 128);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1u);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
+  for (int r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    __m512 y0 = _mm512_mul_ps(va, _mm512_load_ps(sum + r * 32)), y1 = _mm512_mul_ps(va, _mm512_load_ps(sum + r * 32 + 16));
+    if (beta != 0.0f) {  // beta 0 overwrites C (NaNs in C do not survive), as BLAS does
+      y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), y0);
+      y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), y1);
+    }
+    _mm512_mask_storeu_ps(row, m0, y0);
+    _mm512_mask_storeu_ps(row + 16, m1, y1);
+  }
+}
+
+template <class SA, class SB>
+BATON_AMX_TARGET void gemm_amx(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                               const SA* a, std::int64_t lda, const SB* b, std::int64_t ldb, float beta, float* c,
+                               std::int64_t ldc) {
+  if (k == 0 || alpha == 0.0f) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      for (std::int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+    }
+    return;
+  }
+  const auto round32 = [](std::int64_t x) { return (x + 31) / 32 * 32; };
+  // thread_local as in gemm_avx512: no allocation in a steady state.
+  thread_local std::vector<std::uint32_t> a_pack, b_pack, scratch;
+  const std::int64_t padded_pairs_max = (std::min(amx_kc, k + (k & 1)) / 2 + 15) / 16 * 16;
+  a_pack.resize(static_cast<std::size_t>(round32(std::min(amx_mc, m)) * padded_pairs_max));
+  b_pack.resize(static_cast<std::size_t>(round32(std::min(amx_nc, n)) * padded_pairs_max));
+  amx_tile_config config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&config);
+  for (std::int64_t j0 = 0; j0 < n; j0 += amx_nc) {
+    const std::int64_t nb = std::min(amx_nc, n - j0);
+    for (std::int64_t p0 = 0; p0 < k; p0 += amx_kc) {
+      const std::int64_t kb = std::min(amx_kc, k - p0);
+      const std::int64_t padded_pairs = ((kb + 1) / 2 + 15) / 16 * 16;
+      const float beta_here = p0 == 0 ? beta : 1.0f;
+      pack_tile_columns(b, ldb, op_b == op::transpose, j0, nb, round32(nb), p0, kb, padded_pairs, b_pack.data(), scratch);
+      for (std::int64_t i0 = 0; i0 < m; i0 += amx_mc) {
+        const std::int64_t mb = std::min(amx_mc, m - i0);
+        pack_tile_rows(a, lda, op_a == op::none, i0, mb, round32(mb), p0, kb, padded_pairs, a_pack.data(), scratch);
+        for (std::int64_t jr = 0; jr < nb; jr += 32) {
+          const std::uint32_t* bp = b_pack.data() + (jr / 16) * padded_pairs * 16;
+          const int cols = static_cast<int>(std::min<std::int64_t>(32, nb - jr));
+          for (std::int64_t ir = 0; ir < mb; ir += 32)
+            amx_block(padded_pairs, a_pack.data() + ir * padded_pairs, bp, c + (i0 + ir) * ldc + j0 + jr, ldc,
+                      static_cast<int>(std::min<std::int64_t>(32, mb - ir)), cols, alpha, beta_here);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+#undef BATON_AMX_TARGET
+#endif  // BATON_BF16_GEMM_AMX
+
 #pragma GCC diagnostic pop
 #undef BATON_BF16_TARGET
 #endif  // BATON_BF16_GEMM_X86
@@ -307,8 +500,19 @@ void gemm_bf16(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     (std::is_same_v<SB, float> || std::is_same_v<SB, bfloat16>),
                 "baton::nn gemm_bf16: operands are float or baton::bfloat16");
   if (m == 0 || n == 0) return;
-  if (kernel == bf16_gemm_kernel::automatic)
-    kernel = bf16_dot_products_fast() ? bf16_gemm_kernel::avx512_bf16 : bf16_gemm_kernel::widened_sgemm;
+  if (kernel == bf16_gemm_kernel::automatic) kernel = bf16_gemm_automatic_kernel();
+  if (kernel == bf16_gemm_kernel::amx_bf16) {
+#if BATON_BF16_GEMM_AMX
+    if (!cpu_has_amx_bf16())
+      throw baton::nn::nn_error("baton::nn gemm_bf16: the amx_bf16 kernel needs a CPU with AMX-BF16 and an OS that "
+                                "grants the tile registers (Linux 5.16 or later); use bf16_gemm_kernel::automatic");
+    bf16_gemm::gemm_amx(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+#else
+    throw baton::nn::nn_error("baton::nn gemm_bf16: the amx_bf16 kernel is built for x86-64 Linux with GCC or Clang "
+                              "only; use bf16_gemm_kernel::automatic");
+#endif
+  }
   if (kernel == bf16_gemm_kernel::avx512_bf16) {
 #if BATON_BF16_GEMM_X86
     if (!cpu_has_avx512_bf16())
