@@ -20,10 +20,9 @@
 //    wherever the CPU has AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
 //    Rapids and later), and `automatic` picks it where it is the faster kernel and AMX is
 //    absent, on AMD's (bf16_dot_products_fast: on Intel's the instruction is slower than float
-//    FMAs). The
-//    instruction treats bf16 subnormals as zero and flushes subnormal results to zero; each
-//    lane adds its two products to the sum one after the other, each addition rounded to
-//    nearest even.
+//    FMAs). The instruction treats bf16 subnormals as zero and flushes subnormal results to
+//    zero; each lane adds its two products to the sum one after the other, each addition
+//    rounded to nearest even.
 //  - `bf16_gemm_kernel::widened_sgemm` (`automatic` on every other CPU): the operands rounded
 //    to bf16, widened back to float (exact) and multiplied by gemm<float> (cblas_sgemm when
 //    linked). A bf16 times bf16 product is exact in float, so both sum the same exact
@@ -250,6 +249,14 @@ BATON_BF16_TARGET void pack_panels(const S* x, std::int64_t ld, bool row_major_p
   }
 }
 
+// C = beta C (no products: k = 0 or alpha = 0); beta 0 writes zeros, as BLAS does.
+inline void scale_only(std::int64_t m, std::int64_t n, float beta, float* c, std::int64_t ldc) noexcept {
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    for (std::int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
 // C[rows x cols] (cols <= 32, rows <= mr) = alpha (A panel . B panel) + (first ? beta C : C).
 BATON_BF16_TARGET inline void micro_kernel(std::int64_t pairs, const std::uint32_t* a, const std::uint32_t* b,
                                            float* c, std::int64_t ldc, int rows, int cols, float alpha,
@@ -290,13 +297,7 @@ template <class SA, class SB>
 BATON_BF16_TARGET void gemm_avx512(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                                    const SA* a, std::int64_t lda, const SB* b, std::int64_t ldb, float beta, float* c,
                                    std::int64_t ldc) {
-  if (k == 0 || alpha == 0.0f) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      float* row = c + i * ldc;
-      for (std::int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-    }
-    return;
-  }
+  if (k == 0 || alpha == 0.0f) return scale_only(m, n, beta, c, ldc);
   // thread_local: the ranks of a thread world call this at once; each keeps its buffers from
   // one call to the next (no allocation in a steady state).
   thread_local std::vector<std::uint32_t> a_pack, b_pack, scratch;
@@ -431,13 +432,7 @@ template <class SA, class SB>
 BATON_AMX_TARGET void gemm_amx(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                                const SA* a, std::int64_t lda, const SB* b, std::int64_t ldb, float beta, float* c,
                                std::int64_t ldc) {
-  if (k == 0 || alpha == 0.0f) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      float* row = c + i * ldc;
-      for (std::int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-    }
-    return;
-  }
+  if (k == 0 || alpha == 0.0f) return scale_only(m, n, beta, c, ldc);
   const auto round32 = [](std::int64_t x) { return (x + 31) / 32 * 32; };
   // thread_local as in gemm_avx512: no allocation in a steady state.
   thread_local std::vector<std::uint32_t> a_pack, b_pack, scratch;
