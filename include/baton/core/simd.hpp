@@ -227,21 +227,26 @@ BATON_ALWAYS_INLINE T hsum(const vec_t<T>& v) noexcept {
 #endif
 }
 
+/// c[0] + c[1] x + ... + c[N-1] x^(N-1) per lane, by Horner's rule (one fma per degree).
+template <class T, std::size_t N>
+BATON_ALWAYS_INLINE vec_t<T> horner(vec_t<T> x, const T (&c)[N]) noexcept {
+  vec_t<T> p = broadcast(c[N - 1]);
+  for (std::size_t k = N - 1; k-- > 0;) p = fma(p, x, broadcast(c[k]));
+  return p;
+}
+
 /// 2^f for f in [-1/2, 1/2]: exp2's polynomial (degree-7 Taylor of e^(f ln 2)). The AVX-512
 /// softmax tiles of the attention kernels use their own (flash_tiles.hpp: exp2_scores).
 BATON_ALWAYS_INLINE vec_t<float> exp2_fraction(vec_t<float> f) noexcept {
-  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
-                  c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
-                  c7 = 1.525273380405984e-05f;
-  vec_t<float> p = broadcast(c7);
-  p = fma(p, f, broadcast(c6));
-  p = fma(p, f, broadcast(c5));
-  p = fma(p, f, broadcast(c4));
-  p = fma(p, f, broadcast(c3));
-  p = fma(p, f, broadcast(c2));
-  p = fma(p, f, broadcast(c1));
-  p = fma(p, f, broadcast(1.0f));
-  return p;
+  static constexpr float c[] = {1.0f,
+                                0.6931471805599453f,
+                                0.2402265069591007f,
+                                0.05550410866482158f,
+                                0.009618129107628477f,
+                                0.0013333558146428443f,
+                                0.00015403530393381608f,
+                                1.525273380405984e-05f};
+  return horner(f, c);
 }
 
 /// 2^x per lane. Inputs below the smallest normal exponent give exactly 0 (so -inf, a
@@ -293,8 +298,7 @@ BATON_ALWAYS_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {
                           4.445538271870811497e-10,
                           2.567843599348820264e-11,
                           1.369148885390412482e-12};
-  vec_t<double> p = broadcast(c[13]);
-  for (int k = 12; k >= 0; --k) p = fma(p, f, broadcast(c[k]));
+  const vec_t<double> p = horner(f, c);
 #if defined(__GNUC__)
   const vi64_t ni = std::bit_cast<vi64_t>(t) - std::bit_cast<std::int64_t>(6755399441055744.0);
   const vi64_t scale_bits = (ni + 1023) << 52;

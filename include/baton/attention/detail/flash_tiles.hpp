@@ -332,17 +332,10 @@ template <class TT>
 /// relative error (1.9e-9 in exact arithmetic, 6.2e-8 evaluated in float over every f on a
 /// 2^-24 grid: below exp2_fraction's 7.3e-8 with one multiply-add fewer).
 BATON_ALWAYS_INLINE vec_t<float> exp2_unit_fraction(vec_t<float> f) noexcept {
-  constexpr float c0 = 1.0000000018557977f, c1 = 0.69314698384043868f, c2 = 0.24022983627589422f,
-                  c3 = 0.05548334197771016f, c4 = 0.0096788410070436723f, c5 = 0.0012439687747148748f,
-                  c6 = 0.00021702255680520309f;
-  vec_t<float> p = broadcast(c6);
-  p = fma(p, f, broadcast(c5));
-  p = fma(p, f, broadcast(c4));
-  p = fma(p, f, broadcast(c3));
-  p = fma(p, f, broadcast(c2));
-  p = fma(p, f, broadcast(c1));
-  p = fma(p, f, broadcast(c0));
-  return p;
+  static constexpr float c[] = {1.0000000018557977f,    0.69314698384043868f,    0.24022983627589422f,
+                                0.05548334197771016f,   0.0096788410070436723f,  0.0012439687747148748f,
+                                0.00021702255680520309f};
+  return horner(f, c);
 }
 
 /// 2^x per lane for the softmax tiles (forward and backward use this one, so the backward's

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
@@ -257,6 +258,29 @@ inline void scale_only(std::int64_t m, std::int64_t n, float beta, float* c, std
   }
 }
 
+// The kernels' epilogue: C's rows [0, rows) of up to 32 columns = alpha (sum0, sum1 of the
+// row) + beta C; beta 0 overwrites C (NaNs in C do not survive), as BLAS does.
+template <class RowSums>
+BATON_BF16_TARGET __attribute__((always_inline)) inline void write_c_rows(float* c, std::int64_t ldc, int rows,
+                                                                          int cols, float alpha, float beta,
+                                                                          const RowSums& sums) noexcept {
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1u);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
+#pragma GCC unroll 14
+  for (int r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    const auto [s0, s1] = sums(r);
+    __m512 y0 = _mm512_mul_ps(va, s0), y1 = _mm512_mul_ps(va, s1);
+    if (beta != 0.0f) {
+      y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), y0);
+      y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), y1);
+    }
+    _mm512_mask_storeu_ps(row, m0, y0);
+    _mm512_mask_storeu_ps(row + 16, m1, y1);
+  }
+}
+
 // C[rows x cols] (cols <= 32, rows <= mr) = alpha (A panel . B panel) + (first ? beta C : C).
 BATON_BF16_TARGET inline void micro_kernel(std::int64_t pairs, const std::uint32_t* a, const std::uint32_t* b,
                                            float* c, std::int64_t ldc, int rows, int cols, float alpha,
@@ -276,21 +300,7 @@ BATON_BF16_TARGET inline void micro_kernel(std::int64_t pairs, const std::uint32
     a += mr;
     b += nr;
   }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1u);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
-#pragma GCC unroll 14
-  for (int r = 0; r < mr; ++r) {
-    if (r >= rows) break;
-    float* row = c + r * ldc;
-    __m512 y0 = _mm512_mul_ps(va, acc[r][0]), y1 = _mm512_mul_ps(va, acc[r][1]);
-    if (beta != 0.0f) {  // beta 0 overwrites C (NaNs in C do not survive), as BLAS does
-      y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), y0);
-      y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), y1);
-    }
-    _mm512_mask_storeu_ps(row, m0, y0);
-    _mm512_mask_storeu_ps(row + 16, m1, y1);
-  }
+  write_c_rows(c, ldc, rows, cols, alpha, beta, [&](int r) BATON_BF16_TARGET { return std::pair{acc[r][0], acc[r][1]}; });
 }
 
 template <class SA, class SB>
@@ -413,19 +423,10 @@ BATON_AMX_TARGET inline void amx_block(std::int64_t padded_pairs, const std::uin
   _tile_stored(1, sum + 16, 128);
   _tile_stored(2, sum + 16 * 32, 128);
   _tile_stored(3, sum + 16 * 32 + 16, 128);
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1u);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
-  for (int r = 0; r < rows; ++r) {
-    float* row = c + r * ldc;
-    __m512 y0 = _mm512_mul_ps(va, _mm512_load_ps(sum + r * 32)), y1 = _mm512_mul_ps(va, _mm512_load_ps(sum + r * 32 + 16));
-    if (beta != 0.0f) {  // beta 0 overwrites C (NaNs in C do not survive), as BLAS does
-      y0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), y0);
-      y1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), y1);
-    }
-    _mm512_mask_storeu_ps(row, m0, y0);
-    _mm512_mask_storeu_ps(row + 16, m1, y1);
-  }
+  write_c_rows(c, ldc, rows, cols, alpha, beta,
+               [&](int r) BATON_AMX_TARGET {
+                 return std::pair{_mm512_load_ps(sum + r * 32), _mm512_load_ps(sum + r * 32 + 16)};
+               });
 }
 
 template <class SA, class SB>
