@@ -3,8 +3,9 @@
 // every column-panel width (1 to tile_vectors vectors), row counts that use the wide and the
 // narrow register tiles, contractions of 0, 1, one chunk, and several chunks with a
 // remainder; A plain and transposed (the strides the kernels pass for P^T and dS^T); C
-// overwritten and accumulated into, inside a larger matrix whose other elements must stay as
-// they were.
+// overwritten, overwritten from a start value per row (the forward's scores start at minus
+// their row's reference max), and accumulated into, inside a larger matrix whose other
+// elements must stay as they were.
 //
 // Tolerance: each element is a dot product of length K (plus C's old value when
 // accumulating) summed in T by FMAs in some order, so its rounding error is at most
@@ -31,6 +32,7 @@ struct gemm_case {
   std::int64_t rows, cols, kdim;
   bool transposed_a;  // A stored as A^T: element (r, k) at a[k * rows_padded + r]
   bool accumulate;
+  bool from_row_values = false;  // C = row_init[r] + A B instead of A B
 };
 
 template <class T>
@@ -53,11 +55,13 @@ void check_gemm(const gemm_case& g, unsigned seed) {
   const std::vector<T> c0 = c;
   const std::int64_t a_row = g.transposed_a ? 1 : lda;
   const std::int64_t a_k = g.transposed_a ? lda : 1;
+  const std::vector<T> row_init = random(g.rows);
 
   if (g.accumulate) {
     da::gemm<T, true>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim);
   } else {
-    da::gemm<T, false>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim);
+    da::gemm<T, false>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim,
+                       g.from_row_values ? row_init.data() : nullptr);
   }
 
   const double u = std::numeric_limits<T>::epsilon() / 2;
@@ -72,8 +76,11 @@ void check_gemm(const gemm_case& g, unsigned seed) {
         outside_changed += c[at] != c0[at];
         continue;
       }
-      double exact = g.accumulate ? static_cast<double>(c0[at]) : 0.0;
-      double magnitude = g.accumulate ? std::abs(static_cast<double>(c0[at])) : 0.0;
+      const double start = g.accumulate        ? static_cast<double>(c0[at])
+                           : g.from_row_values ? static_cast<double>(row_init[static_cast<std::size_t>(r)])
+                                               : 0.0;
+      double exact = start;
+      double magnitude = std::abs(start);
       for (std::int64_t k = 0; k < g.kdim; ++k) {
         const double product = static_cast<double>(a[static_cast<std::size_t>(r * a_row + k * a_k)]) *
                                static_cast<double>(b[static_cast<std::size_t>(k * ldb + j)]);
@@ -91,7 +98,8 @@ void check_gemm(const gemm_case& g, unsigned seed) {
     }
   }
   INFO("rows " << g.rows << ", cols " << g.cols << ", kdim " << g.kdim << (g.transposed_a ? ", A^T" : "")
-               << (g.accumulate ? ", C +=" : ", C =") << "; first wrong element: " << first);
+               << (g.accumulate ? ", C +=" : g.from_row_values ? ", C = row value +" : ", C =")
+               << "; first wrong element: " << first);
   CHECK(wrong == 0);
   CHECK(outside_changed == 0);
 }
@@ -117,11 +125,12 @@ TEMPLATE_TEST_CASE("cpu_gemm matches a naive GEMM in double within the dot-produ
     for (const std::int64_t rows : rows_cases)
       for (const std::int64_t kdim : kdim_cases)
         for (const bool transposed_a : {false, true})
-          for (const bool accumulate : {false, true})
-            check_gemm<T>({rows, cols, kdim, transposed_a, accumulate}, ++seed);
+          for (const int start : {0, 1, 2})  // C =, C = row value +, C +=
+            check_gemm<T>({rows, cols, kdim, transposed_a, start == 2, start == 1}, ++seed);
 }
 
-TEST_CASE("cpu_gemm with an empty contraction zeroes C, or leaves it when accumulating", "[attention][gemm]") {
+TEST_CASE("cpu_gemm with an empty contraction zeroes C (or sets its row values), or leaves it when accumulating",
+          "[attention][gemm]") {
   constexpr std::int64_t W = da::width_v<float>;
   std::vector<float> c(static_cast<std::size_t>(4 * W), 3.0f);
   const std::vector<float> a(4, 1.0f), b(static_cast<std::size_t>(W), 1.0f);
@@ -129,4 +138,7 @@ TEST_CASE("cpu_gemm with an empty contraction zeroes C, or leaves it when accumu
   for (float x : c) CHECK(x == 3.0f);
   da::gemm<float, false>(c.data(), W, 4, W, a.data(), 1, 4, b.data(), W, 0);
   for (float x : c) CHECK(x == 0.0f);
+  const float row_values[4] = {1.0f, -2.0f, 0.5f, 7.0f};
+  da::gemm<float, false>(c.data(), W, 4, W, a.data(), 1, 4, b.data(), W, 0, row_values);
+  for (std::int64_t i = 0; i < 4 * W; ++i) CHECK(c[static_cast<std::size_t>(i)] == row_values[i / W]);
 }

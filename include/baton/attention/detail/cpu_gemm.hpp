@@ -6,6 +6,9 @@
 // their packed operands with zeros. Each register tile keeps tile_rows x NV vector
 // accumulators and loads each B vector once per contraction step, for one broadcast and NV
 // FMAs per A element; the contraction runs in chunks that keep a panel of B in L1.
+// A product that does not accumulate may start from a value per row instead of 0 (row_init:
+// the forward's scores start at minus their row's reference max, which the softmax would
+// otherwise subtract with one more vector operation per 16 scores).
 // Tested against a naive triple loop in tests/attention/test_cpu_gemm.cpp.
 #pragma once
 
@@ -38,14 +41,15 @@ inline constexpr std::int64_t contraction_chunk = 128;
 
 template <class T, int R, int NV, bool Accumulate>
 BATON_ALWAYS_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std::int64_t a_row, std::int64_t a_k,
-                                       const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+                                       const T* b, std::int64_t ldb, std::int64_t kdim, const T* row_init) noexcept {
   using V = vec_t<T>;
   constexpr int W = width_v<T>;
   V acc[R][NV];
   BATON_ATTN_UNROLL
   for (int r = 0; r < R; ++r) {
+    const V init = Accumulate || !row_init ? V{} : broadcast(row_init[r]);
     BATON_ATTN_UNROLL
-    for (int v = 0; v < NV; ++v) acc[r][v] = Accumulate ? load(c + r * ldc + v * W) : V{};
+    for (int v = 0; v < NV; ++v) acc[r][v] = Accumulate ? load(c + r * ldc + v * W) : init;
   }
   for (std::int64_t k = 0; k < kdim; ++k) {
     const T* bk = b + k * ldb;
@@ -74,41 +78,48 @@ BATON_ALWAYS_INLINE void gemm_micro_tile(T* c, std::int64_t ldc, const T* a, std
 // registers to the stack on every iteration.
 template <class T, int NV, bool Accumulate>
 BATON_NEVER_INLINE void gemm_column_panel(T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
-                              std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+                              std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim,
+                              const T* row_init) noexcept {
   // Narrow panels (a partial tile's few key columns, small head dims) take more rows per
   // register tile, so that enough independent accumulators hide the FMA latency.
   constexpr int R = std::max(tile_rows, vector_registers / 2 / NV / tile_rows * tile_rows);
   std::int64_t r0 = 0;
   if constexpr (R > tile_rows)
     for (; r0 + R <= rows; r0 += R)
-      gemm_micro_tile<T, R, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim);
+      gemm_micro_tile<T, R, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim,
+                                            row_init ? row_init + r0 : nullptr);
   for (; r0 < rows; r0 += tile_rows)
-    gemm_micro_tile<T, tile_rows, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim);
+    gemm_micro_tile<T, tile_rows, NV, Accumulate>(c + r0 * ldc, ldc, a + r0 * a_row, a_row, a_k, b, ldb, kdim,
+                                                  row_init ? row_init + r0 : nullptr);
 }
 
 template <class T, bool Accumulate>
 inline void gemm_panel_dispatch(int nv, T* c, std::int64_t ldc, std::int64_t rows, const T* a, std::int64_t a_row,
-                                std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+                                std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim,
+                                const T* row_init) noexcept {
   static_assert(tile_vectors == 4 || tile_vectors == 2);
   switch (nv) {
     case 4:
-      if constexpr (tile_vectors >= 4) gemm_column_panel<T, 4, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim);
+      if constexpr (tile_vectors >= 4)
+        gemm_column_panel<T, 4, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim, row_init);
       break;
     case 3:
-      if constexpr (tile_vectors >= 3) gemm_column_panel<T, 3, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim);
+      if constexpr (tile_vectors >= 3)
+        gemm_column_panel<T, 3, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim, row_init);
       break;
-    case 2: gemm_column_panel<T, 2, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim); break;
-    default: gemm_column_panel<T, 1, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim); break;
+    case 2: gemm_column_panel<T, 2, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim, row_init); break;
+    default: gemm_column_panel<T, 1, Accumulate>(c, ldc, rows, a, a_row, a_k, b, ldb, kdim, row_init); break;
   }
 }
 
 template <class T, bool Accumulate>
 inline void gemm(T* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols, const T* a, std::int64_t a_row,
-                 std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim) noexcept {
+                 std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim,
+                 const T* row_init = nullptr) noexcept {
   constexpr int W = width_v<T>;
   if (kdim <= 0) {
     if constexpr (!Accumulate)
-      for (std::int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + cols, T(0));
+      for (std::int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + cols, row_init ? row_init[r] : T(0));
     return;
   }
   for (std::int64_t k0 = 0; k0 < kdim; k0 += contraction_chunk) {
@@ -118,9 +129,9 @@ inline void gemm(T* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols, c
     for (std::int64_t c0 = 0; c0 < cols; c0 += tile_vectors * W) {
       const int nv = static_cast<int>(std::min<std::int64_t>(tile_vectors, (cols - c0) / W));
       if (Accumulate || k0 > 0)
-        gemm_panel_dispatch<T, true>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc);
+        gemm_panel_dispatch<T, true>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc, nullptr);
       else
-        gemm_panel_dispatch<T, false>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc);
+        gemm_panel_dispatch<T, false>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc, row_init);
     }
   }
 }

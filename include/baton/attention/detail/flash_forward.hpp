@@ -57,10 +57,13 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   const std::int64_t dim_padded = layout.dim_padded;
   const auto [unit, b, h, hk, qb, q0, qc, kv_unit] = layout.q_item_at(round, item, true);
   const std::int64_t rows = round_up(qc, tile_rows);
-  const T c = static_cast<T>(call.scale * std::numbers::log2e);  // scores in log2 units
+  // Scores in log2 units: Q is packed times scale * log2(e).
+  const T c = static_cast<T>(call.scale * std::numbers::log2e);
 
   // Per row: running max m (log2 units) and the running sum kept as a vector of partial
-  // sums, reduced once at the end instead of once per tile.
+  // sums, reduced once at the end instead of once per tile. The scores of a tile are
+  // computed already shifted by shift[i] = -m[i] (0 while m[i] is -inf): the GEMM starts
+  // each row's sums there.
   // The score tile is written before it is read (see tile_scores / softmax_gradient_tile).
   T* const qt = work.rows_a.data();
   T* const o = work.rows_b.data();
@@ -77,24 +80,36 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     if (i < qc) {
       load_row(row_of(q, b, q0 + i, h), call.dim, dst);
       row_bad[i] = !all_finite(dst, call.dim);
-      if (row_bad[i]) std::fill(dst, dst + call.dim, T(0));
+      if (row_bad[i])
+        std::fill(dst, dst + call.dim, T(0));
+      else
+        for (std::int64_t d = 0; d < call.dim; ++d) dst[d] *= c;
       any_row_bad = any_row_bad || row_bad[i];
     }
     std::fill(dst + (i < qc ? call.dim : 0), dst + dim_padded, T(0));
   }
   std::fill(o, o + block_q * dim_padded, T(0));
   std::fill(m, m + block_q, neg_inf);
+  alignas(64) T shift[block_q] = {};
   std::fill(l, l + block_q * W, T(0));
 
   const T* v_rows = packed.v + layout.kv_row_index(round, kv_unit, 0) * dim_padded;
   tile_extent<T>& tile = *work.tile;
+  // Consecutive query blocks walk the keys in opposite directions, so that each starts on the
+  // key tiles the one before it ended on: a head's packed K and V (2 MiB at S = 2048,
+  // D = 128) outgrow L2, and walked the same way every time they were all read from L3.
+  // The direction is decided by the block's first query position, not by its index: a ring
+  // call trimmed to whole tiles (cp/detail/ring_plan.hpp) numbers its blocks from another
+  // first one, and each row must walk its keys as in the untrimmed call (the order of the
+  // sums decides the bits).
+  const bool descending = (layout.q_tiles[qb][0] / block_q) % 2 != 0;
   for_each_key_tile(layout, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + layout.kv_block_index(round, kv_unit, kb) * call.dim * block_k;
     if (any_row_bad || packed.block_bad[layout.kv_block_index(round, kv_unit, kb)])
       mark_bad_pairs(tile, qc, row_bad, nullptr, packed.key_bad + layout.kv_row_index(round, kv_unit, k0), poisoned,
                      nullptr);
 
-    tile_scores(tile, s, qt, dim_padded, kt, call.dim);
+    tile_scores(tile, s, qt, dim_padded, kt, call.dim, shift);
     tile_mask(tile, s);
 
     // Online softmax, one row at a time, in the log2 domain, over the columns computed.
@@ -105,7 +120,6 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     // row's sum and whether a P went past 2^threshold (a score past m + threshold), and only
     // such a row (rare after a row's first tile), or a row's first tile, takes the exact
     // path: max, then P again, and rescale l and O when m moved.
-    const V cv = broadcast(c);
     const V threshold = broadcast(lazy_rescale_log2<T>);
     const V threshold_power = broadcast(std::exp2(lazy_rescale_log2<T>));
     for (std::int64_t i = 0; i < rows; ++i) {
@@ -113,8 +127,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
       if (j_begin >= j_end) continue;
       T* row = s + i * block_k;
       T* li = l + i * W;
-      if (m[i] != neg_inf) {
-        const V msub = broadcast(-m[i]);
+      if (m[i] != neg_inf) {  // the scores are x - m[i]
         V sum{};
         unsigned over = 0;
         // The row keeps its scores until it is known not to need the exact path, which
@@ -127,7 +140,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
           // the row's sum as before.
           constexpr int NV = static_cast<int>(block_k / W);
           V e[NV];
-          for (int v = 0; v < NV; ++v) e[v] = exp2_scores<true, T>(fma(load(row + v * W), cv, msub));
+          for (int v = 0; v < NV; ++v) e[v] = exp2_scores<true, T>(load(row + v * W));
           sum = e[0];
           for (int v = 1; v < NV; ++v) sum = sum + e[v];
           over = greater_bits<T>(sum, threshold_power);
@@ -135,10 +148,10 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
             for (int v = 0; v < NV; ++v) store(row + v * W, e[v]);
         } else {  // a partial row: test first, then exponentiate in place
           for (std::int64_t j = j_begin; j < j_end; j += W)
-            over |= greater_bits<T>(fma(load(row + j), cv, msub), threshold);
+            over |= greater_bits<T>(load(row + j), threshold);
           if (over == 0)
             for (std::int64_t j = j_begin; j < j_end; j += W) {
-              const V e = exp2_scores<true, T>(fma(load(row + j), cv, msub));
+              const V e = exp2_scores<true, T>(load(row + j));
               store(row + j, e);
               sum = sum + e;
             }
@@ -150,13 +163,13 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
       }
       V vmx = load(row + j_begin);
       for (std::int64_t j = j_begin + W; j < j_end; j += W) vmx = vmax<T>(vmx, load(row + j));
-      const T row_max = hmax<T>(vmx) * c;
+      const T row_max = hmax<T>(vmx) - shift[i];
       const T m_new = std::max(m[i], row_max);
       const T m_sub = m_new == neg_inf ? T(0) : m_new;  // a row masked so far: exp2(-inf - 0) = 0
-      const V msub = broadcast(-m_sub);
+      const V msub = broadcast(-(m_sub + shift[i]));  // the scores are x + shift[i]
       V sum{};
       for (std::int64_t j = j_begin; j < j_end; j += W) {
-        const V e = exp2_scores<true, T>(fma(load(row + j), cv, msub));
+        const V e = exp2_scores<true, T>(load(row + j) + msub);
         store(row + j, e);
         sum = sum + e;
       }
@@ -167,12 +180,13 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
         T* orow = o + i * dim_padded;
         for (std::int64_t d = 0; d < dim_padded; d += W) store(orow + d, load(orow + d) * av);
         m[i] = m_new;
+        shift[i] = -m_sub;
       } else {
         store(li, load(li) + sum);
       }
     }
     tile_accumulate_rows(tile, o, dim_padded, dim_padded, s, v_rows + k0 * dim_padded, dim_padded);
-  });
+  }, descending);
 
   for (std::int64_t i = 0; i < qc; ++i) {
     const T row_sum = hsum<T>(load(l + i * W));

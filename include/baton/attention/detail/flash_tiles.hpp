@@ -328,22 +328,25 @@ template <class TT>
 
 // ---- the softmax's exponential ----------------------------------------------------------
 
-/// 2^f for f in [0, 1): the softmax tiles' polynomial, a degree-6 minimax fit of the
-/// relative error (1.9e-9 in exact arithmetic, 6.2e-8 evaluated in float over every f on a
-/// 2^-24 grid: below exp2_fraction's 7.3e-8 with one multiply-add fewer).
+/// 2^f for f in [0, 1): the softmax tiles' polynomial, a degree-5 minimax fit of the
+/// relative error (7.5e-8 in exact arithmetic, 1.5e-7 evaluated in float over every f on a
+/// 2^-24 grid). Its argument carries more: a score in log2 units is a float dot product
+/// of D terms, off by some 2^-24 times their magnitudes summed (and 1.6e-7 relative in 2^x
+/// for each 4 log2 units of magnitude from one rounding alone). A degree-6 fit (6.2e-8) cost
+/// one more operation per 16 scores for no accuracy a caller could see.
 BATON_ALWAYS_INLINE vec_t<float> exp2_unit_fraction(vec_t<float> f) noexcept {
-  static constexpr float c[] = {1.0000000018557977f,    0.69314698384043868f,    0.24022983627589422f,
-                                0.05548334197771016f,   0.0096788410070436723f,  0.0012439687747148748f,
-                                0.00021702255680520309f};
+  static constexpr float c[] = {0.99999992506358777f, 0.69315307320262605f, 0.24015361702112632f,
+                                0.0558263181162335f, 0.0089893400235819068f, 0.001877576700019989f};
   return horner(f, c);
 }
 
 /// 2^x per lane for the softmax tiles (forward and backward use this one, so the backward's
-/// P is the forward's): relative error ~6e-8 on every x >= -126; below that, and -inf (a
-/// masked score), 0. A NaN gives NaN when NanToNan (the forward: it then reaches the row's
-/// sum, and the non-finite rule makes the row NaN), else 0.
-/// With AVX-512 (DQ) it is 9 operations: the range test as a mask, vreduceps for
-/// f = x - floor(x) (0 for +-inf, so -inf needs no test), the degree-6 polynomial, and
+/// P is the forward's): relative error ~1.5e-7 on every x >= -126; below that, and -inf (a
+/// masked score), 0 (no subnormal P reaches the P V product, where a subnormal result would
+/// cost a microcode assist). A NaN gives NaN when NanToNan (the forward: it then reaches the
+/// row's sum, and the non-finite rule makes the row NaN), else 0.
+/// With AVX-512 (DQ) it is 8 operations: the range test as a mask, vreduceps for
+/// f = x - floor(x) (0 for +-inf, so -inf needs no test), the degree-5 polynomial, and
 /// vscalefps for p * 2^floor(x). Every one of them competes with the tile GEMMs' FMAs for the
 /// same two ports on Intel's cores; the former 12 (round, subtract, degree 7) cost ~3 % of a
 /// D = 64 forward there.
@@ -478,11 +481,13 @@ inline void write_scaled_row(TD* dst, const T* src, T factor, std::int64_t n, bo
 }
 
 /// Calls body(kb, k0) for each key tile of query block qb that the mask does not classify
-/// empty, in ascending order, with `tile` set for it (which rows and columns to compute).
+/// empty, in ascending order (descending when asked), with `tile` set for it (which rows and
+/// columns to compute).
 template <class T, class Mask, class F>
 inline void for_each_key_tile(const flash_layout<T>& layout, const Mask& mask, std::int64_t qb, std::int64_t qc,
-                              tile_extent<T>& tile, F&& body) {
-  for (std::int64_t kb = 0; kb < layout.k_blocks; ++kb) {
+                              tile_extent<T>& tile, F&& body, bool descending = false) {
+  for (std::int64_t step = 0; step < layout.k_blocks; ++step) {
+    const std::int64_t kb = descending ? layout.k_blocks - 1 - step : step;
     const block_kind kind = mask.classify(layout.q_tiles[qb], layout.k_tiles[kb]);
     if (kind == block_kind::empty) continue;
     const std::int64_t k0 = kb * block_k;
@@ -492,11 +497,13 @@ inline void for_each_key_tile(const flash_layout<T>& layout, const Mask& mask, s
 }
 
 /// C (=) A B^T-style products whose output columns are the tile's keys: S = Q K^T and
-/// dP = dO V^T. a: packed rows [rows][a_ld]; bt: the key tile transposed, [dim][block_k].
+/// dP = dO V^T. a: packed rows [rows][a_ld]; bt: the key tile transposed, [dim][block_k];
+/// row_init: a value per row that C starts from (null: 0).
 template <class T>
-inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t a_ld, const T* bt, std::int64_t dim) {
+inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t a_ld, const T* bt, std::int64_t dim,
+                        const T* row_init = nullptr) {
   if (!t.partial) {
-    gemm<T, false>(c, block_k, t.rows, t.kcols, a, a_ld, 1, bt, block_k, dim);
+    gemm<T, false>(c, block_k, t.rows, t.kcols, a, a_ld, 1, bt, block_k, dim, row_init);
     return;
   }
   for (std::int64_t g = 0; g < t.groups();) {
@@ -504,7 +511,7 @@ inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t 
     if (t.col_end[g] > t.col_begin[g]) {
       const std::int64_t r0 = g * tile_rows, c0 = t.col_begin[g];
       gemm<T, false>(c + r0 * block_k + c0, block_k, run * tile_rows, t.col_end[g] - c0, a + r0 * a_ld, a_ld, 1,
-                     bt + c0, block_k, dim);
+                     bt + c0, block_k, dim, row_init ? row_init + r0 : nullptr);
     }
     g += run;
   }
