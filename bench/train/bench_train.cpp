@@ -143,7 +143,8 @@ void run_case(const mesh_case& c, const train::lm_config& config, const train::b
       if (world.rank() == 0) {
         const std::string line =
             train::to_json_line({.step = s, .report = &r, .stage_times = stage_times, .num_stages = lowered.shape.num_stages(),
-                                 .elapsed = 0, .eval_loss = std::nullopt}) + "\n";
+                                 .elapsed = 0, .eval_loss = std::nullopt, .predicted_peak_bytes = std::nullopt}) +
+            "\n";
         std::fputs(line.c_str(), sink);
         std::fflush(sink);
       }
