@@ -103,14 +103,35 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   // first one, and each row must walk its keys as in the untrimmed call (the order of the
   // sums decides the bits).
   const bool descending = (layout.q_tiles[qb][0] / block_q) % 2 != 0;
+  // Two full key tiles next to each other in the walk share one O += P V product over their
+  // 128 keys (their V rows are adjacent): half the O loads and stores of two 64-key products.
+  // Their P are side by side in s, [block_q][2 * block_k], in key order: a walk's first tile
+  // of a pair takes the half its direction puts first. A full tile waits there for the next;
+  // anything else runs the product of the one waiting alone first. Each row's sums run in
+  // the order two products would run them, so pairing changes no bit unless a row's max moves
+  // in the second tile: the waiting P is then rescaled beside O (unpaired, it would have been
+  // in O already and rescaled with it).
+  constexpr std::int64_t s_ld = 2 * block_k;
+  const std::int64_t first_half = descending ? block_k : 0;
+  std::int64_t waiting_kb = -1;  // the full tile whose P waits in s, or -1
+  const auto accumulate_waiting = [&] {
+    gemm<T, true>(o, dim_padded, rows, dim_padded, s + first_half, s_ld, 1,
+                  v_rows + waiting_kb * block_k * dim_padded, dim_padded, block_k);
+    waiting_kb = -1;
+  };
   for_each_key_tile(layout, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + layout.kv_block_index(round, kv_unit, kb) * call.dim * block_k;
     if (any_row_bad || packed.block_bad[layout.kv_block_index(round, kv_unit, kb)])
       mark_bad_pairs(tile, qc, row_bad, nullptr, packed.key_bad + layout.kv_row_index(round, kv_unit, k0), poisoned,
                      nullptr);
 
-    tile_scores(tile, s, qt, dim_padded, kt, call.dim, shift);
-    tile_mask(tile, s);
+    const bool full = !tile.partial && tile.kc == block_k;
+    const bool pairs = full && waiting_kb >= 0 && kb == waiting_kb + (descending ? -1 : 1);
+    if (waiting_kb >= 0 && !pairs) accumulate_waiting();
+    // This tile's scores: the second half next to a waiting tile, else the first half.
+    T* const st = s + (pairs ? block_k - first_half : first_half);
+    tile_scores(tile, st, qt, dim_padded, kt, call.dim, shift, s_ld);
+    tile_mask(tile, st, s_ld);
 
     // Online softmax, one row at a time, in the log2 domain, over the columns computed.
     // Lazy rescaling: a row's scores are exponentiated against its reference max m[i], which
@@ -125,7 +146,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     for (std::int64_t i = 0; i < rows; ++i) {
       const std::int64_t j_begin = tile.col_begin[i / tile_rows], j_end = tile.col_end[i / tile_rows];
       if (j_begin >= j_end) continue;
-      T* row = s + i * block_k;
+      T* row = st + i * s_ld;
       T* li = l + i * W;
       if (m[i] != neg_inf) {  // the scores are x - m[i]
         V sum{};
@@ -179,14 +200,28 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
         store(li, load(li) * av + sum);
         T* orow = o + i * dim_padded;
         for (std::int64_t d = 0; d < dim_padded; d += W) store(orow + d, load(orow + d) * av);
+        if (pairs) {
+          T* waiting = s + first_half + i * s_ld;
+          for (std::int64_t j = 0; j < block_k; j += W) store(waiting + j, load(waiting + j) * av);
+        }
         m[i] = m_new;
         shift[i] = -m_sub;
       } else {
         store(li, load(li) + sum);
       }
     }
-    tile_accumulate_rows(tile, o, dim_padded, dim_padded, s, v_rows + k0 * dim_padded, dim_padded);
+    if (pairs) {
+      const std::int64_t lower = std::min(kb, waiting_kb);
+      gemm<T, true>(o, dim_padded, rows, dim_padded, s, s_ld, 1, v_rows + lower * block_k * dim_padded, dim_padded,
+                    2 * block_k);
+      waiting_kb = -1;
+    } else if (full) {
+      waiting_kb = kb;
+    } else {
+      tile_accumulate_rows(tile, o, dim_padded, dim_padded, st, v_rows + k0 * dim_padded, dim_padded, s_ld);
+    }
   }, descending);
+  if (waiting_kb >= 0) accumulate_waiting();
 
   for (std::int64_t i = 0; i < qc; ++i) {
     const T row_sum = hsum<T>(load(l + i * W));

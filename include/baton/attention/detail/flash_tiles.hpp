@@ -294,12 +294,12 @@ struct tile_extent {
 template <class T>
 struct item_scratch {
   scratch<T> rows_a, rows_b;  // [block_q][dim_padded]: forward Q and O; key pass dK and dV; query pass dQ
-  scratch<T> s, dprob;        // [block_q][block_k] score tiles: S (then P), dP (then dS)
+  scratch<T> s, dprob;        // score tiles: S (then P), dP (then dS); s holds two (the forward's pairs)
   scratch<T> m, l;            // forward: running max, running sums (block_q x width)
   std::unique_ptr<tile_extent<T>> tile = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB
 
   explicit item_scratch(std::int64_t dim_padded)
-      : rows_a(block_q * dim_padded, false), rows_b(block_q * dim_padded, false), s(block_q * block_k, false),
+      : rows_a(block_q * dim_padded, false), rows_b(block_q * dim_padded, false), s(2 * block_q * block_k, false),
         dprob(block_q * block_k, false), m(block_q, false), l(block_q * width_v<T>, false) {}
 };
 
@@ -498,20 +498,20 @@ inline void for_each_key_tile(const flash_layout<T>& layout, const Mask& mask, s
 
 /// C (=) A B^T-style products whose output columns are the tile's keys: S = Q K^T and
 /// dP = dO V^T. a: packed rows [rows][a_ld]; bt: the key tile transposed, [dim][block_k];
-/// row_init: a value per row that C starts from (null: 0).
+/// row_init: a value per row that C starts from (null: 0); c_ld: C's leading dimension.
 template <class T>
 inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t a_ld, const T* bt, std::int64_t dim,
-                        const T* row_init = nullptr) {
+                        const T* row_init = nullptr, std::int64_t c_ld = block_k) {
   if (!t.partial) {
-    gemm<T, false>(c, block_k, t.rows, t.kcols, a, a_ld, 1, bt, block_k, dim, row_init);
+    gemm<T, false>(c, c_ld, t.rows, t.kcols, a, a_ld, 1, bt, block_k, dim, row_init);
     return;
   }
   for (std::int64_t g = 0; g < t.groups();) {
     const std::int64_t run = t.same_columns_run(g);
     if (t.col_end[g] > t.col_begin[g]) {
       const std::int64_t r0 = g * tile_rows, c0 = t.col_begin[g];
-      gemm<T, false>(c + r0 * block_k + c0, block_k, run * tile_rows, t.col_end[g] - c0, a + r0 * a_ld, a_ld, 1,
-                     bt + c0, block_k, dim, row_init ? row_init + r0 : nullptr);
+      gemm<T, false>(c + r0 * c_ld + c0, c_ld, run * tile_rows, t.col_end[g] - c0, a + r0 * a_ld, a_ld, 1, bt + c0,
+                     block_k, dim, row_init ? row_init + r0 : nullptr);
     }
     g += run;
   }
@@ -519,35 +519,35 @@ inline void tile_scores(const tile_extent<T>& t, T* c, const T* a, std::int64_t 
 
 /// Masks the scores just computed: -inf for disallowed pairs and key columns past the end.
 template <class T>
-inline void tile_mask(const tile_extent<T>& t, T* s) {
+inline void tile_mask(const tile_extent<T>& t, T* s, std::int64_t s_ld = block_k) {
   constexpr int W = width_v<T>;
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   if (!t.partial) {
     if (t.kc < t.kcols)
-      for (std::int64_t i = 0; i < t.rows; ++i) std::fill(s + i * block_k + t.kc, s + i * block_k + t.kcols, neg_inf);
+      for (std::int64_t i = 0; i < t.rows; ++i) std::fill(s + i * s_ld + t.kc, s + i * s_ld + t.kcols, neg_inf);
     return;
   }
   for (std::int64_t i = 0; i < t.rows; ++i) {  // adding -inf masks, adding 0 keeps
     const std::int64_t g = i / tile_rows;
-    T* row = s + i * block_k;
+    T* row = s + i * s_ld;
     for (std::int64_t j = t.col_begin[g]; j < t.col_end[g]; j += W) store(row + j, load(row + j) + load(t.bias[i] + j));
   }
 }
 
 /// C[rows][cols] += P B, contracting over the tile's keys: O += P V and dQ += dS K.
-/// lhs: P or dS, [rows][block_k]; b: the key tile's rows [kc][b_ld] (zero past kc).
+/// lhs: P or dS, [rows][lhs_ld]; b: the key tile's rows [kc][b_ld] (zero past kc).
 template <class T>
 inline void tile_accumulate_rows(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* lhs,
-                                 const T* b, std::int64_t b_ld) {
+                                 const T* b, std::int64_t b_ld, std::int64_t lhs_ld = block_k) {
   if (!t.partial) {
-    gemm<T, true>(c, ldc, t.rows, cols, lhs, block_k, 1, b, b_ld, t.kc);
+    gemm<T, true>(c, ldc, t.rows, cols, lhs, lhs_ld, 1, b, b_ld, t.kc);
     return;
   }
   for (std::int64_t g = 0; g < t.groups();) {
     const std::int64_t run = t.same_columns_run(g);
     if (t.col_end[g] > t.col_begin[g]) {
       const std::int64_t r0 = g * tile_rows, k0 = t.col_begin[g];
-      gemm<T, true>(c + r0 * ldc, ldc, run * tile_rows, cols, lhs + r0 * block_k + k0, block_k, 1, b + k0 * b_ld, b_ld,
+      gemm<T, true>(c + r0 * ldc, ldc, run * tile_rows, cols, lhs + r0 * lhs_ld + k0, lhs_ld, 1, b + k0 * b_ld, b_ld,
                     std::min(t.col_end[g], t.kc) - k0);
     }
     g += run;
