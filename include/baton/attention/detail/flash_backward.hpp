@@ -178,8 +178,8 @@ inline void backward_kv_tile(const flash_layout<T>& layout, const head_round& ro
   const T* vt = packed.vt + layout.kv_block_index(round, unit, kb) * call.dim * block_k;
   const T* k_rows = packed.k + layout.kv_row_index(round, unit, k0) * dim_padded;
 
-  T* const s = work.s.data();
-  T* const dprob = work.dprob.data();
+  T* const s = work.scores.data();
+  T* const dprob = s + block_q * block_k;
   T* const dk_acc = work.rows_a.data();
   T* const dv_acc = work.rows_b.data();
   std::fill(dk_acc, dk_acc + block_k * dim_padded, T(0));

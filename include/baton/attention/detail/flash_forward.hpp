@@ -67,7 +67,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   // The score tile is written before it is read (see tile_scores / softmax_gradient_tile).
   T* const qt = work.rows_a.data();
   T* const o = work.rows_b.data();
-  T* const s = work.s.data();
+  T* const s = work.scores.data();  // [block_q][2 * block_k]: a pair of P tiles (below)
   T* const m = work.m.data();
   T* const l = work.l.data();
   // Non-finite rule: a query row with a non-finite value is packed as zeros and flagged;

@@ -294,13 +294,15 @@ struct tile_extent {
 template <class T>
 struct item_scratch {
   scratch<T> rows_a, rows_b;  // [block_q][dim_padded]: forward Q and O; key pass dK and dV; query pass dQ
-  scratch<T> s, dprob;        // score tiles: S (then P), dP (then dS); s holds two (the forward's pairs)
-  scratch<T> m, l;            // forward: running max, running sums (block_q x width)
+  // Two score tiles: the backward's S (then P) and dP (then dS), [block_q][block_k] each; the
+  // forward's pair of P tiles side by side, [block_q][2 * block_k].
+  scratch<T> scores;
+  scratch<T> m, l;  // forward: running max, running sums (block_q x width)
   std::unique_ptr<tile_extent<T>> tile = std::make_unique_for_overwrite<tile_extent<T>>();  // 16-32 KiB
 
   explicit item_scratch(std::int64_t dim_padded)
-      : rows_a(block_q * dim_padded, false), rows_b(block_q * dim_padded, false), s(2 * block_q * block_k, false),
-        dprob(block_q * block_k, false), m(block_q, false), l(block_q * width_v<T>, false) {}
+      : rows_a(block_q * dim_padded, false), rows_b(block_q * dim_padded, false),
+        scores(2 * block_q * block_k, false), m(block_q, false), l(block_q * width_v<T>, false) {}
 };
 
 /// Asks for the cache lines holding n elements from row on. The packing loops read rows that
