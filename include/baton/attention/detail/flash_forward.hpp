@@ -114,11 +114,12 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   constexpr std::int64_t s_ld = 2 * block_k;
   const std::int64_t first_half = descending ? block_k : 0;
   std::int64_t waiting_kb = -1;  // the full tile whose P waits in s, or -1
-  const auto accumulate_waiting = [&] {
-    gemm<T, true>(o, dim_padded, rows, dim_padded, s + first_half, s_ld, 1,
-                  v_rows + waiting_kb * block_k * dim_padded, dim_padded, block_k);
+  // O += P V for `keys` keys from key tile kb on, P at p (row stride s_ld); nothing waits after.
+  const auto accumulate = [&](const T* p, std::int64_t kb, std::int64_t keys) {
+    gemm<T, true>(o, dim_padded, rows, dim_padded, p, s_ld, 1, v_rows + kb * block_k * dim_padded, dim_padded, keys);
     waiting_kb = -1;
   };
+  const auto accumulate_waiting = [&] { accumulate(s + first_half, waiting_kb, block_k); };
   for_each_key_tile(layout, mask, qb, qc, tile, [&](std::int64_t kb, std::int64_t k0) {
     const T* kt = packed.kt + layout.kv_block_index(round, kv_unit, kb) * call.dim * block_k;
     if (any_row_bad || packed.block_bad[layout.kv_block_index(round, kv_unit, kb)])
@@ -211,10 +212,7 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
       }
     }
     if (pairs) {
-      const std::int64_t lower = std::min(kb, waiting_kb);
-      gemm<T, true>(o, dim_padded, rows, dim_padded, s, s_ld, 1, v_rows + lower * block_k * dim_padded, dim_padded,
-                    2 * block_k);
-      waiting_kb = -1;
+      accumulate(s, std::min(kb, waiting_kb), 2 * block_k);
     } else if (full) {
       waiting_kb = kb;
     } else {
