@@ -5,7 +5,8 @@
 // remainder; A plain and transposed (the strides the kernels pass for P^T and dS^T); C
 // overwritten, overwritten from a start value per row (the forward's scores start at minus
 // their row's reference max), and accumulated into, inside a larger matrix whose other
-// elements must stay as they were.
+// elements must stay as they were; B row-major and B stored by column panels (the forward's
+// packed V).
 //
 // Tolerance: each element is a dot product of length K (plus C's old value when
 // accumulating) summed in T by FMAs in some order, so its rounding error is at most
@@ -33,6 +34,7 @@ struct gemm_case {
   bool transposed_a;  // A stored as A^T: element (r, k) at a[k * rows_padded + r]
   bool accumulate;
   bool from_row_values = false;  // C = row_init[r] + A B instead of A B
+  bool b_by_panels = false;      // B stored panel by panel (gemm's b_panel_stride)
 };
 
 template <class T>
@@ -56,12 +58,28 @@ void check_gemm(const gemm_case& g, unsigned seed) {
   const std::int64_t a_row = g.transposed_a ? 1 : lda;
   const std::int64_t a_k = g.transposed_a ? lda : 1;
   const std::vector<T> row_init = random(g.rows);
+  // The same B by column panels: element (k, j) at panel j / P, row k, column j % P, with a
+  // leading dimension and a panel stride larger than the panel (filled with NaN: read, they
+  // would show).
+  constexpr std::int64_t P = da::panel_columns<T>;
+  const std::int64_t panel_ld = P + da::width_v<T>;
+  const std::int64_t panel_stride = (std::max<std::int64_t>(g.kdim, 1) + 1) * panel_ld;
+  std::vector<T> b_panels(static_cast<std::size_t>((ldb + P - 1) / P * panel_stride),
+                          std::numeric_limits<T>::quiet_NaN());
+  for (std::int64_t k = 0; k < g.kdim; ++k)
+    for (std::int64_t j = 0; j < g.cols; ++j)
+      b_panels[static_cast<std::size_t>(j / P * panel_stride + k * panel_ld + j % P)] =
+          b[static_cast<std::size_t>(k * ldb + j)];
+  const T* b_arg = g.b_by_panels ? b_panels.data() : b.data();
+  const std::int64_t b_ld = g.b_by_panels ? panel_ld : ldb;
+  const std::int64_t b_panel_stride = g.b_by_panels ? panel_stride : 0;
 
   if (g.accumulate) {
-    da::gemm<T, true>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim);
+    da::gemm<T, true>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b_arg, b_ld, g.kdim, nullptr,
+                      b_panel_stride);
   } else {
-    da::gemm<T, false>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b.data(), ldb, g.kdim,
-                       g.from_row_values ? row_init.data() : nullptr);
+    da::gemm<T, false>(c.data(), ldc, g.rows, g.cols, a.data(), a_row, a_k, b_arg, b_ld, g.kdim,
+                       g.from_row_values ? row_init.data() : nullptr, b_panel_stride);
   }
 
   const double u = std::numeric_limits<T>::epsilon() / 2;
@@ -98,6 +116,7 @@ void check_gemm(const gemm_case& g, unsigned seed) {
     }
   }
   INFO("rows " << g.rows << ", cols " << g.cols << ", kdim " << g.kdim << (g.transposed_a ? ", A^T" : "")
+               << (g.b_by_panels ? ", B by panels" : "")
                << (g.accumulate ? ", C +=" : g.from_row_values ? ", C = row value +" : ", C =")
                << "; first wrong element: " << first);
   CHECK(wrong == 0);
@@ -126,7 +145,8 @@ TEMPLATE_TEST_CASE("cpu_gemm matches a naive GEMM in double within the dot-produ
       for (const std::int64_t kdim : kdim_cases)
         for (const bool transposed_a : {false, true})
           for (const int start : {0, 1, 2})  // C =, C = row value +, C +=
-            check_gemm<T>({rows, cols, kdim, transposed_a, start == 2, start == 1}, ++seed);
+            for (const bool b_by_panels : {false, true})
+              check_gemm<T>({rows, cols, kdim, transposed_a, start == 2, start == 1, b_by_panels}, ++seed);
 }
 
 TEST_CASE("cpu_gemm with an empty contraction zeroes C (or sets its row values), or leaves it when accumulating",

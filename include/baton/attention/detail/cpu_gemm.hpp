@@ -36,6 +36,9 @@ inline constexpr int tile_rows = 4;  // rows of the register tile
 inline constexpr int tile_vectors = vector_registers >= 32 ? 4 : 2;
 // Contraction chunk: keeps a 128 x (tile_vectors * width) panel of B in L1.
 inline constexpr std::int64_t contraction_chunk = 128;
+// Columns of C (and B) one register tile covers: the GEMM walks C in panels this wide.
+template <class T>
+inline constexpr std::int64_t panel_columns = tile_vectors * width_v<T>;
 
 [[nodiscard]] constexpr std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
 
@@ -112,10 +115,15 @@ inline void gemm_panel_dispatch(int nv, T* c, std::int64_t ldc, std::int64_t row
   }
 }
 
+// b_panel_stride: 0 for a row-major B (the panel of columns c0.. starts at b + c0); else B is
+// stored panel by panel, each panel_columns<T> wide and row-major with leading dimension ldb,
+// panel p at b + p * b_panel_stride. A panel is then contiguous: on a B whose rows are wider
+// than a panel, the row-major panel's lines fall in a fraction of L1's sets (rows 512 bytes
+// apart use half of them), which it outgrows.
 template <class T, bool Accumulate>
 inline void gemm(T* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols, const T* a, std::int64_t a_row,
                  std::int64_t a_k, const T* b, std::int64_t ldb, std::int64_t kdim,
-                 const T* row_init = nullptr) noexcept {
+                 const T* row_init = nullptr, std::int64_t b_panel_stride = 0) noexcept {
   constexpr int W = width_v<T>;
   if (kdim <= 0) {
     if constexpr (!Accumulate)
@@ -126,12 +134,13 @@ inline void gemm(T* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols, c
     const std::int64_t kc = std::min(contraction_chunk, kdim - k0);
     const T* ak = a + k0 * a_k;
     const T* bk = b + k0 * ldb;
-    for (std::int64_t c0 = 0; c0 < cols; c0 += tile_vectors * W) {
+    for (std::int64_t c0 = 0; c0 < cols; c0 += panel_columns<T>) {
       const int nv = static_cast<int>(std::min<std::int64_t>(tile_vectors, (cols - c0) / W));
+      const T* bp = b_panel_stride == 0 ? bk + c0 : bk + c0 / panel_columns<T> * b_panel_stride;
       if (Accumulate || k0 > 0)
-        gemm_panel_dispatch<T, true>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc, nullptr);
+        gemm_panel_dispatch<T, true>(nv, c + c0, ldc, rows, ak, a_row, a_k, bp, ldb, kc, nullptr);
       else
-        gemm_panel_dispatch<T, false>(nv, c + c0, ldc, rows, ak, a_row, a_k, bk + c0, ldb, kc, row_init);
+        gemm_panel_dispatch<T, false>(nv, c + c0, ldc, rows, ak, a_row, a_k, bp, ldb, kc, row_init);
     }
   }
 }

@@ -28,7 +28,7 @@ inline constexpr T lazy_rescale_log2 = T(8);
 template <class T>
 struct forward_packed {
   T* kt = nullptr;  // per (kv unit of the round, key block): K^T, [dim][block_k]
-  T* v = nullptr;   // per kv unit of the round: V rows [seq_k_padded][dim_padded]
+  T* v = nullptr;   // per kv unit of the round: V by column panels (flash_layout::v_panel_width)
   unsigned char* key_bad = nullptr;    // per kv unit: [seq_k_padded], 1 where k or v is non-finite
   unsigned char* block_bad = nullptr;  // per (kv unit, key block): any key_bad in it
 };
@@ -39,7 +39,7 @@ template <class T>
 forward_packed<T> carve_forward_packing(const flash_layout<T>& layout, core::workspace_carver& carver) {
   forward_packed<T> packed;
   packed.kt = carver.take<T>(layout.round_units * layout.k_blocks * layout.call.dim * block_k);
-  packed.v = carver.take<T>(layout.round_units * layout.seq_k_padded * layout.dim_padded);
+  packed.v = carver.take<T>(layout.round_units * layout.v_unit_size);
   packed.key_bad = carver.take<unsigned char>(layout.round_units * layout.seq_k_padded);
   packed.block_bad = carver.take<unsigned char>(layout.round_units * layout.k_blocks);
   return packed;
@@ -93,7 +93,9 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   alignas(64) T shift[block_q] = {};
   std::fill(l, l + block_q * W, T(0));
 
-  const T* v_rows = packed.v + layout.kv_row_index(round, kv_unit, 0) * dim_padded;
+  // V's rows for key j: v_panels + j * v_width, each column panel v_panel_stride further on.
+  const T* v_panels = packed.v + layout.v_panels_index(round, kv_unit);
+  const std::int64_t v_width = layout.v_panel_width, v_panel_stride = layout.v_panel_stride;
   tile_extent<T>& tile = *work.tile;
   // Consecutive query blocks walk the keys in opposite directions, so that each starts on the
   // key tiles the one before it ended on: a head's packed K and V (2 MiB at S = 2048,
@@ -116,7 +118,8 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
   std::int64_t waiting_kb = -1;  // the full tile whose P waits in s, or -1
   // O += P V for `keys` keys from key tile kb on, P at p (row stride s_ld); nothing waits after.
   const auto accumulate = [&](const T* p, std::int64_t kb, std::int64_t keys) {
-    gemm<T, true>(o, dim_padded, rows, dim_padded, p, s_ld, 1, v_rows + kb * block_k * dim_padded, dim_padded, keys);
+    gemm<T, true>(o, dim_padded, rows, dim_padded, p, s_ld, 1, v_panels + kb * block_k * v_width, v_width, keys,
+                  nullptr, v_panel_stride);
     waiting_kb = -1;
   };
   const auto accumulate_waiting = [&] { accumulate(s + first_half, waiting_kb, block_k); };
@@ -216,7 +219,8 @@ inline void forward_tile(const flash_layout<T>& layout, const head_round& round,
     } else if (full) {
       waiting_kb = kb;
     } else {
-      tile_accumulate_rows(tile, o, dim_padded, dim_padded, st, v_rows + k0 * dim_padded, dim_padded, s_ld);
+      tile_accumulate_rows(tile, o, dim_padded, dim_padded, st, v_panels + k0 * v_width, v_width, s_ld,
+                           v_panel_stride);
     }
   }, descending);
   if (waiting_kb >= 0) accumulate_waiting();

@@ -78,7 +78,7 @@ inline void transpose_rows(const S* const* rows, std::int64_t count, std::int64_
 /// Work item (kv head, key block) of a round's packing pass; layout.kv_items(round) items.
 template <class T, class TK, class TV>
 inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round, std::int64_t item,
-                          const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v, T* kt_out, T* v_rows_out,
+                          const tensor_view<TK, 4>& k, const tensor_view<TV, 4>& v, T* kt_out, T* v_panels_out,
                           T* vt_out, T* k_rows_out, unsigned char* key_bad_out, unsigned char* block_bad_out) {
   const auto& call = layout.call;
   const auto [unit, b, hk, kb, k0, kc] = layout.kv_item_at(round, item);
@@ -87,7 +87,7 @@ inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round
   const std::int64_t dim_padded = layout.dim_padded;
   // Every byte a tile reads is written here (the workspace is reused, not zeroed): key
   // columns past the sequence end are 0 in K^T/V^T, and row padding (columns dim..dim_padded, and
-  // whole rows past the end) is 0 in the row-major copies.
+  // whole rows past the end) is 0 in the row-major copies and V's column panels.
   const std::remove_const_t<TK>* k_rows[block_k];
   const std::remove_const_t<TV>* v_rows[block_k];
   for (std::int64_t j = 0; j < kc; ++j) {
@@ -112,15 +112,27 @@ inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round
   block_bad_out[blk] = any_bad;
   if (kt_out) transpose_rows(k_rows, kc, call.dim, kt_out + blk * call.dim * block_k);
   if (vt_out) transpose_rows(v_rows, kc, call.dim, vt_out + blk * call.dim * block_k);
+  // The forward's V by column panels: key j's columns c0 .. c0 + v_width (c0 a multiple of it).
+  const std::int64_t v_width = layout.v_panel_width;
+  const auto v_panel_row = [&](std::int64_t j, std::int64_t c0) {
+    return v_panels_out + layout.v_panels_index(round, unit) + c0 / v_width * layout.v_panel_stride +
+           (k0 + j) * v_width;
+  };
   for (std::int64_t j = 0; j < block_k; ++j) {
     const bool real = j < kc;
-    const auto copy_row = [&](const auto* src, T* dst) {
-      if (real) load_row(src, call.dim, dst);
+    if (v_panels_out && j + prefetch_rows_ahead < kc) prefetch_row(v_rows[j + prefetch_rows_ahead], call.dim);
+    if (v_panels_out)
+      for (std::int64_t c0 = 0; c0 < dim_padded; c0 += v_width) {
+        T* dst = v_panel_row(j, c0);
+        const std::int64_t n = real ? std::clamp<std::int64_t>(call.dim - c0, 0, v_width) : 0;
+        if (n > 0) load_row(v_rows[j] + c0, n, dst);
+        std::fill(dst + n, dst + v_width, T(0));
+      }
+    if (k_rows_out) {
+      T* dst = k_rows_out + (row0 + j) * dim_padded;
+      if (real) load_row(k_rows[j], call.dim, dst);
       std::fill(dst + (real ? call.dim : 0), dst + dim_padded, T(0));
-    };
-    if (v_rows_out && j + prefetch_rows_ahead < kc) prefetch_row(v_rows[j + prefetch_rows_ahead], call.dim);
-    if (v_rows_out) copy_row(real ? v_rows[j] : nullptr, v_rows_out + (row0 + j) * dim_padded);
-    if (k_rows_out) copy_row(real ? k_rows[j] : nullptr, k_rows_out + (row0 + j) * dim_padded);
+    }
   }
   if (any_bad)
     for (std::int64_t j = 0; j < kc; ++j) {
@@ -128,8 +140,9 @@ inline void pack_kv_block(const flash_layout<T>& layout, const head_round& round
       for (T* t : {kt_out, vt_out})
         if (t)
           for (std::int64_t d = 0; d < call.dim; ++d) t[blk * call.dim * block_k + d * block_k + j] = T(0);
-      for (T* rows : {v_rows_out, k_rows_out})
-        if (rows) std::fill(rows + (row0 + j) * dim_padded, rows + (row0 + j + 1) * dim_padded, T(0));
+      if (v_panels_out)
+        for (std::int64_t c0 = 0; c0 < dim_padded; c0 += v_width) std::fill_n(v_panel_row(j, c0), v_width, T(0));
+      if (k_rows_out) std::fill(k_rows_out + (row0 + j) * dim_padded, k_rows_out + (row0 + j + 1) * dim_padded, T(0));
     }
 }
 

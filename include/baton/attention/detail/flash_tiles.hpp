@@ -120,6 +120,9 @@ struct flash_layout {
   std::int64_t dim_padded = 0;  // head dim rounded up to the vector width (packed rows)
   std::int64_t q_blocks = 0, k_blocks = 0;
   std::int64_t seq_q_padded = 0, seq_k_padded = 0;
+  // The forward's packed V, stored by column panels of the P V GEMM (gemm's b_panel_stride):
+  // per kv unit, panel p of row j at p * v_panel_stride + j * v_panel_width.
+  std::int64_t v_panel_width = 0, v_panel_stride = 0, v_unit_size = 0;
   std::int64_t units = 0;        // batch * heads_kv
   std::int64_t round_units = 1;  // kv heads per round (the packed buffers' capacity)
   std::vector<position_block> q_tiles, k_tiles;
@@ -130,6 +133,9 @@ struct flash_layout {
     k_blocks = (call.seq_k + block_k - 1) / block_k;
     seq_q_padded = q_blocks * block_q;
     seq_k_padded = k_blocks * block_k;
+    v_panel_width = std::min(panel_columns<T>, dim_padded);
+    v_panel_stride = seq_k_padded * v_panel_width;
+    v_unit_size = (dim_padded + v_panel_width - 1) / v_panel_width * v_panel_stride;
     units = call.batch * call.heads_kv;
     round_units = round_units_for(units, k_blocks, threads);
     // position_block keeps a pointer to its positions: they live in this->call, which does not
@@ -156,6 +162,10 @@ struct flash_layout {
   }
   [[nodiscard]] std::int64_t kv_row_index(const head_round& r, std::int64_t kv_unit, std::int64_t j) const noexcept {
     return (kv_unit - r.begin) * seq_k_padded + j;
+  }
+  /// Where kv unit kv_unit's packed V begins (its panel 0, row 0) in a round's array.
+  [[nodiscard]] std::int64_t v_panels_index(const head_round& r, std::int64_t kv_unit) const noexcept {
+    return (kv_unit - r.begin) * v_unit_size;
   }
   [[nodiscard]] std::int64_t q_row_index(const head_round& r, std::int64_t q_unit, std::int64_t i) const noexcept {
     return (q_unit - r.begin * call.group()) * seq_q_padded + i;
@@ -540,9 +550,10 @@ inline void tile_mask(const tile_extent<T>& t, T* s, std::int64_t s_ld = block_k
 /// lhs: P or dS, [rows][lhs_ld]; b: the key tile's rows [kc][b_ld] (zero past kc).
 template <class T>
 inline void tile_accumulate_rows(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* lhs,
-                                 const T* b, std::int64_t b_ld, std::int64_t lhs_ld = block_k) {
+                                 const T* b, std::int64_t b_ld, std::int64_t lhs_ld = block_k,
+                                 std::int64_t b_panel_stride = 0) {
   if (!t.partial) {
-    gemm<T, true>(c, ldc, t.rows, cols, lhs, lhs_ld, 1, b, b_ld, t.kc);
+    gemm<T, true>(c, ldc, t.rows, cols, lhs, lhs_ld, 1, b, b_ld, t.kc, nullptr, b_panel_stride);
     return;
   }
   for (std::int64_t g = 0; g < t.groups();) {
@@ -550,7 +561,7 @@ inline void tile_accumulate_rows(const tile_extent<T>& t, T* c, std::int64_t ldc
     if (t.col_end[g] > t.col_begin[g]) {
       const std::int64_t r0 = g * tile_rows, k0 = t.col_begin[g];
       gemm<T, true>(c + r0 * ldc, ldc, run * tile_rows, cols, lhs + r0 * lhs_ld + k0, lhs_ld, 1, b + k0 * b_ld, b_ld,
-                    std::min(t.col_end[g], t.kc) - k0);
+                    std::min(t.col_end[g], t.kc) - k0, nullptr, b_panel_stride);
     }
     g += run;
   }
