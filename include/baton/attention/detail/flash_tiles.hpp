@@ -547,7 +547,8 @@ inline void tile_mask(const tile_extent<T>& t, T* s, std::int64_t s_ld = block_k
 }
 
 /// C[rows][cols] += P B, contracting over the tile's keys: O += P V and dQ += dS K.
-/// lhs: P or dS, [rows][lhs_ld]; b: the key tile's rows [kc][b_ld] (zero past kc).
+/// lhs: P or dS, [rows][lhs_ld]; b: the key tile's rows [kc][b_ld] (zero past kc), or with
+/// b_panel_stride > 0 stored by column panels as gemm takes them (the forward's V).
 template <class T>
 inline void tile_accumulate_rows(const tile_extent<T>& t, T* c, std::int64_t ldc, std::int64_t cols, const T* lhs,
                                  const T* b, std::int64_t b_ld, std::int64_t lhs_ld = block_k,
