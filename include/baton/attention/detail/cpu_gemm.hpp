@@ -2,10 +2,11 @@
 //
 // C[rows x cols] (= or +=) A[rows x kdim] * B[kdim x cols], where A(r, k) = a[r * a_row +
 // k * a_k] (so A^T is the same call with the strides swapped) and B is row-major with leading
-// dimension ldb. rows is a multiple of tile_rows and cols of the vector width: callers pad
-// their packed operands with zeros. Each register tile keeps tile_rows x NV vector
-// accumulators and loads each B vector once per contraction step, for one broadcast and NV
-// FMAs per A element; the contraction runs in chunks that keep a panel of B in L1.
+// dimension ldb, or stored by column panels (gemm's b_panel_stride). rows is a multiple of
+// tile_rows and cols of the vector width: callers pad their packed operands with zeros. Each
+// register tile keeps tile_rows x NV vector accumulators and loads each B vector once per
+// contraction step, for one broadcast and NV FMAs per A element; the contraction runs in
+// chunks that keep a panel of B in L1.
 // A product that does not accumulate may start from a value per row instead of 0 (row_init:
 // the forward's scores start at minus their row's reference max, which the softmax would
 // otherwise subtract with one more vector operation per 16 scores).
