@@ -6,7 +6,9 @@
 // overwritten, overwritten from a start value per row (the forward's scores start at minus
 // their row's reference max), and accumulated into, inside a larger matrix whose other
 // elements must stay as they were; B row-major and B stored by column panels (the forward's
-// packed V).
+// packed V). And the softmax tiles' exp2 (flash_tiles.hpp), whose form differs by target
+// (AVX-512, and the shifter form for AVX2 and SSE): its error over the scores' range and its
+// values at the edges.
 //
 // Tolerance: each element is a dot product of length K (plus C's old value when
 // accumulating) summed in T by FMAs in some order, so its rounding error is at most
@@ -17,6 +19,7 @@
 #include "catch.hpp"
 
 #include <baton/attention/detail/cpu_gemm.hpp>
+#include <baton/attention/detail/flash_tiles.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -131,12 +134,13 @@ TEMPLATE_TEST_CASE("cpu_gemm matches a naive GEMM in double within the dot-produ
   constexpr std::int64_t W = da::width_v<T>;
   constexpr std::int64_t tile = da::tile_rows;
   // Columns: every panel width from one vector to a full panel, a full panel plus a narrower
-  // remainder, and a 64-key tile; rows: one register tile, a wide tile's worth (R > 4 rows for
-  // narrow panels) with a narrow remainder, and a 64-row tile; contractions: none, one, a
+  // remainder, and a 64-key tile; rows: one register tile, two and three (a 6-row tile with
+  // 16 registers leaves 2 of 8 rows: two 4-row tiles instead; 12 rows are two 6-row tiles),
+  // a wide tile's worth with a narrow remainder, and a 64-row tile; contractions: none, one, a
   // chunk minus one, a chunk, several chunks plus a remainder.
   const std::vector<std::int64_t> cols_cases{W, 2 * W, 3 * W, da::tile_vectors * W, (da::tile_vectors + 1) * W,
                                              std::max<std::int64_t>(64, W)};
-  const std::vector<std::int64_t> rows_cases{tile, 5 * tile, 64};
+  const std::vector<std::int64_t> rows_cases{tile, 2 * tile, 3 * tile, 5 * tile, 64};
   const std::vector<std::int64_t> kdim_cases{0, 1, da::contraction_chunk - 1, da::contraction_chunk,
                                              2 * da::contraction_chunk + 37};
   unsigned seed = 1;
@@ -161,4 +165,78 @@ TEST_CASE("cpu_gemm with an empty contraction zeroes C (or sets its row values),
   const float row_values[4] = {1.0f, -2.0f, 0.5f, 7.0f};
   da::gemm<float, false>(c.data(), W, 4, W, a.data(), 1, 4, b.data(), W, 0, row_values);
   for (std::int64_t i = 0; i < 4 * W; ++i) CHECK(c[static_cast<std::size_t>(i)] == row_values[i / W]);
+}
+
+namespace {
+
+// exp2_scores on one vector of x, lane by lane.
+template <bool NanToNan>
+std::vector<float> exp2_scores_of(const std::vector<float>& x) {
+  constexpr std::size_t W = static_cast<std::size_t>(da::width_v<float>);
+  std::vector<float> out(x.size());
+  for (std::size_t i = 0; i < x.size(); i += W) {
+    float lanes[W];
+    for (std::size_t j = 0; j < W; ++j) lanes[j] = i + j < x.size() ? x[i + j] : 0.0f;
+    const auto e = da::exp2_scores<NanToNan, float>(da::load(lanes));
+    da::store(lanes, e);
+    for (std::size_t j = 0; j < W && i + j < x.size(); ++j) out[i + j] = lanes[j];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the softmax tiles' exp2 is within 2.5e-7 of 2^x on the scores' range and exact at its edges",
+          "[attention][gemm]") {
+  // Every x = k / 128 + a fraction from -126 to 127, against exp2 in long double. The bound:
+  // 1.5e-7 (AVX-512's degree-5 fit) or 1.7e-7 (the shifter form with FMAs) measured over every
+  // fraction on a 2^-24 grid, plus room for SSE, which rounds a * b + c twice.
+  std::vector<float> x;
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> frac(0.0f, 1.0f / 128);
+  for (int k = -126 * 128; k <= 127 * 128; ++k) x.push_back(static_cast<float>(k) / 128 + frac(gen));
+  for (const bool forward : {true, false}) {
+    const std::vector<float> e = forward ? exp2_scores_of<true>(x) : exp2_scores_of<false>(x);
+    double worst = 0;
+    float worst_x = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const long double want = std::exp2(static_cast<long double>(x[i]));
+      const double err = static_cast<double>(std::fabs(static_cast<long double>(e[i]) / want - 1));
+      if (!(err <= worst)) {
+        worst = err;
+        worst_x = x[i];
+      }
+    }
+    INFO((forward ? "forward" : "backward") << ": worst relative error " << worst << " at x = " << worst_x);
+    CHECK(worst <= 2.5e-7);
+  }
+
+  constexpr float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Below -126.5 (and -inf, a masked score) exactly 0; from 128 on (an overflowing score,
+  // which the softmax must see) at least 2^127 (+inf, or FLT_MAX where the polynomial's
+  // value at 0 is a hair below 1); -126.5 to -126 may give a subnormal or 0 by target.
+  const std::vector<float> edges{-inf,   -1e30f, -1000.0f, -150.0f, -127.0f, -126.6f,
+                                 -126.3f, 128.0f, 200.0f,   1e30f,   inf};
+  for (const bool forward : {true, false}) {
+    const std::vector<float> e = forward ? exp2_scores_of<true>(edges) : exp2_scores_of<false>(edges);
+    for (std::size_t i = 0; i < edges.size(); ++i) {
+      INFO((forward ? "forward" : "backward") << ", x = " << edges[i] << " gives " << e[i]);
+      if (edges[i] <= -126.5f)
+        CHECK(e[i] == 0.0f);
+      else if (edges[i] < -126.0f)
+        CHECK((e[i] >= 0.0f && e[i] < std::numeric_limits<float>::min()));
+      else
+        CHECK(e[i] >= 0x1p127f);
+    }
+  }
+  // A NaN score stays NaN in the forward (the row's sum then carries it to the non-finite
+  // rule) and gives 0 in the backward.
+  const std::vector<float> nans{nan, 1.0f, nan, -3.0f};
+  const std::vector<float> fwd = exp2_scores_of<true>(nans), bwd = exp2_scores_of<false>(nans);
+  CHECK(std::isnan(fwd[0]));
+  CHECK(std::isnan(fwd[2]));
+  CHECK(bwd[0] == 0.0f);
+  CHECK(bwd[2] == 0.0f);
+  CHECK(std::fabs(fwd[1] / 2.0f - 1.0f) <= 2.5e-7f);
+  CHECK(std::fabs(bwd[3] / 0.125f - 1.0f) <= 2.5e-7f);
 }
