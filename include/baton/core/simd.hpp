@@ -235,8 +235,8 @@ BATON_ALWAYS_INLINE vec_t<T> horner(vec_t<T> x, const T (&c)[N]) noexcept {
   return p;
 }
 
-/// 2^f for f in [-1/2, 1/2]: exp2's polynomial (degree-7 Taylor of e^(f ln 2)). The AVX-512
-/// softmax tiles of the attention kernels use their own (flash_tiles.hpp: exp2_scores).
+/// 2^f for f in [-1/2, 1/2]: exp2's polynomial (degree-7 Taylor of e^(f ln 2)). The softmax
+/// tiles of the attention kernels use shorter ones (flash_tiles.hpp: exp2_scores).
 BATON_ALWAYS_INLINE vec_t<float> exp2_fraction(vec_t<float> f) noexcept {
   static constexpr float c[] = {1.0f,
                                 0.6931471805599453f,
@@ -249,31 +249,37 @@ BATON_ALWAYS_INLINE vec_t<float> exp2_fraction(vec_t<float> f) noexcept {
   return horner(f, c);
 }
 
+/// x = n + f per lane, n = round(x) and f in [-1/2, 1/2]: `fraction` is f and `power` 2^n.
+struct exp2_split {
+  vec_t<float> fraction;
+  vec_t<float> power;
+};
+
+/// Splits x, which the caller has clamped to [-127, 128], for 2^x = 2^f * 2^n. One add rounds:
+/// t = x + 1.5 * 2^23 + 127 keeps no fraction, and its low mantissa bits hold n + 127, which
+/// shifted into the exponent field are 2^n (0 at n = -127, +inf at 128) — no integer add.
+BATON_ALWAYS_INLINE exp2_split split_exp2(vec_t<float> x) noexcept {
+  const vec_t<float> shifter = broadcast(12583039.0f);  // 1.5 * 2^23 + 127
+  const vec_t<float> t = x + shifter;
+  exp2_split parts;
+  parts.fraction = x - (t - shifter);
+#if defined(__GNUC__)
+  parts.power = std::bit_cast<vec_t<float>>(std::bit_cast<vi32_t>(t) << 23);
+#else
+  for (int i = 0; i < width_v<float>; ++i)
+    parts.power[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(t[i]) << 23);
+#endif
+  return parts;
+}
+
 /// 2^x per lane. Inputs below the smallest normal exponent give exactly 0 (so -inf, a
 /// masked score, gives 0 without a test); NaN gives 0 too. Relative error ~1e-7 (float,
 /// degree-7 Taylor of e^(f ln 2) on |f| <= 1/2) and ~3e-16 (double, degree 13).
 BATON_ALWAYS_INLINE vec_t<float> exp2(vec_t<float> x) noexcept {
-  x = vmax<float>(x, broadcast(-127.0f));  // NaN and -inf become -127: 2^n with n = -127 is 0 below
+  x = vmax<float>(x, broadcast(-127.0f));  // NaN and -inf become -127, whose power is 0
   x = vmin<float>(x, broadcast(127.0f));
-  // Round to nearest through the 1.5 * 2^23 shifter: afterwards the low mantissa bits of t
-  // hold n + 2^22 + 2^23 in binary, so bits(t) - bits(shifter) = n.
-  const vec_t<float> shifter = broadcast(12582912.0f);
-  const vec_t<float> t = x + shifter;
-  const vec_t<float> n = t - shifter;
-  const vec_t<float> f = x - n;  // in [-1/2, 1/2]
-  const vec_t<float> p = exp2_fraction(f);
-#if defined(__GNUC__)
-  const vi32_t ni = std::bit_cast<vi32_t>(t) - std::bit_cast<std::int32_t>(12582912.0f);
-  const vi32_t scale_bits = (ni + 127) << 23;
-  return p * std::bit_cast<vf_t>(scale_bits);
-#else
-  vec_t<float> r;
-  for (int i = 0; i < width_v<float>; ++i) {
-    const std::int32_t ni = static_cast<std::int32_t>(n[i]);
-    r[i] = p[i] * std::bit_cast<float>(static_cast<std::int32_t>((ni + 127) << 23));
-  }
-  return r;
-#endif
+  const exp2_split parts = split_exp2(x);
+  return exp2_fraction(parts.fraction) * parts.power;
 }
 
 BATON_ALWAYS_INLINE vec_t<double> exp2(vec_t<double> x) noexcept {

@@ -370,11 +370,11 @@ BATON_ALWAYS_INLINE vec_t<float> exp2_centred_fraction(vec_t<float> f) noexcept 
 /// vscalefps for p * 2^floor(x). Every one of them competes with the tile GEMMs' FMAs for the
 /// same two ports on Intel's cores; the former 12 (round, subtract, degree 7) cost ~3 % of a
 /// D = 64 forward there.
-/// Elsewhere (AVX2, SSE) it is 12: the clamps to [-127, 128], round to nearest through a
-/// shifter whose low bits then hold round(x) + 127 (shifted into the exponent field they are
-/// 2^round(x): 0 at -127, +inf at 128), f = x - round(x), and 1 + f q(f) above; relative error
-/// ~1.7e-7, and x in [-126.5, -126) gives a subnormal instead of 0. core::simd's exp2 (degree
-/// 7) took 15, and the softmax was 14.5 % of a D = 64 forward built for AVX2.
+/// Elsewhere (AVX2, SSE) it is 12: the clamps to [-127, 128], core::simd's split_exp2 (x =
+/// round(x) + f; 2^round(x) is 0 at -127, +inf at 128) and 1 + f q(f) above; relative error
+/// ~1.7e-7, and x in [-126.5, -126) gives a subnormal instead of 0. core::simd's exp2 (the
+/// same split, degree 7) takes 14, and the softmax was 14.5 % of a D = 64 forward built for
+/// AVX2 when it took 15.
 template <bool NanToNan, class T>
 BATON_ALWAYS_INLINE vec_t<T> exp2_scores(vec_t<T> x) noexcept {
 #if defined(__GNUC__) && defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -391,11 +391,8 @@ BATON_ALWAYS_INLINE vec_t<T> exp2_scores(vec_t<T> x) noexcept {
     // vmax and vmin return their second operand where either is NaN: x second keeps a NaN.
     x = NanToNan ? vmax<float>(broadcast(-127.0f), x) : vmax<float>(x, broadcast(-127.0f));
     x = vmin<float>(broadcast(128.0f), x);
-    const vec_t<float> shifter = broadcast(12583039.0f);  // 1.5 * 2^23 + 127
-    const vec_t<float> t = x + shifter;
-    const vec_t<float> f = x - (t - shifter);
-    const auto scale = std::bit_cast<vec_t<float>>(std::bit_cast<vi32_t>(t) << 23);
-    return exp2_centred_fraction(f) * scale;
+    const exp2_split parts = split_exp2(x);
+    return exp2_centred_fraction(parts.fraction) * parts.power;
   }
 #endif
   return exp2(x);  // double, and any type without GCC's vector extensions: core::simd's (NaN gives 0)
