@@ -10,8 +10,12 @@
 //   choose_measured_s_<shape>_<mode>, choose_pred_s_<shape>_<mode>
 //   choose_pick_<shape>: the split chosen and the measured-fastest one
 //   choose_regret_<shape>: measured time of the chosen split / of the measured-fastest (1 = best)
-// and at the end `choose_picked_fastest: k/6`, the spread of the ratios and of the regrets. With the Kokkos
-// flash backend (the reference one where Kokkos is absent: slow at these sizes, use --quick).
+//   choose_margin_<shape>: the measured runner-up's time / the fastest's, and in how many rounds
+//     the fastest beat it (how far the measured ranking itself can be trusted)
+// and at the end `choose_picked_fastest: k/6`, `choose_picked_fastest_where_clear: k/n` (over
+// the shapes whose fastest beat the runner-up in every round but at most one), the spread of
+// the ratios and of the regrets. With the Kokkos flash backend (the reference one where Kokkos
+// is absent: slow at these sizes, use --quick).
 //
 //   bench_cp_choose [--quick] [--pairs N]
 // --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
@@ -231,7 +235,7 @@ int main(int argc, char** argv) {
   };
   baton::cp::calibrate_options calibration;  // the defaults; --quick (the ctest smoke run) shorter
   if (quick) calibration.window = 0.02;
-  int picked = 0;
+  int picked = 0, clear = 0, clear_picked = 0;
   bench::series all_ratios, regrets;
   for (const shape_case& c : cases) {
     const case_result r = run_case(c, rounds, calibration);
@@ -257,12 +261,30 @@ int main(int argc, char** argv) {
     std::printf("choose_pick_%s: %s (measured fastest %s)\n", c.name.c_str(), r.choice.best.name().c_str(),
                 r.choice.candidates[fastest].name().c_str());
     picked += chosen == fastest ? 1 : 0;
+    // How clear the measured ranking is: the runner-up's median over the fastest's, and in how
+    // many rounds (every split ran once in each, next to the others) the fastest beat it. Every
+    // shape above has at least two splits.
+    std::size_t runner_up = fastest == 0 ? 1 : 0;
+    for (std::size_t i = 0; i < r.measured.size(); ++i)
+      if (i != fastest && r.measured[i].median() < r.measured[runner_up].median()) runner_up = i;
+    const std::vector<double>& fast_rounds = r.measured[fastest].values;
+    const std::vector<double>& next_rounds = r.measured[runner_up].values;
+    std::size_t ahead = 0;
+    for (std::size_t j = 0; j < fast_rounds.size(); ++j) ahead += fast_rounds[j] < next_rounds[j] ? 1 : 0;
+    if (ahead + 1 >= fast_rounds.size()) {  // clear: a coin toss wins 6 or 7 rounds of 7 one time in 16
+      ++clear;
+      clear_picked += chosen == fastest ? 1 : 0;
+    }
+    std::printf("choose_margin_%s: %.4g (%s ahead of %s in %zu/%zu rounds)\n", c.name.c_str(),
+                r.measured[runner_up].median() / r.measured[fastest].median(), r.choice.candidates[fastest].name().c_str(),
+                r.choice.candidates[runner_up].name().c_str(), ahead, fast_rounds.size());
     const double regret = r.measured[chosen].median() / r.measured[fastest].median();
     regrets.add(regret);
     bench::print_value("choose_regret_" + c.name, regret);
     std::fflush(stdout);
   }
   std::printf("choose_picked_fastest: %d/%zu\n", picked, cases.size());
+  std::printf("choose_picked_fastest_where_clear: %d/%d\n", clear_picked, clear);
   bench::print("choose_pred_over_measured_all_medians", all_ratios);
   bench::print("choose_regret_all", regrets);
   bench::print_load("after");
