@@ -447,7 +447,7 @@ int main(int argc, char** argv) {
   const double grad_block = kv_block / e * sizeof(A);
   const double ring_theory = (R - 1) * kv_block            // forward: K/V around the ring
                              + (R - 1) * kv_block          // backward: K/V again
-                             + R * grad_block;             // dK/dV accumulators, incl. the hop home
+                             + (R - 1) * grad_block;       // dK/dV accumulators (the owner's own part stays home)
   const double off = (R - 1) / R, rows = static_cast<double>(p.b) * sl;
   const double hd = static_cast<double>(p.h * p.d), kvd = static_cast<double>(p.hkv * p.d), hl = static_cast<double>(p.h);
   const double ulysses_theory =

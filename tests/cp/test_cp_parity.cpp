@@ -309,13 +309,15 @@ TEST_CASE("ring: the next K/V transfer and the dK/dV transfer overlap a block's 
     for (int s = 0; s < R - 1; ++s)
       forward.insert(forward.end(), {"shift " + kv, "shift " + kv, "compute", "wait " + kv, "wait " + kv});
     forward.push_back("compute");
-    // backward: the accumulator's shift starts after a step's compute and is waited for only
-    // after the NEXT step's compute; the last one (the hop home) after the loop
-    std::vector<std::string> backward{"shift " + kv, "shift " + kv, "compute", "shift " + grad, "wait " + kv,
-                                      "wait " + kv};
-    for (int s = 1; s < R - 1; ++s)
-      backward.insert(backward.end(),
-                      {"shift " + kv, "shift " + kv, "compute", "wait " + grad, "shift " + grad, "wait " + kv, "wait " + kv});
+    // backward: the own block's dK/dV stays home, so the first accumulator shift starts after
+    // the second step's compute; each is waited for only after the NEXT step's compute; the
+    // last one (the hop home) after the loop
+    std::vector<std::string> backward{"shift " + kv, "shift " + kv, "compute", "wait " + kv, "wait " + kv};
+    for (int s = 1; s < R - 1; ++s) {
+      backward.insert(backward.end(), {"shift " + kv, "shift " + kv, "compute"});
+      if (s > 1) backward.push_back("wait " + grad);
+      backward.insert(backward.end(), {"shift " + grad, "wait " + kv, "wait " + kv});
+    }
     backward.insert(backward.end(), {"compute", "wait " + grad, "shift " + grad, "wait " + grad});
     std::vector<std::string> expected = forward;
     expected.insert(expected.end(), backward.begin(), backward.end());

@@ -140,6 +140,8 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
     const double block = tensor_bytes(s, sh.max_local_len(), hkv, s.element_bytes);  // one of K, V
     const double grads = tensor_bytes(s, sh.max_local_len(), hkv, acc);
     const double merge = tensor_bytes(s, sh.max_local_len(), hq, acc) * 2;  // read + write the accumulator
+    // The owner's own dK/dV stays home when its block comes first: the travelling sum starts a step later.
+    const std::size_t first_grad_step = steps.size() > 1 && steps.front() == 0 ? 1 : 0;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::size_t i = 0; i < steps.size(); ++i) {
         double most = 0, sum = 0;
@@ -151,7 +153,7 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
         const double slowest = std::max(sum / ring, c.share * most);
         double moved = 0;
         if (i + 1 < steps.size()) moved += 2 * block;  // the next K and V
-        if (pass == 1 && i > 0) moved += 2 * grads;    // dK, dV one step behind
+        if (pass == 1 && i > first_grad_step) moved += 2 * grads;  // dK, dV one step behind
         const double transfer = moved * c.link_per_byte + (moved > 0 ? 2 * c.latency : 0);
         const double merging = (pass == 0 && i > 0) ? merge * c.copy_per_byte : 0;
         p.compute += slowest;

@@ -15,7 +15,8 @@
 // FINAL merged out and lse, and dout — nothing saved at step 0 is reused. A dK/dV
 // accumulator (fp32 or better) follows its K/V block, sent on once the step's compute is
 // done; after the last active step one more shift (ring_schedule::hops_to_owner) returns
-// every accumulator to the rank that owns the keys.
+// every accumulator to the rank that owns the keys. The owner's own part (step 0) does not
+// travel: it waits at home for the others' sum.
 //
 // Memory: every buffer comes from the memory space M and every copy, fill, accumulation and
 // merge is a call on it (memory.hpp), so the same steps run on host or device memory. M is
@@ -506,6 +507,20 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   // `capacity`.
   auto grad_step = mem.template allocate<A>(kv_size), grad_in = mem.template allocate<A>(kv_size),
        grad_out = mem.template allocate<A>(kv_size);
+  // When the own block is the first one held and others follow, the owner's own dK/dV does
+  // not travel: it is summed where the result goes (dk and dv themselves when they are dense
+  // and of the accumulator's type, else a buffer each, as dq), and the others' sum is added
+  // when it comes home. The accumulator that travels starts at the second active step: R - 1
+  // hops of the fp32 K/V-sized block instead of R (at R = 2, one instead of two).
+  const bool own_kept = active.size() > 1 && active.front() == 0;
+  typename M::template buffer<A> own_k_acc, own_v_acc;
+  bool own_k_in_place = false, own_v_in_place = false;
+  tensor_view<A, 4> own_k, own_v;
+  if (own_kept) {
+    const std::array<std::int64_t, 4> dense = bshd<A>(nullptr, b, g.kv_len(me), hkv, d).strides();
+    own_k = accumulator_for<A>(mem, dk, dense, own_k_acc, own_k_in_place);
+    own_v = accumulator_for<A>(mem, dv, dense, own_v_acc, own_v_in_place);
+  }
   // When the accumulators have the element type (float, double), the backend adds into them
   // itself (params.accumulate); otherwise each call writes a block that is then accumulated.
   constexpr bool backend_accumulates = std::is_same_v<A, T>;
@@ -520,10 +535,17 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   walk_ring<T>(ring, blocks, g, active, settler, [&](std::size_t i, int owner, const auto& kb, const auto& vb) {
     const int step = active[i];
     const bool last = i + 1 == active.size();
-    mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
+    const bool own_here = own_kept && i == 0;  // this step's dK/dV is the own part, summed in own_k, own_v
     const std::span<const shard_piece> k_pieces(g.kv_of(owner));
     const std::int64_t kl = g.kv_len(owner);
-    const tensor_view<A, 4> dk_all = bshd(grad_step.data(), b, kl, hkv, d), dv_all = bshd(grad_step.data() + capacity, b, kl, hkv, d);
+    const tensor_view<A, 4> dk_all = own_here ? own_k : bshd(grad_step.data(), b, kl, hkv, d);
+    const tensor_view<A, 4> dv_all = own_here ? own_v : bshd(grad_step.data() + capacity, b, kl, hkv, d);
+    if (own_here) {
+      mem.fill(std::span<A>(own_k.data, static_cast<std::size_t>(own_k.size())), A(0));
+      mem.fill(std::span<A>(own_v.data, static_cast<std::size_t>(own_v.size())), A(0));
+    } else {
+      mem.fill(std::span<A>(grad_step.data(), kv_size), A(0));
+    }
     for (block_call c : plan_step(mask, my_pieces, k_pieces)) {
       attention_params params = call_params(my_pieces, k_pieces, c, softmax_scale, q_store, k_store);
       if (!trim_call(mask, c, params, trim)) continue;
@@ -549,11 +571,12 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
         mem.accumulate(dv_all.slice(1, c.k_offset, c.k_count), gv.as_const());
       }
     }
+    if (own_here) return;  // nothing travels yet
     // The held block's accumulator so far arrives from its previous holder (none at the first
-    // active step) and is added to this step's in place; the sum becomes grad_out (whose
+    // step that sends) and is added to this step's in place; the sum becomes grad_out (whose
     // previous send has completed: grad_transfer was settled) and grad_step is reused.
     settler.settle(grad_transfer);
-    if (i != 0)
+    if (i > (own_kept ? 1u : 0u))  // an accumulator arrived from the block's previous holder
       mem.accumulate(flat_view(grad_step.data(), 2 * capacity), flat_view(grad_in.data(), 2 * capacity).as_const());
     std::swap(grad_step, grad_out);
     // Send it on with the block; after the last active step, back to the owner (me - step),
@@ -564,13 +587,23 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     else
       std::swap(grad_in, grad_out);
   });
-  settler.settle(grad_transfer);  // grad_in now holds the dK/dV of my own keys, from every rank's queries
+  // grad_in now holds the dK/dV of my own keys from every rank's queries (but mine, when own_kept).
+  settler.settle(grad_transfer);
   if (active.empty()) mem.fill(std::span<A>(grad_in.data(), kv_size), A(0));
 
   if (!dq_in_place) mem.copy(dq_all.as_const(), dq);
   const std::int64_t kl = g.kv_len(me);
-  mem.copy(bshd(static_cast<const A*>(grad_in.data()), b, kl, hkv, d), dk);
-  mem.copy(bshd(static_cast<const A*>(grad_in.data()) + capacity, b, kl, hkv, d), dv);
+  const auto others_k = bshd(static_cast<const A*>(grad_in.data()), b, kl, hkv, d);
+  const auto others_v = bshd(static_cast<const A*>(grad_in.data()) + capacity, b, kl, hkv, d);
+  if (own_kept) {  // the own part, kept here, plus the others' sum
+    mem.accumulate(own_k, others_k);
+    mem.accumulate(own_v, others_v);
+    if (!own_k_in_place) mem.copy(own_k.as_const(), dk);
+    if (!own_v_in_place) mem.copy(own_v.as_const(), dv);
+  } else {
+    mem.copy(others_k, dk);
+    mem.copy(others_v, dv);
+  }
   settler.finish();
 }
 

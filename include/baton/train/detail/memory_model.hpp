@@ -217,7 +217,8 @@ inline double pool_bytes(std::vector<double> a, std::vector<double> b) {
 // backward's three dK/dV accumulators.
 // In bytes, each at its element size (`e`). Under bf16 storage (the ring runs on bf16, its
 // accumulators are float): the forward's running O is a float buffer beside the bf16 one
-// given, and the backward's dQ accumulator too, with the bf16 dQ, dK, dV of each call.
+// given, and the backward's dQ accumulator too, with the bf16 dQ, dK, dV of each call, and
+// the float sums of the owner's own dK and dV (which float and double sum in dk and dv).
 inline std::vector<double> ring_forward_leases(int ring, double kv_capacity, double q_elems, double lse_elems,
                                                element_sizes e) {
   std::vector<double> l{2 * kv_capacity * e.stored, q_elems * e.stored, lse_elems * e.value};
@@ -228,7 +229,9 @@ inline std::vector<double> ring_forward_leases(int ring, double kv_capacity, dou
 inline std::vector<double> ring_backward_leases(int ring, double kv_capacity, double q_elems, element_sizes e) {
   std::vector<double> l{2 * kv_capacity * e.stored, 2 * kv_capacity * e.value, 2 * kv_capacity * e.value,
                         2 * kv_capacity * e.value};
-  if (e.bf16()) l.insert(l.end(), {q_elems * e.value, q_elems * e.stored, kv_capacity * e.stored, kv_capacity * e.stored});
+  if (e.bf16())
+    l.insert(l.end(), {q_elems * e.value, q_elems * e.stored, kv_capacity * e.stored, kv_capacity * e.stored,
+                       kv_capacity * e.value, kv_capacity * e.value});
   if (ring > 2) l.push_back(2 * kv_capacity * e.stored);
   return l;
 }
