@@ -141,7 +141,7 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
     const double grads = tensor_bytes(s, sh.max_local_len(), hkv, acc);
     const double merge = tensor_bytes(s, sh.max_local_len(), hq, acc) * 2;  // read + write the accumulator
     // The owner's own dK/dV stays home when its block comes first: the travelling sum starts a step later.
-    const std::size_t first_grad_step = steps.size() > 1 && steps.front() == 0 ? 1 : 0;
+    const std::size_t first_grad_step = own_grad_stays_home(steps) ? 1 : 0;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::size_t i = 0; i < steps.size(); ++i) {
         double most = 0, sum = 0;

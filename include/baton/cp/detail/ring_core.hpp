@@ -512,7 +512,7 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   // and of the accumulator's type, else a buffer each, as dq), and the others' sum is added
   // when it comes home. The accumulator that travels starts at the second active step: R - 1
   // hops of the fp32 K/V-sized block instead of R (at R = 2, one instead of two).
-  const bool own_kept = active.size() > 1 && active.front() == 0;
+  const bool own_kept = own_grad_stays_home(active);
   typename M::template buffer<A> own_k_acc, own_v_acc;
   bool own_k_in_place = false, own_v_in_place = false;
   tensor_view<A, 4> own_k, own_v;

@@ -31,6 +31,13 @@ struct ring_schedule {
   constexpr int hops_to_owner(int step) const noexcept { return (ranks - step) % ranks; }
 };
 
+// Whether the backward's dK/dV accumulators start travelling only at the second of the
+// active steps: when a rank's own block is held first and others follow, the owner keeps its
+// own part at home (ring_backward; cp::choose counts the same hops).
+inline bool own_grad_stays_home(std::span<const int> active_steps) noexcept {
+  return active_steps.size() > 1 && active_steps.front() == 0;
+}
+
 // One backend call of a ring step: local query rows [q_offset, q_offset + q_count) against
 // local key rows [k_offset, k_offset + k_count) of the block held; the pieces they cover.
 struct block_call {
