@@ -17,9 +17,12 @@
 // the ratios and of the regrets. With the Kokkos flash backend (the reference one where Kokkos
 // is absent: slow at these sizes, use --quick).
 //
-//   bench_cp_choose [--quick] [--pairs N]
+//   bench_cp_choose [--quick] [--pairs N] [--compute-only] [--tokens N] [--copies N]
 // --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
-// figures say nothing about the model.
+// figures say nothing about the model. --compute-only checks the model's compute term alone,
+// on one thread (compute_check below): choose_compute_pred_over_measured_<shape>_<mode> per
+// round, and how many splits' medians lie within 0.85-1.15. --tokens and --copies set those
+// calibrate_options (to compare calibrations; the defaults otherwise).
 #include "bench_common.hpp"
 
 #include <baton/attention.hpp>
@@ -34,6 +37,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -213,14 +217,156 @@ case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate
   return res;
 }
 
+// choose_costs_<shape>: what a shape's predictions rest on (microseconds, ps per byte).
+void print_costs(const std::string& shape, const baton::cp_costs& k) {
+  std::printf("choose_costs_%s: full tile %.3g us (backward %.3g, partial %.3g / %.3g, row panel %.3g / %.3g, "
+              "column panel %.3g / %.3g, call %.3g; link %.3g ps/B, all-to-all %.3g, copy %.3g, latency %.3g us; share %.3f)\n",
+              shape.c_str(), k.full_tile_forward * 1e6, k.full_tile_backward * 1e6, k.partial_tile_forward * 1e6,
+              k.partial_tile_backward * 1e6, k.row_panel_forward * 1e6, k.row_panel_backward * 1e6, k.column_panel_forward * 1e6,
+              k.column_panel_backward * 1e6, k.per_call * 1e6, k.link_per_byte * 1e12, k.all_to_all_per_byte * 1e12,
+              k.copy_per_byte * 1e12, k.latency * 1e6, k.share);
+}
+
+// --compute-only: the model's compute term alone, on one thread. Every rank's backend calls of
+// a split (the ring's planned and trimmed calls of each active step, with the split's local
+// heads; Ulysses' one call over the whole sequence) run one after another on this thread,
+// against the model's price of the same calls from a one-rank calibration: no communication
+// and no ranks sharing cores, so what is left is the model's account of the kernel.
+struct split_calls {
+  struct call {
+    baton::detail::cp::block_call c;
+    baton::attention_params params;
+    std::vector<std::int64_t> q_store, k_store;  // params' positions point into these
+  };
+  std::string name;
+  std::int64_t rows = 0, hq = 0, hkv = 0;
+  std::vector<std::vector<std::unique_ptr<call>>> ranks;  // the calls of each rank
+  double predicted = 0;                                   // forward + backward, every rank
+};
+
+template <class Mask>
+split_calls plan_split(const shape_case& c, const Mask& mask, const baton::cp_costs& costs, int ring, int uly) {
+  namespace d = baton::detail::cp;
+  split_calls out;
+  out.name = baton::cp_mode_prediction{ring, uly}.name();
+  const d::head_splits hs = d::split_heads(c.h, c.hkv, uly);
+  out.hq = hs.q.max_count();
+  out.hkv = hs.kv.max_count();
+  const double bh = static_cast<double>(out.hq), bkv = static_cast<double>(out.hkv);  // batch 1
+  const auto add = [&](std::vector<std::unique_ptr<split_calls::call>>& rank, std::unique_ptr<split_calls::call> call) {
+    const d::tile_count t = d::count_call_tiles(mask, call->params.q_pos, call->params.k_pos, call->c.q_count, call->c.k_count);
+    out.predicted += d::work_seconds(costs, t, bh, bkv, 0) + d::work_seconds(costs, t, bh, bkv, 1);
+    rank.push_back(std::move(call));
+  };
+  if (ring == 1) {  // as predict_split: one call, every rank's positions in rank order
+    const baton::sequence_sharding sh(baton::shard_layout::zigzag, c.s, uly);
+    auto call = std::make_unique<split_calls::call>();
+    for (int r = 0; r < uly; ++r) {
+      const auto mine = sh.global_positions(r);
+      call->q_store.insert(call->q_store.end(), mine.begin(), mine.end());
+    }
+    call->params.q_pos = baton::positions{std::span<const std::int64_t>(call->q_store)};
+    call->params.k_pos = call->params.q_pos;
+    call->c.q_count = call->c.k_count = c.s;
+    out.rows = c.s;
+    out.ranks.emplace_back();
+    add(out.ranks.back(), std::move(call));
+    return out;
+  }
+  const baton::sequence_sharding sh(baton::shard_layout::zigzag, c.s, ring);
+  std::vector<std::vector<baton::shard_piece>> groups;
+  for (int g = 0; g < ring; ++g) groups.push_back(sh.pieces(g));
+  out.rows = sh.max_local_len();
+  const d::ring_schedule schedule{ring};
+  for (int r = 0; r < ring; ++r) {
+    out.ranks.emplace_back();
+    for (int step : d::needed_steps(mask, groups)) {
+      const auto& q = groups[static_cast<std::size_t>(r)];
+      const auto& k = groups[static_cast<std::size_t>(schedule.kv_owner(r, step))];
+      for (d::block_call bc : d::plan_step(mask, std::span<const baton::shard_piece>(q), std::span<const baton::shard_piece>(k))) {
+        auto call = std::make_unique<split_calls::call>();
+        call->c = bc;
+        call->params = d::call_params(q, k, call->c, 0.0, call->q_store, call->k_store);
+        if (!d::trim_call(mask, call->c, call->params, d::trim_tile)) continue;
+        call->params.accumulate = true;  // as the ring's backward (the forward ignores it)
+        add(out.ranks.back(), std::move(call));
+      }
+    }
+  }
+  return out;
+}
+
+// Times every rank's calls of `split` (forward, then backward) on this thread: seconds.
+template <class Mask>
+double run_split(backend_t& backend, const split_calls& split, const Mask& mask, rank_tensors& t) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& rank : split.ranks) {
+    for (int bwd = 0; bwd < 2; ++bwd)
+      for (const auto& call : rank) {
+        const auto& bc = call->c;
+        const auto rows = [&](std::vector<T>& x, std::int64_t heads, std::int64_t off, std::int64_t n) {
+          return baton::make_tensor_view(x.data(), {1, split.rows, heads, t.d}).slice(1, off, n);
+        };
+        const auto q = rows(t.q, split.hq, bc.q_offset, bc.q_count).as_const();
+        const auto k = rows(t.k, split.hkv, bc.k_offset, bc.k_count).as_const();
+        const auto v = rows(t.v, split.hkv, bc.k_offset, bc.k_count).as_const();
+        const auto out = rows(t.out, split.hq, bc.q_offset, bc.q_count);
+        const auto lse = baton::make_tensor_view(t.lse.data(), {1, split.hq, bc.q_count});
+        if (bwd == 0) {
+          backend.forward(q, k, v, mask, out, lse, call->params);
+          continue;
+        }
+        backend.backward(q, k, v, out.as_const(), lse.as_const(), rows(t.dout, split.hq, bc.q_offset, bc.q_count).as_const(), mask,
+                         rows(t.dq, split.hq, bc.q_offset, bc.q_count), rows(t.dk, split.hkv, bc.k_offset, bc.k_count),
+                         rows(t.dv, split.hkv, bc.k_offset, bc.k_count), call->params);
+      }
+  }
+  return bench::seconds_since(start);
+}
+
+// The figures of --compute-only for one shape: per split, predicted / measured per round.
+std::vector<std::pair<std::string, bench::series>> compute_check(const shape_case& c, int rounds,
+                                                                const baton::cp::calibrate_options& calibration) {
+  return std::visit(
+      [&](const auto& mask) {
+        baton::cp_costs costs;
+        baton::run_local(1, [&](baton::local_communicator& local) {
+          costs = baton::cp::calibrate(local, backend_t{}, c.d, calibration, mask);
+        });
+        print_costs(c.name, costs);
+        const baton::sequence_sharding whole(baton::shard_layout::zigzag, c.s, 1);
+        const auto qf = random_values(static_cast<std::size_t>(c.s * c.h * c.d), 1);
+        const auto kf = random_values(static_cast<std::size_t>(c.s * c.hkv * c.d), 2);
+        rank_tensors t(c, whole, 0, qf, kf, kf, qf);  // buffers as large as any split's calls need
+        backend_t backend;
+        std::vector<split_calls> splits;
+        const baton::cp_choose_mesh mesh{c.ranks, baton::shard_layout::zigzag};
+        for (const auto& [ring, uly] : baton::cp::legal_splits(mesh, baton::cp_choose_shape{1, c.s, c.h, c.hkv, c.d, 4, true}))
+          splits.push_back(plan_split(c, mask, costs, ring, uly));
+        for (const split_calls& sp : splits) run_split(backend, sp, mask, t);  // warm-up
+        std::vector<std::pair<std::string, bench::series>> out;
+        for (const split_calls& sp : splits) out.emplace_back(sp.name, bench::series{});
+        for (int r = 0; r < rounds; ++r)
+          for (std::size_t j = 0; j < splits.size(); ++j) {
+            const std::size_t i = (j + static_cast<std::size_t>(r)) % splits.size();
+            out[i].second.add(splits[i].predicted / run_split(backend, splits[i], mask, t));
+          }
+        return out;
+      },
+      c.mask);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
 #if BATON_HAS_KOKKOS()
   Kokkos::ScopeGuard kokkos(argc, argv);
 #endif
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) quick = quick || std::strcmp(argv[i], "--quick") == 0;
+  bool quick = false, compute_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::strcmp(argv[i], "--quick") == 0;
+    compute_only = compute_only || std::strcmp(argv[i], "--compute-only") == 0;
+  }
   const int rounds = bench::pairs_from_args(argc, argv, 7);
   bench::print_build();
   bench::print_load("before");
@@ -235,17 +381,36 @@ int main(int argc, char** argv) {
   };
   baton::cp::calibrate_options calibration;  // the defaults; --quick (the ctest smoke run) shorter
   if (quick) calibration.window = 0.02;
+  for (int i = 1; i + 1 < argc; ++i) {  // calibrate_options other than the defaults, to compare them
+    if (std::strcmp(argv[i], "--tokens") == 0) calibration.tokens = std::atoll(argv[i + 1]);
+    if (std::strcmp(argv[i], "--copies") == 0) calibration.copies = std::atoi(argv[i + 1]);
+  }
+  std::printf("choose_calibration: tokens %lld, heads %lld, copies %d, window %g s\n",
+              static_cast<long long>(calibration.tokens), static_cast<long long>(calibration.heads), calibration.copies,
+              calibration.window);
+  if (compute_only) {
+    int within = 0, splits = 0;
+    bench::series medians;
+    for (const shape_case& c : cases) {
+      for (const auto& [mode, ratio] : compute_check(c, rounds, calibration)) {
+        bench::print("choose_compute_pred_over_measured_" + c.name + "_" + mode, ratio);
+        medians.add(ratio.median());
+        within += ratio.median() >= 0.85 && ratio.median() <= 1.15 ? 1 : 0;
+        ++splits;
+      }
+      std::fflush(stdout);
+    }
+    std::printf("choose_compute_within_0.85_1.15: %d/%d\n", within, splits);
+    bench::print("choose_compute_pred_over_measured_all_medians", medians);
+    bench::print_load("after");
+    return 0;
+  }
   int picked = 0, clear = 0, clear_picked = 0;
   bench::series all_ratios, regrets;
   for (const shape_case& c : cases) {
     const case_result r = run_case(c, rounds, calibration);
     bench::print_value("choose_calibrate_s_" + c.name, r.calibrate_s);
-    const baton::cp_costs& k = r.costs;  // what the predictions below rest on (microseconds, ps per byte)
-    std::printf("choose_costs_%s: full tile %.3g us (backward %.3g, partial %.3g / %.3g, row panel %.3g / %.3g, call %.3g; "
-                "link %.3g ps/B, all-to-all %.3g, copy %.3g, latency %.3g us; share %.3f)\n",
-                c.name.c_str(), k.full_tile_forward * 1e6, k.full_tile_backward * 1e6, k.partial_tile_forward * 1e6,
-                k.partial_tile_backward * 1e6, k.row_panel_forward * 1e6, k.row_panel_backward * 1e6, k.per_call * 1e6,
-                k.link_per_byte * 1e12, k.all_to_all_per_byte * 1e12, k.copy_per_byte * 1e12, k.latency * 1e6, k.share);
+    print_costs(c.name, r.costs);
     std::size_t fastest = 0, chosen = 0;
     for (std::size_t i = 0; i < r.measured.size(); ++i) {
       const auto& p = r.choice.candidates[i];

@@ -108,6 +108,23 @@ TEST_CASE("cp::choose: zigzag tiles, edge tiles, the backward and the legal spli
     CHECK(ring.best.name() == "ring2");
     CHECK(ring.best.seconds == Approx(101.0));
   }
+  SECTION("a call pays per 64-key column panel and kv head: GQA groups share theirs") {
+    costs.column_panel_forward = 10;
+    // One rank, S = 128, no mask, 4 query heads: 4 x 4 full tiles = 16 s; the call's 2 key
+    // blocks cost 2 x 10 s per kv head: 80 s for 4 kv heads, 20 s for one shared by all 4.
+    const baton::cp_choice mha = baton::cp::choose(baton::cp_choose_mesh{1}, baton::cp_choose_shape{1, 128, 4, 4, 1, 4, false},
+                                                   baton::no_mask{}, costs);
+    CHECK(mha.best.seconds == Approx(96.0));
+    const baton::cp_choice gqa = baton::cp::choose(baton::cp_choose_mesh{1}, baton::cp_choose_shape{1, 128, 4, 1, 1, 4, false},
+                                                   baton::no_mask{}, costs);
+    CHECK(gqa.best.seconds == Approx(36.0));
+    // A ring of 2 (contiguous) under a causal mask: step 0 one diagonal tile (10 s partial) and
+    // one key block per rank; step 1 rank 1 one full tile and one key block, rank 0 none:
+    // (4 x 10 + 1 x 10) + (4 x 1 + 1 x 10) = 64 s with one kv head.
+    const baton::cp_choice ring = baton::cp::choose(baton::cp_choose_mesh{2, baton::shard_layout::contiguous},
+                                                    baton::cp_choose_shape{1, 128, 4, 1, 1, 4, false}, baton::causal_mask{}, costs);
+    CHECK(find(ring, "ring2").compute == Approx(64.0));
+  }
   SECTION("forward + backward of the ring") {
     // The forward as in the first case (5.024 s); the backward: 2 steps x 2 heads x 2 s = 8 s,
     // K/V hop 1.024 s, and step 1's dK/dV (fp32, 1024 bytes) returning home 1.024 s: the
@@ -158,16 +175,29 @@ TEST_CASE("cp::choose and cp::calibrate refuse bad input", "[cp][choose]") {
     opt.tokens = 100;
     CHECK(refused([&] { baton::cp::calibrate(comm, baton::reference_attention{}, 8, opt); }, "multiple of 64"));
     CHECK(refused([&] { baton::cp::calibrate(comm, baton::reference_attention{}, 0); }, "head_dim"));
+    opt.tokens = 64;
+    opt.copies = 0;
+    CHECK(refused([&] { baton::cp::calibrate(comm, baton::reference_attention{}, 8, opt); }, "copies 0"));
   });
 }
 
-TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose][threads]") {
+namespace {
+
+// A calibration of a few milliseconds (its figures mean nothing; the tests check their form).
+baton::cp::calibrate_options tiny_calibration(std::int64_t tokens) {
   baton::cp::calibrate_options opt;
-  opt.tokens = 64;
-  opt.heads = 1;
+  opt.tokens = tokens;
   opt.repeats = 1;
   opt.window = 0.002;
   opt.link_bytes = 4096;
+  return opt;
+}
+
+}  // namespace
+
+TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose][threads]") {
+  baton::cp::calibrate_options opt = tiny_calibration(64);
+  opt.heads = 1;
   std::vector<baton::cp_costs> got(2);
   baton::run_local(2, [&](baton::local_communicator& comm) {
     got[static_cast<std::size_t>(comm.rank())] = baton::cp::calibrate(comm, baton::reference_attention{}, 4, opt);
@@ -186,6 +216,26 @@ TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose]
   CHECK(got[0].latency == got[1].latency);
   // The costs it returns are what choose accepts.
   CHECK_NOTHROW(baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 128, 2, 2, 4}, baton::causal_mask{}, got[0]));
+}
+
+TEST_CASE("cp::calibrate: a mask shorter than tokens is priced on the positions it describes", "[cp][choose]") {
+  baton::cp::calibrate_options opt = tiny_calibration(256);
+  opt.copies = 2;
+  std::vector<std::int64_t> ids(128, 0);  // documents of 40 and 88 tokens: partial tiles
+  for (std::size_t i = 40; i < ids.size(); ++i) ids[i] = 1;
+  const baton::document_mask docs(ids);
+  const baton::document_mask too_short(std::vector<std::int64_t>(10, 0));
+  baton::run_local(1, [&](baton::local_communicator& comm) {
+    baton::cp_costs c;
+    CHECK_NOTHROW(c = baton::cp::calibrate(comm, baton::reference_attention{}, 4, opt, docs));
+    CHECK(c.partial_tile_forward > 0);
+    try {
+      baton::cp::calibrate(comm, baton::reference_attention{}, 4, opt, too_short);
+      FAIL("a mask of 10 positions was accepted");
+    } catch (const baton::cp_error& e) {
+      CHECK(std::string(e.what()).find("at least 64 positions") != std::string::npos);
+    }
+  });
 }
 
 TEST_CASE("docs: choosing a CP mode", "[cp][choose][docs][threads]") {

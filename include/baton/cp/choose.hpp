@@ -45,7 +45,8 @@ struct cp_choose_shape {
 struct cp_costs {
   double full_tile_forward = 0, full_tile_backward = 0;        // a tile every pair of which is allowed
   double partial_tile_forward = 0, partial_tile_backward = 0;  // a tile the mask cuts
-  double row_panel_forward = 0, row_panel_backward = 0;        // 64 rows of a call, set up and walked
+  double row_panel_forward = 0, row_panel_backward = 0;        // 64 rows of a call and query head, set up and walked
+  double column_panel_forward = 0, column_panel_backward = 0;  // 64 keys of a call and kv head, packed and written
   double per_call = 0;              // fixed cost of one backend call (packing, setup)
   double link_per_byte = 0;         // a ring shift, per byte one rank sends
   double all_to_all_per_byte = 0;   // an all-to-all, per byte one rank sends to the others
@@ -90,7 +91,7 @@ inline void check_choose_inputs(const cp_choose_mesh& mesh, const cp_choose_shap
   if (s.heads % s.kv_heads != 0)
     fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide heads (" + std::to_string(s.heads) + ")");
   const double rates[] = {c.full_tile_forward, c.full_tile_backward, c.partial_tile_forward, c.partial_tile_backward,
-                          c.row_panel_forward, c.row_panel_backward,
+                          c.row_panel_forward, c.row_panel_backward, c.column_panel_forward, c.column_panel_backward,
                           c.per_call, c.link_per_byte, c.all_to_all_per_byte, c.copy_per_byte, c.latency, c.overlap, c.share};
   for (double r : rates)
     if (!std::isfinite(r) || r < 0) fail("every cost must be finite and >= 0; calibrate with baton::cp::calibrate");
@@ -105,6 +106,16 @@ inline double tensor_bytes(const cp_choose_shape& s, std::int64_t tokens, std::i
   return static_cast<double>(s.batch * tokens * heads * s.head_dim * elem);
 }
 
+// The model's time for backend work of `t`'s tiles, panels and calls (pass 0: forward, 1:
+// backward) over bh = batch entries x local query heads and bkv = batch entries x local kv heads.
+inline double work_seconds(const cp_costs& c, const tile_count& t, double bh, double bkv, int pass) {
+  const double calls = static_cast<double>(t.calls) * c.per_call;
+  return pass == 0 ? bh * (t.full * c.full_tile_forward + t.partial * c.partial_tile_forward + t.panels * c.row_panel_forward) +
+                         bkv * t.columns * c.column_panel_forward + calls
+                   : bh * (t.full * c.full_tile_backward + t.partial * c.partial_tile_backward + t.panels * c.row_panel_backward) +
+                         bkv * t.columns * c.column_panel_backward + calls;
+}
+
 template <class Mask>
 cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, const Mask& mask, shard_layout layout,
                                  int ring, int uly) {
@@ -113,13 +124,9 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
   p.ulysses_degree = uly;
   const head_splits hs = split_heads(s.heads, s.kv_heads, uly);
   const std::int64_t hq = hs.q.max_count(), hkv = hs.kv.max_count();
-  const double bh = static_cast<double>(s.batch * hq);
+  const double bh = static_cast<double>(s.batch * hq), bkv = static_cast<double>(s.batch * hkv);
   const int passes = s.backward ? 2 : 1;
-  const auto work = [&](const tile_count& t, int pass) {
-    const double calls = static_cast<double>(t.calls) * c.per_call;
-    return pass == 0 ? bh * (t.full * c.full_tile_forward + t.partial * c.partial_tile_forward + t.panels * c.row_panel_forward) + calls
-                     : bh * (t.full * c.full_tile_backward + t.partial * c.partial_tile_backward + t.panels * c.row_panel_backward) + calls;
-  };
+  const auto work = [&](const tile_count& t, int pass) { return work_seconds(c, t, bh, bkv, pass); };
   const double acc = 4;  // the ring's dK/dV accumulators and merges are fp32
   if (ring == 1) {
     // Ulysses: one backend call over the whole sequence (positions = every rank's, in rank order).

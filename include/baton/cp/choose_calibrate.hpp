@@ -1,5 +1,5 @@
 // baton/cp/choose_calibrate.hpp — measures the rates baton::cp::choose needs on the world at
-// hand, briefly (some twelve windows of calibrate_options::window) and collectively: every
+// hand, briefly (about eight windows of calibrate_options::window) and collectively: every
 // rank of the CP world calls it at once, so the kernel and the copies are timed while the
 // other ranks run theirs — on thread ranks that share cores this is the rate each rank
 // actually gets (4 ranks on 2 cores: about half a core each), which is what the model needs.
@@ -29,11 +29,12 @@ namespace baton::cp {
 
 struct calibrate_options {
   std::int64_t heads = 2;       // heads of the timed kernel calls
-  std::int64_t tokens = 512;    // the timed call is tokens x tokens (a multiple of 64)
+  std::int64_t tokens = 1024;   // the timed call is tokens x tokens (a multiple of 64), of `heads` query heads
   int repeats = 3;              // each transfer figure is the median of this many
   double window = 0.08;         // each kernel and copy figure runs back to back for this long (s)
   std::int64_t link_bytes = 4 << 20;  // one shift / all-to-all of this many bytes per rank
   double overlap = 0.0;         // the local world copies on the rank threads: nothing hides
+  int copies = 4;               // sets of tensors the kernel calls take in turn (>= 1), so that each reads cold inputs
 };
 
 namespace detail {
@@ -95,79 +96,115 @@ template <ring_communicator Comm, class Backend, class Mask = causal_mask>
 cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const calibrate_options& opt = {},
                    const Mask& mask = {}) {
   if (head_dim < 1 || opt.heads < 1 || opt.tokens < 64 || opt.tokens % 64 != 0 || opt.repeats < 1 || opt.link_bytes < 64 ||
-      !(opt.window >= 0 && opt.window <= 10) ||
-      !(opt.overlap >= 0 && opt.overlap <= 1))
-    throw cp_error("baton::cp::calibrate: head_dim, heads >= 1, tokens a multiple of 64, repeats >= 1, link_bytes >= 64 "
-                   "window in [0, 10] s and overlap in [0, 1] are required (got head_dim " + std::to_string(head_dim) + ", tokens " +
-                   std::to_string(opt.tokens) + ")");
+      opt.copies < 1 || !(opt.window >= 0 && opt.window <= 10) || !(opt.overlap >= 0 && opt.overlap <= 1))
+    throw cp_error("baton::cp::calibrate: head_dim, heads >= 1, tokens a multiple of 64, repeats >= 1, link_bytes >= 64, "
+                   "copies >= 1, window in [0, 10] s and overlap in [0, 1] are required (got head_dim " + std::to_string(head_dim) +
+                   ", tokens " + std::to_string(opt.tokens) + ", copies " + std::to_string(opt.copies) + ")");
   const std::int64_t n = opt.tokens, h = opt.heads, d = head_dim;
-  if (const std::string bad = baton::detail::cp::check_mask(mask, n); !bad.empty())
-    throw cp_error("baton::cp::calibrate: " + bad + " (calibrate_options::tokens " + std::to_string(n) +
-                   " must not exceed the sequence the mask describes)");
-  const positions all(0, n);
-  const baton::detail::cp::tile_count mask_tiles = baton::detail::cp::count_call_tiles(mask, all, all, n, n);
+  // The mask's partial tiles are priced on its first `cut` positions: `tokens`, or the most a
+  // shorter mask describes (a multiple of 64).
+  std::int64_t cut = n;
+  while (cut > 64 && !baton::detail::cp::check_mask(mask, cut).empty()) cut -= 64;
+  if (const std::string bad = baton::detail::cp::check_mask(mask, cut); !bad.empty())
+    throw cp_error("baton::cp::calibrate: " + bad + " (the mask must describe at least 64 positions)");
+  const positions all(0, cut);
+  const baton::detail::cp::tile_count mask_tiles = baton::detail::cp::count_call_tiles(mask, all, all, cut, cut);
   const bool own_partials = mask_tiles.partial > 0;
   const auto count = static_cast<std::size_t>(n * h * d);
-  std::vector<float> q(count), k(count), v(count), dout(count), out(count), dq(count), dk(count), dv(count);
-  std::vector<float> lse(static_cast<std::size_t>(h * n));
-  for (std::size_t i = 0; i < count; ++i) {  // deterministic values of unit scale
-    q[i] = static_cast<float>((i * 7919) % 97) / 97.0f - 0.5f;
-    k[i] = static_cast<float>((i * 104729) % 89) / 89.0f - 0.5f;
-    v[i] = static_cast<float>((i * 31) % 83) / 83.0f - 0.5f;
-    dout[i] = static_cast<float>((i * 13) % 79) / 79.0f - 0.5f;
+  // `copies` sets of tensors, one call on each in turn: a layer's call reads inputs that an
+  // exchange or another layer left outside L2, not the ones it has just written, and a
+  // calibration that reran one call on its own cache-warm tensors priced masked calls at
+  // 0.82-0.96 of their time (docs/context-parallel.md, "Choosing a CP mode").
+  const auto copies = static_cast<std::size_t>(opt.copies);
+  struct tensors {
+    std::vector<float> q, k, v, dout, out, dq, dk, dv, lse;
+  };
+  std::vector<tensors> sets(copies);
+  for (tensors& t : sets) {
+    for (auto* x : {&t.q, &t.k, &t.v, &t.dout, &t.out, &t.dq, &t.dk, &t.dv}) x->resize(count);
+    t.lse.resize(static_cast<std::size_t>(h * n));
+    for (std::size_t i = 0; i < count; ++i) {  // deterministic values of unit scale
+      t.q[i] = static_cast<float>((i * 7919) % 97) / 97.0f - 0.5f;
+      t.k[i] = static_cast<float>((i * 104729) % 89) / 89.0f - 0.5f;
+      t.v[i] = static_cast<float>((i * 31) % 83) / 83.0f - 0.5f;
+      t.dout[i] = static_cast<float>((i * 13) % 79) / 79.0f - 0.5f;
+    }
   }
-  const auto kernel = [&](std::int64_t rows, std::int64_t heads, const auto& km, bool bwd) {
-    const auto cv = [&](const std::vector<float>& t) { return make_tensor_view(t.data(), {1, rows, heads, d}); };
-    const auto mv = [&](std::vector<float>& t) { return make_tensor_view(t.data(), {1, rows, heads, d}); };
+  std::size_t next = 0;
+  // One call on the next set: rows x rows of `heads` query heads and `kv_heads` kv heads.
+  const auto kernel = [&](std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, const auto& km, bool bwd) {
+    tensors& t = sets[next];
+    next = (next + 1) % copies;
+    const auto qv = [&](const std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, heads, d}); };
+    const auto kv = [&](const std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, kv_heads, d}); };
+    const auto qm = [&](std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, heads, d}); };
+    const auto kvm = [&](std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, kv_heads, d}); };
     if (!bwd) {
-      backend.forward(cv(q), cv(k), cv(v), km, mv(out), make_tensor_view(lse.data(), {1, heads, rows}));
+      backend.forward(qv(t.q), kv(t.k), kv(t.v), km, qm(t.out), make_tensor_view(t.lse.data(), {1, heads, rows}));
       return;
     }
-    backend.backward(cv(q), cv(k), cv(v), cv(out), make_tensor_view(static_cast<const float*>(lse.data()), {1, heads, rows}),
-                     cv(dout), km, mv(dq), mv(dk), mv(dv));
+    backend.backward(qv(t.q), kv(t.k), kv(t.v), qv(t.out), make_tensor_view(static_cast<const float*>(t.lse.data()), {1, heads, rows}),
+                     qv(t.dout), km, qm(t.dq), kvm(t.dk), kvm(t.dv));
+  };
+  const auto warm = [&](std::int64_t rows, std::int64_t kv_heads, const auto& km) {  // out and lse of every set
+    for (std::size_t i = 0; i < copies; ++i) kernel(rows, h, kv_heads, km, false);
   };
   // Documents of 64 tokens, aligned to the tiles: n/64 full tiles on the diagonal, the rest empty.
   std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = i / 64;
   const document_mask blocks(std::move(ids));
   const double tiles = static_cast<double>((n / 64) * (n / 64)), diag = static_cast<double>(n / 64);
-  baton::detail::cp::tile_count fit{(tiles - diag) / 2, diag, diag, 1};  // causal
+  baton::detail::cp::tile_count fit;  // the partial call's tiles: causal's unless the mask has its own
+  fit.full = (tiles - diag) / 2;
+  fit.partial = fit.panels = fit.columns = diag;
+  fit.calls = 1;
   if (own_partials) fit = mask_tiles;
-  std::array<double, 12> m{};  // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b
+  // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b, column panel f/b
+  std::array<double, 14> m{};
   for (int bwd = 0; bwd < 2; ++bwd) {
     const auto b = static_cast<std::size_t>(bwd);
-    kernel(n, h, no_mask{}, false);  // warm-up (and out/lse for the backward)
-    const double call = detail::timed_window(comm, opt.window / 4, [&] { kernel(64, 1, no_mask{}, bwd != 0); });
-    const double full = detail::timed_window(comm, opt.window, [&] { kernel(n, h, no_mask{}, bwd != 0); });
-    kernel(n, h, blocks, false);
-    const double sparse = detail::timed_window(comm, opt.window / 2, [&] { kernel(n, h, blocks, bwd != 0); });
-    double cut = 0;
-    const auto partial_run = [&](const auto& pm) {
-      kernel(n, h, pm, false);
-      cut = detail::timed_window(comm, opt.window, [&] { kernel(n, h, pm, bwd != 0); });
+    warm(n, h, no_mask{});  // warm-up (and out/lse for the backward)
+    const double call = detail::timed_window(comm, opt.window / 4, [&] { kernel(64, 1, 1, no_mask{}, bwd != 0); });
+    const double full = detail::timed_window(comm, opt.window, [&] { kernel(n, h, h, no_mask{}, bwd != 0); });
+    warm(n, h, blocks);
+    const double sparse = detail::timed_window(comm, opt.window / 2, [&] { kernel(n, h, h, blocks, bwd != 0); });
+    // The same call with one kv head for all h query heads (GQA): h - 1 kv heads' key blocks fewer.
+    double shared = sparse;
+    if (h > 1) {
+      warm(n, 1, blocks);
+      shared = detail::timed_window(comm, opt.window / 2, [&] { kernel(n, h, 1, blocks, bwd != 0); });
+    }
+    double partial = 0;
+    const auto partial_run = [&](std::int64_t rows, const auto& pm) {
+      warm(rows, h, pm);
+      partial = detail::timed_window(comm, opt.window, [&] { kernel(rows, h, h, pm, bwd != 0); });
     };
     if (own_partials)
-      partial_run(mask);
+      partial_run(cut, mask);
     else
-      partial_run(causal_mask{});
+      partial_run(n, causal_mask{});
     if (bwd == 0) {  // the same kernel on rank 0 alone, the others waiting: the share of a core
-      const double alone = comm.rank() == 0 ? detail::timed_window(comm, opt.window, [&] { kernel(n, h, no_mask{}, false); }) : 0;
+      const double alone = comm.rank() == 0 ? detail::timed_window(comm, opt.window, [&] { kernel(n, h, h, no_mask{}, false); }) : 0;
       if (comm.rank() != 0) detail::sync(comm);  // rank 0's window began with this sync
       m[9] = comm.rank() == 0 ? std::clamp(alone / full, 0.05, 1.0) : 0.0;
     }
     const double hh = static_cast<double>(h);
     // full = panels + tiles full tiles, sparse = panels + diag full tiles (the same n/64 row
-    // panels): their difference prices a tile, the rest of sparse a panel. With one tile
-    // (tokens 64) there is no difference to take; the panel is then counted in the tile.
+    // and column panels): their difference prices a tile, the rest of sparse a head's row and
+    // column panel together, and sparse - shared splits off the column panel. With one tile
+    // (tokens 64) there is no difference to take; the panels are then counted in the tile.
     const double per_full = tiles > diag ? std::max(full - sparse, 1e-12) / (hh * (tiles - diag))
                                          : std::max(full - call, 1e-12) / (hh * tiles);
     const double per_panel = tiles > diag ? std::max((sparse - call) / hh - diag * per_full, 0.0) / diag : 0.0;
+    const double per_column =
+        tiles > diag && h > 1 ? std::clamp((sparse - shared) / ((hh - 1) * diag), 0.0, per_panel) : 0.0;
     // A partial tile costs at least half a full one (it tests the mask); noise cannot push it lower.
     const double per_partial =
-        std::max((cut - call) / hh - fit.full * per_full - fit.panels * per_panel, 0.5 * per_full * fit.partial) / fit.partial;
+        std::max((partial - call) / hh - fit.full * per_full - fit.panels * per_panel, 0.5 * per_full * fit.partial) / fit.partial;
     m[b] = per_full;
     m[2 + b] = per_partial;
-    m[10 + b] = per_panel;
+    m[10 + b] = per_panel - per_column;
+    m[12 + b] = per_column;
     m[4] = std::max(m[4], std::max(call - per_full, 0.0));
   }
   const auto bytes = static_cast<std::size_t>(opt.link_bytes);
@@ -190,7 +227,7 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   m[7] = detail::timed_window(comm, opt.window / 4, [&] { std::memcpy(recv.data(), send.data(), bytes); }) /
          static_cast<double>(bytes);
   // Every rank takes the largest of each figure: R-1 shifts of the array around the ring.
-  std::array<double, 12> mine = m, got{};
+  std::array<double, 14> mine = m, got{};
   for (int i = 1; i < P; ++i) {
     comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, detail::calibrate_tag).wait();
     for (std::size_t j = 0; j < m.size(); ++j) m[j] = std::max(m[j], got[j]);
@@ -210,6 +247,8 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   c.share = m[9];
   c.row_panel_forward = m[10];
   c.row_panel_backward = m[11];
+  c.column_panel_forward = m[12];
+  c.column_panel_backward = m[13];
   return c;
 }
 

@@ -20,16 +20,19 @@
 namespace baton::detail::cp {
 
 // Tiles of one (rank, step) or one call by class, weighted by their area (an edge tile of
-// 32 x 64 counts 0.5, so a shard that 64 does not divide costs what its elements cost), and
-// the call's 64-row panels: each is set up, walked and finished whatever its tiles, while
-// empty tiles are skipped, so a call costs its non-empty tiles plus its row panels.
+// 32 x 64 counts 0.5, so a shard that 64 does not divide costs what its elements cost), the
+// call's 64-row panels (per query head: each is set up, walked and finished whatever its
+// tiles, while empty tiles are skipped) and its 64-key column panels (per kv head: the key
+// block's packing and its dK/dV rows, shared by the query heads of a GQA group). A call costs
+// its non-empty tiles plus its panels.
 struct tile_count {
-  double full = 0, partial = 0, panels = 0;
+  double full = 0, partial = 0, panels = 0, columns = 0;
   std::int64_t calls = 0;
   tile_count& operator+=(const tile_count& o) {
     full += o.full;
     partial += o.partial;
     panels += o.panels;
+    columns += o.columns;
     calls += o.calls;
     return *this;
   }
@@ -42,7 +45,10 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
   t.calls = 1;
   const std::int64_t tile = trim_tile;
   std::vector<position_block> kb;
-  for (std::int64_t j = 0; j < nk; j += tile) kb.emplace_back(kpos, j, std::min(tile, nk - j));
+  for (std::int64_t j = 0; j < nk; j += tile) {
+    kb.emplace_back(kpos, j, std::min(tile, nk - j));
+    t.columns += static_cast<double>(std::min(tile, nk - j)) / static_cast<double>(tile);
+  }
   for (std::int64_t i = 0; i < nq; i += tile) {
     const std::int64_t rows = std::min(tile, nq - i);
     const position_block qb(qpos, i, rows);
