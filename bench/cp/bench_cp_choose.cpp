@@ -259,12 +259,8 @@ split_calls plan_split(const shape_case& c, const Mask& mask, const baton::cp_co
     rank.push_back(std::move(call));
   };
   if (ring == 1) {  // as predict_split: one call, every rank's positions in rank order
-    const baton::sequence_sharding sh(baton::shard_layout::zigzag, c.s, uly);
     auto call = std::make_unique<split_calls::call>();
-    for (int r = 0; r < uly; ++r) {
-      const auto mine = sh.global_positions(r);
-      call->q_store.insert(call->q_store.end(), mine.begin(), mine.end());
-    }
+    call->q_store = d::ulysses_call_positions(baton::shard_layout::zigzag, c.s, uly);
     call->params.q_pos = baton::positions{std::span<const std::int64_t>(call->q_store)};
     call->params.k_pos = call->params.q_pos;
     call->c.q_count = call->c.k_count = c.s;
@@ -277,21 +273,20 @@ split_calls plan_split(const shape_case& c, const Mask& mask, const baton::cp_co
   std::vector<std::vector<baton::shard_piece>> groups;
   for (int g = 0; g < ring; ++g) groups.push_back(sh.pieces(g));
   out.rows = sh.max_local_len();
-  const d::ring_schedule schedule{ring};
   for (int r = 0; r < ring; ++r) {
     out.ranks.emplace_back();
-    for (int step : d::needed_steps(mask, groups)) {
-      const auto& q = groups[static_cast<std::size_t>(r)];
-      const auto& k = groups[static_cast<std::size_t>(schedule.kv_owner(r, step))];
-      for (d::block_call bc : d::plan_step(mask, std::span<const baton::shard_piece>(q), std::span<const baton::shard_piece>(k))) {
-        auto call = std::make_unique<split_calls::call>();
-        call->c = bc;
-        call->params = d::call_params(q, k, call->c, 0.0, call->q_store, call->k_store);
-        if (!d::trim_call(mask, call->c, call->params, d::trim_tile)) continue;
-        call->params.accumulate = true;  // as the ring's backward (the forward ignores it)
-        add(out.ranks.back(), std::move(call));
-      }
-    }
+    for (int step : d::needed_steps(mask, groups))
+      d::for_each_ring_call(mask, groups, r, step,
+                            [&](const d::block_call& bc, const baton::attention_params& params, std::vector<std::int64_t>& qs,
+                                std::vector<std::int64_t>& ks) {
+                              auto call = std::make_unique<split_calls::call>();
+                              call->c = bc;
+                              call->params = params;  // its positions stay in the moved stores
+                              call->q_store = std::move(qs);
+                              call->k_store = std::move(ks);
+                              call->params.accumulate = true;  // as the ring's backward (the forward ignores it)
+                              add(out.ranks.back(), std::move(call));
+                            });
   }
   return out;
 }

@@ -130,12 +130,7 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
   const double acc = 4;  // the ring's dK/dV accumulators and merges are fp32
   if (ring == 1) {
     // Ulysses: one backend call over the whole sequence (positions = every rank's, in rank order).
-    const sequence_sharding sh(layout, s.seq_len, uly);
-    std::vector<std::int64_t> all;
-    for (int r = 0; r < uly; ++r) {
-      const auto mine = sh.global_positions(r);
-      all.insert(all.end(), mine.begin(), mine.end());
-    }
+    const std::vector<std::int64_t> all = ulysses_call_positions(layout, s.seq_len, uly);
     const positions pos{std::span<const std::int64_t>(all)};
     const tile_count t = count_call_tiles(mask, pos, pos, s.seq_len, s.seq_len);
     for (int pass = 0; pass < passes; ++pass) p.compute += work(t, pass);

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace baton::cp {
@@ -135,16 +136,17 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   const auto kernel = [&](std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, const auto& km, bool bwd) {
     tensors& t = sets[next];
     next = (next + 1) % copies;
-    const auto qv = [&](const std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, heads, d}); };
-    const auto kv = [&](const std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, kv_heads, d}); };
-    const auto qm = [&](std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, heads, d}); };
-    const auto kvm = [&](std::vector<float>& x) { return make_tensor_view(x.data(), {1, rows, kv_heads, d}); };
+    // [1, rows, hh, d] over x: read-only through a const x, writable otherwise.
+    const auto view = [&](auto& x, std::int64_t hh) { return make_tensor_view(x.data(), {1, rows, hh, d}); };
+    const auto in = [&](const std::vector<float>& x, std::int64_t hh) { return view(x, hh); };
     if (!bwd) {
-      backend.forward(qv(t.q), kv(t.k), kv(t.v), km, qm(t.out), make_tensor_view(t.lse.data(), {1, heads, rows}));
+      backend.forward(in(t.q, heads), in(t.k, kv_heads), in(t.v, kv_heads), km, view(t.out, heads),
+                      make_tensor_view(t.lse.data(), {1, heads, rows}));
       return;
     }
-    backend.backward(qv(t.q), kv(t.k), kv(t.v), qv(t.out), make_tensor_view(static_cast<const float*>(t.lse.data()), {1, heads, rows}),
-                     qv(t.dout), km, qm(t.dq), kvm(t.dk), kvm(t.dv));
+    backend.backward(in(t.q, heads), in(t.k, kv_heads), in(t.v, kv_heads), in(t.out, heads),
+                     make_tensor_view(std::as_const(t.lse).data(), {1, heads, rows}), in(t.dout, heads), km, view(t.dq, heads),
+                     view(t.dk, kv_heads), view(t.dv, kv_heads));
   };
   const auto warm = [&](std::int64_t rows, std::int64_t kv_heads, const auto& km) {  // out and lse of every set
     for (std::size_t i = 0; i < copies; ++i) kernel(rows, h, kv_heads, km, false);

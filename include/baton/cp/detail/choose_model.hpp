@@ -65,21 +65,42 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
   return t;
 }
 
-// The tiles rank `me` of a ring over `groups` computes at ring step `step` (one head, one batch
-// entry): the step's planned calls, each trimmed as the ring trims it.
-template <class Mask>
-tile_count ring_step_tiles(const Mask& mask, const std::vector<std::vector<shard_piece>>& groups, int me, int step) {
+// Calls f(call, params, q_store, k_store) for each backend call rank `me` of a ring over
+// `groups` makes at ring step `step`: the step's planned calls, each trimmed as the ring trims
+// it. params' positions may point into the stores (a moved vector keeps its elements).
+template <class Mask, class F>
+void for_each_ring_call(const Mask& mask, const std::vector<std::vector<shard_piece>>& groups, int me, int step, F&& f) {
   const ring_schedule schedule{static_cast<int>(groups.size())};
   const auto& q = groups[static_cast<std::size_t>(me)];
   const auto& k = groups[static_cast<std::size_t>(schedule.kv_owner(me, step))];
-  tile_count total;
   for (block_call c : plan_step(mask, std::span<const shard_piece>(q), std::span<const shard_piece>(k))) {
     std::vector<std::int64_t> q_store, k_store;
     attention_params params = call_params(q, k, c, 0.0, q_store, k_store);
     if (!trim_call(mask, c, params, trim_tile)) continue;
-    total += count_call_tiles(mask, params.q_pos, params.k_pos, c.q_count, c.k_count);
+    f(c, params, q_store, k_store);
   }
+}
+
+// The tiles rank `me` of a ring over `groups` computes at ring step `step` (one head, one batch
+// entry).
+template <class Mask>
+tile_count ring_step_tiles(const Mask& mask, const std::vector<std::vector<shard_piece>>& groups, int me, int step) {
+  tile_count total;
+  for_each_ring_call(mask, groups, me, step, [&](const block_call& c, const attention_params& params, auto&, auto&) {
+    total += count_call_tiles(mask, params.q_pos, params.k_pos, c.q_count, c.k_count);
+  });
   return total;
+}
+
+// The positions of Ulysses' one call over the whole sequence: every rank's, in rank order.
+inline std::vector<std::int64_t> ulysses_call_positions(shard_layout layout, std::int64_t seq_len, int ranks) {
+  const sequence_sharding sh(layout, seq_len, ranks);
+  std::vector<std::int64_t> all;
+  for (int r = 0; r < ranks; ++r) {
+    const auto mine = sh.global_positions(r);
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  return all;
 }
 
 // The ring steps some group needs (as active_ring_steps decides for the ring itself).
