@@ -379,6 +379,10 @@ template <bool NanToNan, class T>
 BATON_ALWAYS_INLINE vec_t<T> exp2_scores(vec_t<T> x) noexcept {
 #if defined(__GNUC__) && defined(__AVX512F__) && defined(__AVX512DQ__)
   if constexpr (std::is_same_v<T, float> && width_v<T> == 16) {
+    // x in a register: GCC otherwise folds the score's load into vreduceps and vscalefps
+    // (three loads of it), and on Zen 5 those memory forms made a D = 64 forward ~8 % slower
+    // (docs/attention.md).
+    pin_register(x);
     // The masked form with x as its own source: GCC 12's unmasked one passes an undefined
     // operand that -Wmaybe-uninitialized reports.
     const __m512 f = _mm512_mask_reduce_ps(x, 0xffff, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
