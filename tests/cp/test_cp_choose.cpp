@@ -69,6 +69,30 @@ TEST_CASE("cp::choose: hand-computed ring and Ulysses times, forward", "[cp][cho
     costs.all_to_all_per_byte = 0;  // a free exchange makes Ulysses' better balance win
     CHECK(baton::cp::choose(mesh, shape, baton::causal_mask{}, costs).best.name() == "ulysses2");
   }
+  SECTION("a measured exchange prices Ulysses by its bytes, and replaces the composed price") {
+    costs.ulysses_forward_per_byte = 0.003;
+    const baton::cp_choice c = baton::cp::choose(mesh, shape, baton::no_mask{}, costs);
+    // The same 4 x 512 bytes at 3 ms each, all of them (the rate was measured on these 2 ranks).
+    CHECK(find(c, "ulysses2").communication == Approx(6.144));
+    CHECK(find(c, "ulysses2").seconds == Approx(10.144));
+    CHECK(find(c, "ring2").seconds == Approx(5.024));  // the ring's price does not use it
+  }
+}
+
+TEST_CASE("cp::choose: a measured Ulysses exchange, scaled to a hybrid's group", "[cp][choose]") {
+  // S = 128 over 4 ranks, 4 heads, dim 1, forward: Ulysses4 and hybrid 2x2 each exchange 4
+  // tensors of 32 tokens x 4 heads x 4 bytes = 512 bytes per rank. Only the exchange costs.
+  const baton::cp_choose_mesh mesh{4, baton::shard_layout::contiguous};
+  const baton::cp_choose_shape shape{1, 128, 4, 4, 1, 4, false};
+  baton::cp_costs costs;
+  costs.full_tile_forward = 1e-9;
+  costs.ulysses_forward_per_byte = 0.003;
+  const baton::cp_choice c = baton::cp::choose(mesh, shape, baton::no_mask{}, costs);
+  CHECK(find(c, "ulysses4").communication == Approx(2048 * 0.003));
+  // Half of a hybrid's bytes leave the rank against three quarters on the 4 ranks it was
+  // measured on: 2/3 of the price.
+  CHECK(find(c, "hybrid2x2").communication == Approx(2048 * 0.003 * (0.5 / 0.75)));
+  CHECK(find(c, "ring4").communication == Approx(0.0));
 }
 
 TEST_CASE("cp::choose: zigzag tiles, edge tiles, the backward and the legal splits", "[cp][choose]") {
@@ -164,6 +188,9 @@ TEST_CASE("cp::choose and cp::calibrate refuse bad input", "[cp][choose]") {
   bad.latency = std::numeric_limits<double>::quiet_NaN();
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "finite and >= 0"));
   bad = good;
+  bad.ulysses_backward_per_byte = std::numeric_limits<double>::infinity();
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "finite and >= 0"));
+  bad = good;
   bad.overlap = 1.5;
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "overlap"));
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, baton::cp_costs{}); },
@@ -209,8 +236,11 @@ TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose]
     CHECK(c.link_per_byte > 0);
     CHECK(c.all_to_all_per_byte > 0);
     CHECK(c.copy_per_byte > 0);
+    CHECK(c.ulysses_forward_per_byte > 0);  // the layer's own exchanges, timed
+    CHECK(c.ulysses_backward_per_byte > 0);
     CHECK(c.overlap == 0);
   }
+  CHECK(got[0].ulysses_backward_per_byte == got[1].ulysses_backward_per_byte);
   CHECK(got[0].full_tile_forward == got[1].full_tile_forward);
   CHECK(got[0].link_per_byte == got[1].link_per_byte);
   CHECK(got[0].latency == got[1].latency);

@@ -52,6 +52,12 @@ struct cp_costs {
   double all_to_all_per_byte = 0;   // an all-to-all, per byte one rank sends to the others
   double copy_per_byte = 0;         // a local pass over memory (packing, merging), per byte
   double latency = 0;               // fixed cost of one communication operation
+  // Ulysses' exchanges as the layer runs them (packs, all-to-alls, unpacks, its agreement),
+  // per byte of the tensors the model counts them by, timed on the calibration's world of P
+  // ranks (calibrate runs the layer on a backend that computes nothing); 0: priced from
+  // all_to_all_per_byte, copy_per_byte and latency instead. A split whose Ulysses degree U is
+  // not P (hybrid) pays ((U-1)/U) / ((P-1)/P) of it: the share of its bytes that leaves the rank.
+  double ulysses_forward_per_byte = 0, ulysses_backward_per_byte = 0;
   double overlap = 0;               // fraction of min(compute, transfer) a ring step hides, in [0, 1]
   // The tile costs are those of every rank computing at once. `share` = that time / the time of
   // one rank computing alone, in (0, 1]: 1 when each rank has a core of its own, about
@@ -92,7 +98,8 @@ inline void check_choose_inputs(const cp_choose_mesh& mesh, const cp_choose_shap
     fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide heads (" + std::to_string(s.heads) + ")");
   const double rates[] = {c.full_tile_forward, c.full_tile_backward, c.partial_tile_forward, c.partial_tile_backward,
                           c.row_panel_forward, c.row_panel_backward, c.column_panel_forward, c.column_panel_backward,
-                          c.per_call, c.link_per_byte, c.all_to_all_per_byte, c.copy_per_byte, c.latency, c.overlap, c.share};
+                          c.per_call, c.link_per_byte, c.all_to_all_per_byte, c.copy_per_byte, c.latency, c.overlap, c.share,
+                          c.ulysses_forward_per_byte, c.ulysses_backward_per_byte};
   for (double r : rates)
     if (!std::isfinite(r) || r < 0) fail("every cost must be finite and >= 0; calibrate with baton::cp::calibrate");
   if (c.overlap > 1) fail("overlap " + std::to_string(c.overlap) + " must be in [0, 1]");
@@ -180,10 +187,16 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
     const double fwd = 2 * q + 2 * kv, bwd = 3 * q + 2 * kv + q + 2 * kv;
     const int ops_fwd = 4, ops_bwd = 8;
     const double frac = static_cast<double>(uly - 1) / uly;
+    const double world = static_cast<double>(ring) * uly, world_frac = (world - 1) / world;
     for (int pass = 0; pass < passes; ++pass) {
       const double bytes = pass == 0 ? fwd : bwd;
-      const double t = bytes * frac * c.all_to_all_per_byte + 2 * bytes * c.copy_per_byte +
-                       static_cast<double>((pass == 0 ? ops_fwd : ops_bwd) * s.batch) * c.latency;
+      const double measured = pass == 0 ? c.ulysses_forward_per_byte : c.ulysses_backward_per_byte;
+      // Measured, the exchange took 2-2.5x what its all-to-alls and memcpy-rate copies add up
+      // to (docs/context-parallel.md, "Choosing a CP mode"): the packs gather rows of a head
+      // from [b, s, H, d], not one run of memory.
+      const double t = measured > 0 ? bytes * measured * frac / world_frac
+                                    : bytes * frac * c.all_to_all_per_byte + 2 * bytes * c.copy_per_byte +
+                                          static_cast<double>((pass == 0 ? ops_fwd : ops_bwd) * s.batch) * c.latency;
       p.communication += t;
       p.exposed += t;
     }

@@ -14,6 +14,9 @@
 #include <baton/core/tensor_view.hpp>
 #include <baton/cp/choose.hpp>
 #include <baton/cp/error.hpp>
+#include <baton/cp/memory.hpp>
+#include <baton/cp/sharding.hpp>
+#include <baton/cp/ulysses.hpp>
 
 #include <algorithm>
 #include <array>
@@ -43,6 +46,14 @@ namespace detail {
 // Every message of the calibration is issued by every rank in the same order and waited for
 // before the next, so one tag of the CP range serves them all (as the CP agreement's).
 inline constexpr int calibrate_tag = tags::cp::tag<0>;
+
+// A backend that computes nothing: a layer run on it costs only its exchanges.
+struct exchange_only_backend {
+  template <class... A>
+  void forward(A&&... /*call*/) const noexcept {}
+  template <class... A>
+  void backward(A&&... /*call*/) const noexcept {}
+};
 
 inline double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -161,8 +172,9 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   fit.partial = fit.panels = fit.columns = diag;
   fit.calls = 1;
   if (own_partials) fit = mask_tiles;
-  // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b, column panel f/b
-  std::array<double, 14> m{};
+  // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b, column panel f/b,
+  // Ulysses exchange f/b
+  std::array<double, 16> m{};
   for (int bwd = 0; bwd < 2; ++bwd) {
     const auto b = static_cast<std::size_t>(bwd);
     warm(n, h, no_mask{});  // warm-up (and out/lse for the backward)
@@ -224,12 +236,34 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
       std::vector<float> a(bytes / sizeof(float) / static_cast<std::size_t>(P) * static_cast<std::size_t>(P)), b(a.size());
       m[6] = detail::timed(comm, opt.repeats, [&] { comm.all_to_all(std::span<const float>(a), std::span<float>(b)); }) /
              (static_cast<double>(a.size() * sizeof(float)) * (P - 1) / P);
+      if constexpr (cp_memory_space_t<Backend>::location == cp_memory_location::host) {
+        // Ulysses' layer itself on a backend that computes nothing: its packs, all-to-alls and
+        // unpacks as they run, over one head per rank and link_bytes per tensor and rank.
+        const std::int64_t local = std::max<std::int64_t>(64, opt.link_bytes / (P * d * 4));
+        const auto elems = static_cast<std::size_t>(local * P * d);
+        std::vector<float> q(elems, 0.5f), k(elems, 0.25f), v(elems, 0.125f), dout(elems, 1.0f), out(elems), dq(elems), dk(elems),
+            dv(elems), lse(static_cast<std::size_t>(P * local));
+        ulysses_attention<Comm, detail::exchange_only_backend> ulysses(comm, {}, sequence_sharding(shard_layout::contiguous, local * P, P));
+        const auto io = [&](std::vector<float>& x) { return make_tensor_view(x.data(), {1, local, P, d}); };
+        const auto in = [&](const std::vector<float>& x) { return make_tensor_view(x.data(), {1, local, P, d}); };
+        const auto fwd = [&] { ulysses.forward(in(q), in(k), in(v), no_mask{}, io(out), make_tensor_view(lse.data(), {1, P, local})); };
+        const auto bwd = [&] {
+          ulysses.backward(in(q), in(k), in(v), in(out), make_tensor_view(std::as_const(lse).data(), {1, P, local}), in(dout),
+                           no_mask{}, io(dq), io(dk), io(dv));
+        };
+        fwd();  // sizes the exchange buffers
+        bwd();
+        // The model counts a pass by its tensors' bytes: 4 of them forward, 8 backward.
+        const double tensor = static_cast<double>(elems * sizeof(float));
+        m[14] = detail::timed(comm, opt.repeats, fwd) / (4 * tensor);
+        m[15] = detail::timed(comm, opt.repeats, bwd) / (8 * tensor);
+      }
     }
   }
   m[7] = detail::timed_window(comm, opt.window / 4, [&] { std::memcpy(recv.data(), send.data(), bytes); }) /
          static_cast<double>(bytes);
   // Every rank takes the largest of each figure: R-1 shifts of the array around the ring.
-  std::array<double, 14> mine = m, got{};
+  std::array<double, 16> mine = m, got{};
   for (int i = 1; i < P; ++i) {
     comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, detail::calibrate_tag).wait();
     for (std::size_t j = 0; j < m.size(); ++j) m[j] = std::max(m[j], got[j]);
@@ -251,6 +285,8 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   c.row_panel_backward = m[11];
   c.column_panel_forward = m[12];
   c.column_panel_backward = m[13];
+  c.ulysses_forward_per_byte = m[14];
+  c.ulysses_backward_per_byte = m[15];
   return c;
 }
 
