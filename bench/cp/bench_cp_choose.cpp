@@ -17,12 +17,12 @@
 // the ratios and of the regrets. With the Kokkos flash backend (the reference one where Kokkos
 // is absent: slow at these sizes, use --quick).
 //
-//   bench_cp_choose [--quick] [--pairs N] [--compute-only] [--tokens N] [--copies N]
+//   bench_cp_choose [--quick] [--pairs N] [--compute-only] [--tokens N] [--copies N] [--window S]
 // --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
 // figures say nothing about the model. --compute-only checks the model's compute term alone,
 // on one thread (compute_check below): choose_compute_pred_over_measured_<shape>_<mode> per
-// round, and how many splits' medians lie within 0.85-1.15. --tokens and --copies set those
-// calibrate_options (to compare calibrations; the defaults otherwise).
+// round, and how many splits' medians lie within 0.85-1.15. --tokens, --copies and --window
+// set those calibrate_options (to compare calibrations; the defaults otherwise).
 #include "bench_common.hpp"
 
 #include <baton/attention.hpp>
@@ -381,6 +381,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {  // calibrate_options other than the defaults, to compare them
     if (std::strcmp(argv[i], "--tokens") == 0) calibration.tokens = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--copies") == 0) calibration.copies = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--window") == 0) calibration.window = std::atof(argv[i + 1]);
   }
   std::printf("choose_calibration: tokens %lld, heads %lld, copies %d, window %g s\n",
               static_cast<long long>(calibration.tokens), static_cast<long long>(calibration.heads), calibration.copies,

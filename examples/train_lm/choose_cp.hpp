@@ -28,7 +28,6 @@ inline void choose_cp_mode(options& o) {
   baton::run_local(o.cp, [&](baton::local_communicator& comm) {
     baton::cp::calibrate_options opt;
     opt.tokens = std::max<std::int64_t>(64, std::min<std::int64_t>(1024, o.seq / 64 * 64));
-    opt.window = 0.05;
     baton::cp_costs c;
 #if BATON_HAS_KOKKOS()
     if (o.backend == "kokkos")

@@ -272,7 +272,7 @@ TEST_CASE("docs: choosing a CP mode", "[cp][choose][docs][threads]") {
   std::string picked;
   // [doc:cp_choose]
   baton::run_local(2, [&](baton::local_communicator& comm) {
-    baton::cp::calibrate_options quick;  // the defaults take ~0.5-1 s; this is a tiny one
+    baton::cp::calibrate_options quick;  // the defaults take ~3 s; this is a tiny one
     quick.tokens = 64;
     quick.window = 0.005;
     const baton::cp_costs costs = baton::cp::calibrate(comm, baton::reference_attention{}, /*head_dim=*/8, quick);

@@ -35,7 +35,10 @@ struct calibrate_options {
   std::int64_t heads = 2;       // heads of the timed kernel calls
   std::int64_t tokens = 1024;   // the timed call is tokens x tokens (a multiple of 64), of `heads` query heads
   int repeats = 3;              // each transfer figure is the median of this many
-  double window = 0.08;         // each kernel and copy figure runs back to back for this long (s)
+  // Each kernel and copy figure runs back to back for this long (s). With thread ranks that
+  // outnumber the cores, 0.08 s windows priced the 4-rank splits at up to 1.5x their time and
+  // 0.32 s ones at 0.84-1.24 (docs/context-parallel.md): a longer window averages the sharing.
+  double window = 0.32;
   std::int64_t link_bytes = 4 << 20;  // one shift / all-to-all of this many bytes per rank
   double overlap = 0.0;         // the local world copies on the rank threads: nothing hides
   int copies = 4;               // sets of tensors the kernel calls take in turn (>= 1), so that each reads cold inputs
