@@ -113,6 +113,13 @@ inline double tensor_bytes(const cp_choose_shape& s, std::int64_t tokens, std::i
   return static_cast<double>(s.batch * tokens * heads * s.head_dim * elem);
 }
 
+// Bytes of one Ulysses pass per rank, as the model counts them, from the bytes of one q-shaped
+// and one kv-shaped tensor: forward gathers q, k, v and scatters out; backward gathers q, k, v,
+// out, dout and scatters dq, dk, dv (calibrate divides its measured exchange by the same).
+inline double ulysses_pass_bytes(double q, double kv, int pass) noexcept {
+  return pass == 0 ? 2 * q + 2 * kv : 4 * q + 4 * kv;
+}
+
 // The model's time for backend work of `t`'s tiles, panels and calls (pass 0: forward, 1:
 // backward) over bh = batch entries x local query heads and bkv = batch entries x local kv heads.
 inline double work_seconds(const cp_costs& c, const tile_count& t, double bh, double bkv, int pass) {
@@ -184,12 +191,11 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
     const std::int64_t local = (s.seq_len + ring * uly - 1) / (ring * uly);
     const double q = tensor_bytes(s, local, hq * uly, s.element_bytes);
     const double kv = tensor_bytes(s, local, hkv * uly, s.element_bytes);
-    const double fwd = 2 * q + 2 * kv, bwd = 3 * q + 2 * kv + q + 2 * kv;
     const int ops_fwd = 4, ops_bwd = 8;
     const double frac = static_cast<double>(uly - 1) / uly;
     const double world = static_cast<double>(ring) * uly, world_frac = (world - 1) / world;
     for (int pass = 0; pass < passes; ++pass) {
-      const double bytes = pass == 0 ? fwd : bwd;
+      const double bytes = ulysses_pass_bytes(q, kv, pass);
       const double measured = pass == 0 ? c.ulysses_forward_per_byte : c.ulysses_backward_per_byte;
       // Measured, the exchange took 2-2.5x what its all-to-alls and memcpy-rate copies add up
       // to (docs/context-parallel.md, "Choosing a CP mode"): the packs gather rows of a head

@@ -256,10 +256,10 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
         };
         fwd();  // sizes the exchange buffers
         bwd();
-        // The model counts a pass by its tensors' bytes: 4 of them forward, 8 backward.
+        // Per byte as the model counts a pass (q and kv tensors alike here).
         const double tensor = static_cast<double>(elems * sizeof(float));
-        m[14] = detail::timed(comm, opt.repeats, fwd) / (4 * tensor);
-        m[15] = detail::timed(comm, opt.repeats, bwd) / (8 * tensor);
+        m[14] = detail::timed(comm, opt.repeats, fwd) / baton::detail::cp::ulysses_pass_bytes(tensor, tensor, 0);
+        m[15] = detail::timed(comm, opt.repeats, bwd) / baton::detail::cp::ulysses_pass_bytes(tensor, tensor, 1);
       }
     }
   }
