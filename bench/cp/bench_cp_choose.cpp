@@ -14,21 +14,29 @@
 //     the fastest beat it (how far the measured ranking itself can be trusted)
 // and at the end `choose_picked_fastest: k/6`, `choose_picked_fastest_where_clear: k/n` (over
 // the shapes whose fastest beat the runner-up in every round but at most one), the spread of
-// the ratios and of the regrets. With the Kokkos flash backend (the reference one where Kokkos
+// the ratios and of the regrets. After the calibration, before the measured rounds, each shape
+// also runs baton::cp::refine as a training run would before its first step (where each rank
+// has a core of its own, the splits predicted within 1.3x of the fastest measured for 2 + 3
+// rounds; with ranks sharing cores the prediction's pick): choose_refined_pick_<shape>,
+// choose_refine_s_<shape> (its time) and choose_refined_picked_fastest: k/6 (and where clear).
+// With the Kokkos flash backend (the reference one where Kokkos
 // is absent: slow at these sizes, use --quick).
 //
 //   bench_cp_choose [--quick] [--pairs N] [--compute-only] [--tokens N] [--copies N] [--window S]
+//                   [--refine-rounds N] [--refine-within X] [--refine-min-share X]
 // --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
 // figures say nothing about the model. --compute-only checks the model's compute term alone,
 // on one thread (compute_check below): choose_compute_pred_over_measured_<shape>_<mode> per
 // round, and how many splits' medians lie within 0.85-1.15. --tokens, --copies and --window
-// set those calibrate_options (to compare calibrations; the defaults otherwise).
+// set those calibrate_options (to compare calibrations; the defaults otherwise), --refine-*
+// those refine_options (--refine-min-share 0 measures on shared cores too).
 #include "bench_common.hpp"
 
 #include <baton/attention.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/cp.hpp>
 #include <baton/cp/choose_calibrate.hpp>
+#include <baton/cp/choose_refine.hpp>
 
 #if BATON_HAS_KOKKOS()
 #include <Kokkos_Core.hpp>
@@ -124,13 +132,15 @@ struct rank_tensors {
 };
 
 struct case_result {
-  baton::cp_choice choice;
+  baton::cp_choice choice, refined;
+  double refine_s = 0;
   baton::cp_costs costs;
   std::vector<bench::series> measured, ratio;  // per candidate
   double calibrate_s = 0;
 };
 
-case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate_options& calibration) {
+case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate_options& calibration,
+                     const baton::cp::refine_options& refinement) {
   case_result res;
   const auto qf = random_values(static_cast<std::size_t>(c.s * c.h * c.d), 1);
   const auto kf = random_values(static_cast<std::size_t>(c.s * c.hkv * c.d), 2);
@@ -150,6 +160,13 @@ case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate
     if (me == 0) {
       costs = mine;
       res.calibrate_s = bench::seconds_since(t0);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const baton::cp_choice refined = std::visit(
+        [&](const auto& mask) { return baton::cp::refine(local, backend_t{}, mesh, shape, mask, mine, refinement); }, c.mask);
+    if (me == 0) {
+      res.refined = refined;
+      res.refine_s = bench::seconds_since(t1);
     }
     std::vector<std::function<void()>> runs;
     std::vector<std::shared_ptr<void>> keep;  // attention objects, meshes and tensors of every split
@@ -378,14 +395,19 @@ int main(int argc, char** argv) {
   };
   baton::cp::calibrate_options calibration;  // the defaults; --quick (the ctest smoke run) shorter
   if (quick) calibration.window = 0.02;
+  baton::cp::refine_options refinement;  // the defaults
   for (int i = 1; i + 1 < argc; ++i) {  // calibrate_options other than the defaults, to compare them
     if (std::strcmp(argv[i], "--tokens") == 0) calibration.tokens = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--copies") == 0) calibration.copies = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--window") == 0) calibration.window = std::atof(argv[i + 1]);
+    if (std::strcmp(argv[i], "--refine-rounds") == 0) refinement.rounds = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--refine-within") == 0) refinement.within = std::atof(argv[i + 1]);
+    if (std::strcmp(argv[i], "--refine-min-share") == 0) refinement.min_share = std::atof(argv[i + 1]);
   }
-  std::printf("choose_calibration: tokens %lld, heads %lld, copies %d, window %g s\n",
+  std::printf("choose_calibration: tokens %lld, heads %lld, copies %d, window %g s; refine within %g, %d + %d rounds, "
+              "min share %g\n",
               static_cast<long long>(calibration.tokens), static_cast<long long>(calibration.heads), calibration.copies,
-              calibration.window);
+              calibration.window, refinement.within, refinement.warmup, refinement.rounds, refinement.min_share);
   if (compute_only) {
     int within = 0, splits = 0;
     bench::series medians;
@@ -403,10 +425,10 @@ int main(int argc, char** argv) {
     bench::print_load("after");
     return 0;
   }
-  int picked = 0, clear = 0, clear_picked = 0;
+  int picked = 0, clear = 0, clear_picked = 0, refined_picked = 0, clear_refined = 0;
   bench::series all_ratios, regrets;
   for (const shape_case& c : cases) {
-    const case_result r = run_case(c, rounds, calibration);
+    const case_result r = run_case(c, rounds, calibration, refinement);
     bench::print_value("choose_calibrate_s_" + c.name, r.calibrate_s);
     print_costs(c.name, r.costs);
     std::size_t fastest = 0, chosen = 0;
@@ -424,6 +446,19 @@ int main(int argc, char** argv) {
     std::printf("choose_pick_%s: %s (measured fastest %s)\n", c.name.c_str(), r.choice.best.name().c_str(),
                 r.choice.candidates[fastest].name().c_str());
     picked += chosen == fastest ? 1 : 0;
+    const bool refined_right = r.refined.best.name() == r.choice.candidates[fastest].name();
+    std::printf("choose_refined_pick_%s: %s (measured fastest %s; measured in the refinement:", c.name.c_str(),
+                r.refined.best.name().c_str(), r.choice.candidates[fastest].name().c_str());
+    bool any = false;
+    for (const auto& p : r.refined.candidates)
+      if (p.measured > 0) {
+        std::printf(" %s %.4g s", p.name().c_str(), p.measured);
+        any = true;
+      }
+    if (!any) std::printf(" none, share %.3f below %.3g: the prediction's pick", r.costs.share, refinement.min_share);
+    std::printf(")\n");
+    bench::print_value("choose_refine_s_" + c.name, r.refine_s);
+    refined_picked += refined_right ? 1 : 0;
     // How clear the measured ranking is: the runner-up's median over the fastest's, and in how
     // many rounds (every split ran once in each, next to the others) the fastest beat it. Every
     // shape above has at least two splits.
@@ -437,6 +472,7 @@ int main(int argc, char** argv) {
     if (ahead + 1 >= fast_rounds.size()) {  // clear: a coin toss wins 6 or 7 rounds of 7 one time in 16
       ++clear;
       clear_picked += chosen == fastest ? 1 : 0;
+      clear_refined += refined_right ? 1 : 0;
     }
     std::printf("choose_margin_%s: %.4g (%s ahead of %s in %zu/%zu rounds)\n", c.name.c_str(),
                 r.measured[runner_up].median() / r.measured[fastest].median(), r.choice.candidates[fastest].name().c_str(),
@@ -448,6 +484,8 @@ int main(int argc, char** argv) {
   }
   std::printf("choose_picked_fastest: %d/%zu\n", picked, cases.size());
   std::printf("choose_picked_fastest_where_clear: %d/%d\n", clear_picked, clear);
+  std::printf("choose_refined_picked_fastest: %d/%zu\n", refined_picked, cases.size());
+  std::printf("choose_refined_picked_fastest_where_clear: %d/%d\n", clear_refined, clear);
   bench::print("choose_pred_over_measured_all_medians", all_ratios);
   bench::print("choose_regret_all", regrets);
   bench::print_load("after");

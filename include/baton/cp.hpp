@@ -11,6 +11,7 @@
 //   kv_sharding (cross-attention: the keys' own sharding)                 (cp/cross.hpp)
 //   cp_params                                                             (cp/params.hpp)
 //   cp::choose, cp::calibrate, cp_costs (which split is fastest here)     (cp/choose.hpp, cp/choose_calibrate.hpp)
+//   cp::refine (near ties measured, where each rank has a core)           (cp/choose_refine.hpp)
 //   host_memory, cp_memory_space, cp_memory_space_of (memory spaces)       (cp/memory.hpp)
 //   cuda_device_memory (device buffers; include it yourself: needs CUDA)  (cp/cuda.hpp)
 //   cp_error                                                              (cp/error.hpp)
@@ -19,6 +20,7 @@
 #include <baton/cp/balance.hpp>
 #include <baton/cp/choose.hpp>
 #include <baton/cp/choose_calibrate.hpp>
+#include <baton/cp/choose_refine.hpp>
 #include <baton/cp/cross.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/hybrid.hpp>

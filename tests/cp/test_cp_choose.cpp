@@ -1,15 +1,20 @@
 // baton::cp::choose (the CP mode chooser's cost model) on hand-computed cases, its refusal of
-// bad input, and baton::cp::calibrate on two thread ranks (every rank the same costs).
+// bad input, baton::cp::calibrate on two thread ranks (every rank the same costs), and
+// baton::cp::refine deciding near ties by measurement.
 #include "catch.hpp"
 
 #include <baton/attention.hpp>
 #include <baton/comm/local.hpp>
 #include <baton/cp/choose.hpp>
 #include <baton/cp/choose_calibrate.hpp>
+#include <baton/cp/choose_refine.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -25,6 +30,17 @@ baton::cp_costs hand_costs() {
   c.link_per_byte = 0.001;
   c.all_to_all_per_byte = 0.002;
   return c;
+}
+
+// Whether `call` throws a cp_error whose message holds `words`.
+template <class F>
+bool refused(F&& call, const std::string& words) {
+  try {
+    call();
+  } catch (const baton::cp_error& e) {
+    return std::string(e.what()).find(words) != std::string::npos;
+  }
+  return false;
 }
 
 const baton::cp_mode_prediction& find(const baton::cp_choice& c, const std::string& name) {
@@ -168,14 +184,6 @@ TEST_CASE("cp::choose: zigzag tiles, edge tiles, the backward and the legal spli
 TEST_CASE("cp::choose and cp::calibrate refuse bad input", "[cp][choose]") {
   const baton::cp_costs good = hand_costs();
   const baton::cp_choose_shape shape{1, 128, 2, 2, 8, 4, true};
-  const auto refused = [](auto&& call, const std::string& words) {
-    try {
-      call();
-    } catch (const baton::cp_error& e) {
-      return std::string(e.what()).find(words) != std::string::npos;
-    }
-    return false;
-  };
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{0}, shape, baton::no_mask{}, good); }, "ranks 0"));
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 0, 2, 2, 8}, baton::no_mask{}, good); },
                 "seq_len"));
@@ -284,4 +292,138 @@ TEST_CASE("docs: choosing a CP mode", "[cp][choose][docs][threads]") {
   });
   // [/doc:cp_choose]
   CHECK((picked == "ring2" || picked == "ulysses2"));
+}
+
+namespace {
+
+// The reference backend, slowed by 20 ms on every call that carries all `heads` query heads: the
+// ring's calls do, Ulysses' (heads / U each) do not. So the ring is measured slower, whatever
+// the model says.
+struct slow_on_all_heads {
+  std::int64_t heads;
+  baton::reference_attention inner;
+  template <class Q, class... A>
+  void forward(const Q& q, A&&... rest) const {
+    if (q.extent(2) == heads) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    inner.forward(q, std::forward<A>(rest)...);
+  }
+  template <class Q, class... A>
+  void backward(const Q& q, A&&... rest) const {
+    if (q.extent(2) == heads) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    inner.backward(q, std::forward<A>(rest)...);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cp::refine: the splits predicted close are measured, and the fastest measured is chosen", "[cp][choose][threads]") {
+  const baton::cp_choose_mesh mesh{2, baton::shard_layout::zigzag};
+  const baton::cp_choose_shape shape{1, 128, 4, 2, 8, 4, true};
+  // Costs that make Ulysses' exchange dear: the model predicts the ring.
+  baton::cp_costs costs = hand_costs();
+  costs.all_to_all_per_byte = 0.004;
+  const baton::cp_choice predicted = baton::cp::choose(mesh, shape, baton::causal_mask{}, costs);
+  REQUIRE(predicted.best.name() == "ring2");
+  const double ratio = find(predicted, "ulysses2").seconds / find(predicted, "ring2").seconds;
+  REQUIRE(ratio > 1.0);
+  std::vector<baton::cp_choice> got(2);
+  baton::cp::refine_options wide;
+  wide.within = ratio * 1.01;  // both measured
+  wide.warmup = 1;
+  wide.rounds = 1;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    got[static_cast<std::size_t>(comm.rank())] =
+        baton::cp::refine(comm, slow_on_all_heads{4, {}}, mesh, shape, baton::causal_mask{}, costs, wide);
+  });
+  for (const baton::cp_choice& c : got) {
+    CHECK(c.best.name() == "ulysses2");  // the ring's calls sleep 20 ms each
+    CHECK(find(c, "ring2").measured > find(c, "ulysses2").measured);
+    CHECK(find(c, "ring2").measured >= 0.08);  // 2 steps forward, 2 backward, 20 ms each
+    CHECK(find(c, "ring2").seconds == find(predicted, "ring2").seconds);  // predictions kept
+  }
+  CHECK(find(got[0], "ring2").measured == find(got[1], "ring2").measured);  // the slowest rank's, on every rank
+  CHECK(find(got[0], "ulysses2").measured == find(got[1], "ulysses2").measured);
+
+  // A split predicted beyond `within` of the fastest is not measured; the prediction stands.
+  baton::cp::refine_options narrow = wide;
+  narrow.within = 1;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    const baton::cp_choice c = baton::cp::refine(comm, slow_on_all_heads{4, {}}, mesh, shape, baton::causal_mask{}, costs, narrow);
+    if (comm.rank() == 0) got[0] = c;
+  });
+  CHECK(got[0].best.name() == "ring2");
+  CHECK(find(got[0], "ring2").measured > 0);
+  CHECK(find(got[0], "ulysses2").measured == 0);
+
+  // Ranks that share cores (share below min_share): nothing is measured, the prediction stands.
+  baton::cp_costs shared = costs;
+  shared.share = 0.5;
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    const baton::cp_choice c = baton::cp::refine(comm, slow_on_all_heads{4, {}}, mesh, shape, baton::causal_mask{}, shared, wide);
+    if (comm.rank() == 0) got[0] = c;
+  });
+  CHECK(got[0].best.name() == "ring2");
+  for (const auto& c : got[0].candidates) CHECK(c.measured == 0);
+}
+
+TEST_CASE("cp::refine: a hybrid split is built and measured; bad input refused", "[cp][choose][threads]") {
+  const baton::cp_choose_mesh mesh{4, baton::shard_layout::zigzag};
+  const baton::cp_choose_shape shape{1, 128, 4, 2, 8, 8, true};  // double tensors
+  const baton::cp_choice predicted = baton::cp::choose(mesh, shape, baton::no_mask{}, hand_costs());
+  REQUIRE(predicted.candidates.size() == 3);  // ring4, hybrid2x2, ulysses4
+  baton::cp::refine_options all;
+  all.within = 1e9;
+  all.warmup = 0;
+  all.rounds = 1;
+  baton::cp_choice got;
+  baton::run_local(4, [&](baton::local_communicator& comm) {
+    const baton::cp_choice c = baton::cp::refine(comm, baton::reference_attention{}, mesh, shape, baton::no_mask{}, hand_costs(), all);
+    if (comm.rank() == 0) got = c;
+  });
+  for (const auto& c : got.candidates) CHECK(c.measured > 0);
+  CHECK(got.best.measured == std::min({got.candidates[0].measured, got.candidates[1].measured, got.candidates[2].measured}));
+
+  // Checks on one rank (Catch's assertions are not thread-safe); the checks come before any
+  // collective, so every rank of a larger world throws the same way.
+  baton::run_local(1, [&](baton::local_communicator& comm) {
+    baton::cp::refine_options bad;
+    bad.within = 0.5;
+    const baton::cp_costs k = hand_costs();
+    const baton::cp_choose_mesh one{1};
+    CHECK(refused([&] { baton::cp::refine(comm, baton::reference_attention{}, one, shape, baton::no_mask{}, k, bad); }, "within >= 1"));
+    bad.within = 1.3;
+    bad.min_share = 2;
+    CHECK(refused([&] { baton::cp::refine(comm, baton::reference_attention{}, one, shape, baton::no_mask{}, k, bad); }, "min_share"));
+    CHECK(refused([&] { baton::cp::refine(comm, baton::reference_attention{}, mesh, shape, baton::no_mask{}, k); },
+                  "the communicator has 1 ranks and the mesh 4"));
+    baton::cp_choose_shape half = shape;
+    half.element_bytes = 2;
+    CHECK(refused([&] { baton::cp::refine(comm, baton::reference_attention{}, one, half, baton::no_mask{}, k); }, "element_bytes 2"));
+    baton::cp_costs none;  // choose's own refusal comes through
+    CHECK(refused([&] { baton::cp::refine(comm, baton::reference_attention{}, one, shape, baton::no_mask{}, none); }, "calibrate"));
+  });
+}
+
+TEST_CASE("docs: near ties measured", "[cp][choose][docs][threads]") {
+  baton::cp::calibrate_options quick;  // a tiny calibration: its figures mean nothing here
+  quick.tokens = 64;
+  quick.window = 0.005;
+  baton::cp_choice refined;
+  // [doc:cp_refine]
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    const baton::cp_choose_mesh mesh{comm.size(), baton::shard_layout::zigzag};
+    const baton::cp_choose_shape shape{/*batch=*/1, /*seq_len=*/128, /*heads=*/4, /*kv_heads=*/2, /*head_dim=*/8};
+    const baton::cp_costs costs = baton::cp::calibrate(comm, baton::reference_attention{}, 8, quick);
+    const baton::cp_choice choice = baton::cp::refine(comm, baton::reference_attention{}, mesh, shape, baton::causal_mask{}, costs);
+    if (comm.rank() == 0) refined = choice;  // candidates[i].measured > 0: that split was run
+  });
+  // [/doc:cp_refine]
+  REQUIRE(refined.candidates.size() == 2);  // ring2, ulysses2
+  bool any_measured = false;
+  for (const auto& c : refined.candidates) any_measured = any_measured || c.measured > 0;
+  // Measured exactly when the calibration saw a core per rank; then best is the fastest measured.
+  CHECK(any_measured == (refined.best.measured > 0));
+  if (refined.best.measured > 0)
+    for (const auto& c : refined.candidates)
+      if (c.measured > 0) CHECK(refined.best.measured <= c.measured);
 }

@@ -73,6 +73,7 @@ struct cp_mode_prediction {
   double communication = 0; // transfers and their copies, before overlap
   double exposed = 0;       // the part of communication the time includes
   double seconds = 0;       // compute + exposed: the predicted time
+  double measured = 0;      // cp::refine's measured time of the split (0: not measured)
   std::string name() const {
     if (ulysses_degree == 1) return "ring" + std::to_string(ring_degree);
     if (ring_degree == 1) return "ulysses" + std::to_string(ulysses_degree);

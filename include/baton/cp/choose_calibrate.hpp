@@ -81,6 +81,18 @@ double timed(Comm& comm, int repeats, F&& f) {
   return median_of(std::move(t));
 }
 
+// Every rank ends with the largest of each entry over the ranks: R-1 shifts around the ring.
+template <class Comm>
+void max_over_ranks(Comm& comm, std::span<double> values) {
+  std::vector<double> mine(values.begin(), values.end()), got(values.size());
+  for (int i = 1; i < comm.size(); ++i) {
+    comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, calibrate_tag)
+        .wait();
+    for (std::size_t j = 0; j < values.size(); ++j) values[j] = std::max(values[j], got[j]);
+    mine = got;
+  }
+}
+
 // Runs f back to back for at least `window` seconds on every rank at once and returns the
 // time per call. A single short call would read a faster machine than the layers see: on a
 // loaded machine a thread that has just woken runs at once for a few milliseconds before it
@@ -265,13 +277,7 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   }
   m[7] = detail::timed_window(comm, opt.window / 4, [&] { std::memcpy(recv.data(), send.data(), bytes); }) /
          static_cast<double>(bytes);
-  // Every rank takes the largest of each figure: R-1 shifts of the array around the ring.
-  std::array<double, 16> mine = m, got{};
-  for (int i = 1; i < P; ++i) {
-    comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, detail::calibrate_tag).wait();
-    for (std::size_t j = 0; j < m.size(); ++j) m[j] = std::max(m[j], got[j]);
-    mine = got;
-  }
+  detail::max_over_ranks(comm, std::span<double>(m));  // every rank takes the largest of each figure
   cp_costs c;
   c.full_tile_forward = m[0];
   c.full_tile_backward = m[1];
