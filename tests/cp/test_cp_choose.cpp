@@ -283,6 +283,7 @@ TEST_CASE("docs: choosing a CP mode", "[cp][choose][docs][threads]") {
     baton::cp::calibrate_options quick;  // the defaults take ~3 s; this is a tiny one
     quick.tokens = 64;
     quick.window = 0.005;
+    quick.link_bytes = 4096;
     const baton::cp_costs costs = baton::cp::calibrate(comm, baton::reference_attention{}, /*head_dim=*/8, quick);
     const baton::cp_choice choice = baton::cp::choose(
         baton::cp_choose_mesh{comm.size(), baton::shard_layout::zigzag},
@@ -408,6 +409,7 @@ TEST_CASE("docs: near ties measured", "[cp][choose][docs][threads]") {
   baton::cp::calibrate_options quick;  // a tiny calibration: its figures mean nothing here
   quick.tokens = 64;
   quick.window = 0.005;
+  quick.link_bytes = 4096;
   baton::cp_choice refined;
   // [doc:cp_refine]
   baton::run_local(2, [&](baton::local_communicator& comm) {

@@ -248,7 +248,7 @@ TEST_CASE("cuda forward (emulated): every tiling the benchmark sweeps", "[cuda][
 
 TEST_CASE("cuda_attention_emulated: backward wiring (strides, lse layout, scale, accumulate) against the reference",
           "[cuda][backward]") {
-  // The kernels are tested in test_cuda_backward_cpu; this checks the glue of the backend
+  // The kernels are tested in test_cuda_backward_cpu.cpp; this checks the glue of the backend
   // (backward_args_for): float storage, GQA, offset queries, a custom scale, accumulate.
   const shape s{2, 37, 70, 4, 2, 64};
   const auto in = attn_test::random_inputs<float>(s, 900);
