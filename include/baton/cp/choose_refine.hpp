@@ -116,6 +116,11 @@ cp_choice refine(Comm& comm, Backend backend, const cp_choose_mesh& mesh, const 
     std::vector<std::size_t> picked;  // the candidates measured
     std::vector<std::function<void()>> runs;
     std::vector<std::shared_ptr<void>> keep;  // the layers, meshes and tensors of every measured split
+    const auto add = [&](auto layer, auto tensors) {  // one split: its layer on its tensors
+      keep.push_back(layer);
+      keep.push_back(tensors);
+      runs.emplace_back([layer, tensors, &mask, &shape] { tensors->run(*layer, mask, shape.backward); });
+    };
     for (std::size_t i = 0; i < choice.candidates.size(); ++i) {
       const cp_mode_prediction& c = choice.candidates[i];
       if (c.seconds > opt.within * choice.best.seconds) continue;
@@ -123,25 +128,16 @@ cp_choice refine(Comm& comm, Backend backend, const cp_choose_mesh& mesh, const 
       if (c.ulysses_degree == 1 || c.ring_degree == 1) {
         const sequence_sharding sh(mesh.layout, shape.seq_len, mesh.ranks);
         auto t = std::make_shared<detail::refine_tensors<T>>(shape, sh.local_len(comm.rank()));
-        keep.push_back(t);
-        if (c.ulysses_degree == 1) {
-          auto a = std::make_shared<ring_attention<Comm, Backend>>(comm, backend, sh);
-          keep.push_back(a);
-          runs.emplace_back([t, a, &mask, &shape] { t->run(*a, mask, shape.backward); });
-        } else {
-          auto a = std::make_shared<ulysses_attention<Comm, Backend>>(comm, backend, sh);
-          keep.push_back(a);
-          runs.emplace_back([t, a, &mask, &shape] { t->run(*a, mask, shape.backward); });
-        }
+        if (c.ulysses_degree == 1)
+          add(std::make_shared<ring_attention<Comm, Backend>>(comm, backend, sh), t);
+        else
+          add(std::make_shared<ulysses_attention<Comm, Backend>>(comm, backend, sh), t);
       } else {
         auto m = std::make_shared<cp_mesh<Comm>>(make_cp_mesh(comm, c.ring_degree, c.ulysses_degree));
+        keep.push_back(m);
         const sequence_sharding sh(mesh.layout, shape.seq_len, c.ring_degree, c.ulysses_degree);
         auto a = std::make_shared<hybrid_attention<Comm, Comm, Backend>>(*m, backend, sh);
-        auto t = std::make_shared<detail::refine_tensors<T>>(shape, sh.local_len(a->shard_index()));
-        keep.push_back(m);
-        keep.push_back(a);
-        keep.push_back(t);
-        runs.emplace_back([t, a, &mask, &shape] { t->run(*a, mask, shape.backward); });
+        add(a, std::make_shared<detail::refine_tensors<T>>(shape, sh.local_len(a->shard_index())));
       }
     }
     std::vector<std::vector<double>> times(runs.size());
