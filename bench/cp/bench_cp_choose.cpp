@@ -64,7 +64,6 @@ using backend_t = baton::kokkos_attention;
 using backend_t = baton::reference_attention;
 #endif
 using T = float;
-using L = baton::lse_t<T>;
 
 using doc_mask = baton::mask_intersection<baton::document_mask, baton::causal_mask>;
 using any_mask = std::variant<baton::no_mask, baton::causal_mask, doc_mask>;
@@ -96,38 +95,21 @@ std::vector<T> random_values(std::size_t n, unsigned seed) {
   return out;
 }
 
-// One rank's shards and outputs for one split.
-struct rank_tensors {
-  std::int64_t b = 1, n = 0, h = 0, hkv = 0, d = 0;
-  std::vector<T> q, k, v, dout, out, dq, dk, dv;
-  std::vector<L> lse;
-
+// One rank's shards and outputs for one split: the tensors refine runs (baton/cp/choose_calibrate.hpp),
+// holding this rank's shards of the bench's data instead of refine's made-up values.
+struct rank_tensors : baton::cp::detail::attention_tensors<T> {
   rank_tensors(const shape_case& c, const baton::sequence_sharding& sh, int index, const std::vector<T>& qf,
                const std::vector<T>& kf, const std::vector<T>& vf, const std::vector<T>& df)
-      : n(sh.local_len(index)), h(c.h), hkv(c.hkv), d(c.d) {
+      : attention_tensors(baton::cp_choose_shape{1, c.s, c.h, c.hkv, c.d, sizeof(T), true}, sh.local_len(index)) {
     const std::vector<std::int64_t> qs{1, c.s, c.h, c.d}, ks{1, c.s, c.hkv, c.d};
     q = baton::shard_sequence<T>(sh, index, qf, qs, 1);
     k = baton::shard_sequence<T>(sh, index, kf, ks, 1);
     v = baton::shard_sequence<T>(sh, index, vf, ks, 1);
     dout = baton::shard_sequence<T>(sh, index, df, qs, 1);
-    out.resize(q.size());
-    dq.resize(q.size());
-    dk.resize(k.size());
-    dv.resize(k.size());
-    lse.resize(static_cast<std::size_t>(h * n));
   }
-
   template <class Attention, class Mask>
   void run(Attention& attn, const Mask& mask) {
-    const auto qv = baton::make_tensor_view(q.data(), {b, n, h, d});
-    const auto kv = baton::make_tensor_view(k.data(), {b, n, hkv, d});
-    const auto vv = baton::make_tensor_view(v.data(), {b, n, hkv, d});
-    attn.forward(qv, kv, vv, mask, baton::make_tensor_view(out.data(), {b, n, h, d}),
-                 baton::make_tensor_view(lse.data(), {b, h, n}));
-    attn.backward(qv, kv, vv, baton::make_tensor_view(static_cast<const T*>(out.data()), {b, n, h, d}),
-                  baton::make_tensor_view(static_cast<const L*>(lse.data()), {b, h, n}),
-                  baton::make_tensor_view(dout.data(), {b, n, h, d}), mask, baton::make_tensor_view(dq.data(), {b, n, h, d}),
-                  baton::make_tensor_view(dk.data(), {b, n, hkv, d}), baton::make_tensor_view(dv.data(), {b, n, hkv, d}));
+    attention_tensors::run(attn, mask, /*backward=*/true);
   }
 };
 

@@ -50,6 +50,41 @@ namespace detail {
 // before the next, so one tag of the CP range serves them all (as the CP agreement's).
 inline constexpr int calibrate_tag = tags::cp::tag<0>;
 
+// One rank's inputs, outputs and gradients of an attention call, [batch, local, heads,
+// head_dim], the inputs of unit scale (what they are does not change the kernels' time):
+// calibrate's timed calls take views of their first rows and heads, refine's splits run on
+// them whole.
+template <class T>
+struct attention_tensors {
+  std::int64_t b, n, h, hkv, d;
+  std::vector<T> q, k, v, dout, out, dq, dk, dv;
+  std::vector<lse_t<T>> lse;
+  attention_tensors(const cp_choose_shape& s, std::int64_t local)
+      : b(s.batch), n(local), h(s.heads), hkv(s.kv_heads), d(s.head_dim) {
+    const auto qs = static_cast<std::size_t>(b * n * h * d), ks = static_cast<std::size_t>(b * n * hkv * d);
+    for (auto* x : {&q, &dout, &out, &dq}) x->resize(qs);
+    for (auto* x : {&k, &v, &dk, &dv}) x->resize(ks);
+    lse.resize(static_cast<std::size_t>(b * h * n));
+    for (std::size_t i = 0; i < qs; ++i) {
+      q[i] = static_cast<T>(static_cast<double>((i * 7919) % 97) / 97.0 - 0.5);
+      dout[i] = static_cast<T>(static_cast<double>((i * 13) % 79) / 79.0 - 0.5);
+    }
+    for (std::size_t i = 0; i < ks; ++i) {
+      k[i] = static_cast<T>(static_cast<double>((i * 104729) % 89) / 89.0 - 0.5);
+      v[i] = static_cast<T>(static_cast<double>((i * 31) % 83) / 83.0 - 0.5);
+    }
+  }
+  template <class Attention, class Mask>
+  void run(Attention& attn, const Mask& mask, bool backward) {
+    const auto in = [&](const std::vector<T>& x, std::int64_t heads) { return make_tensor_view(x.data(), {b, n, heads, d}); };
+    const auto io = [&](std::vector<T>& x, std::int64_t heads) { return make_tensor_view(x.data(), {b, n, heads, d}); };
+    attn.forward(in(q, h), in(k, hkv), in(v, hkv), mask, io(out, h), make_tensor_view(lse.data(), {b, h, n}));
+    if (backward)
+      attn.backward(in(q, h), in(k, hkv), in(v, hkv), in(out, h), make_tensor_view(std::as_const(lse).data(), {b, h, n}),
+                    in(dout, h), mask, io(dq, h), io(dk, hkv), io(dv, hkv));
+  }
+};
+
 // A backend that computes nothing: a layer run on it costs only its exchanges.
 struct exchange_only_backend {
   template <class... A>
@@ -137,30 +172,17 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   const positions all(0, cut);
   const baton::detail::cp::tile_count mask_tiles = baton::detail::cp::count_call_tiles(mask, all, all, cut, cut);
   const bool own_partials = mask_tiles.partial > 0;
-  const auto count = static_cast<std::size_t>(n * h * d);
   // `copies` sets of tensors, one call on each in turn: a layer's call reads inputs that an
   // exchange or another layer left outside L2, not the ones it has just written, and a
   // calibration that reran one call on its own cache-warm tensors priced masked calls at
   // 0.82-0.96 of their time (docs/context-parallel.md, "Choosing a CP mode").
   const auto copies = static_cast<std::size_t>(opt.copies);
-  struct tensors {
-    std::vector<float> q, k, v, dout, out, dq, dk, dv, lse;
-  };
-  std::vector<tensors> sets(copies);
-  for (tensors& t : sets) {
-    for (auto* x : {&t.q, &t.k, &t.v, &t.dout, &t.out, &t.dq, &t.dk, &t.dv}) x->resize(count);
-    t.lse.resize(static_cast<std::size_t>(h * n));
-    for (std::size_t i = 0; i < count; ++i) {  // deterministic values of unit scale
-      t.q[i] = static_cast<float>((i * 7919) % 97) / 97.0f - 0.5f;
-      t.k[i] = static_cast<float>((i * 104729) % 89) / 89.0f - 0.5f;
-      t.v[i] = static_cast<float>((i * 31) % 83) / 83.0f - 0.5f;
-      t.dout[i] = static_cast<float>((i * 13) % 79) / 79.0f - 0.5f;
-    }
-  }
+  std::vector<detail::attention_tensors<float>> sets;
+  for (std::size_t i = 0; i < copies; ++i) sets.emplace_back(cp_choose_shape{1, n, h, h, d}, n);
   std::size_t next = 0;
   // One call on the next set: rows x rows of `heads` query heads and `kv_heads` kv heads.
   const auto kernel = [&](std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, const auto& km, bool bwd) {
-    tensors& t = sets[next];
+    detail::attention_tensors<float>& t = sets[next];
     next = (next + 1) % copies;
     // [1, rows, hh, d] over x: read-only through a const x, writable otherwise.
     const auto view = [&](auto& x, std::int64_t hh) { return make_tensor_view(x.data(), {1, rows, hh, d}); };

@@ -48,39 +48,6 @@ struct refine_options {
 
 namespace detail {
 
-// One rank's shards, outputs and gradients for a split: [batch, local, heads, head_dim], values
-// of unit scale (what they are does not change the kernels' time).
-template <class T>
-struct refine_tensors {
-  std::int64_t b, n, h, hkv, d;
-  std::vector<T> q, k, v, dout, out, dq, dk, dv;
-  std::vector<lse_t<T>> lse;
-  refine_tensors(const cp_choose_shape& s, std::int64_t local)
-      : b(s.batch), n(local), h(s.heads), hkv(s.kv_heads), d(s.head_dim) {
-    const auto qs = static_cast<std::size_t>(b * n * h * d), ks = static_cast<std::size_t>(b * n * hkv * d);
-    for (auto* x : {&q, &dout, &out, &dq}) x->resize(qs);
-    for (auto* x : {&k, &v, &dk, &dv}) x->resize(ks);
-    lse.resize(static_cast<std::size_t>(b * h * n));
-    for (std::size_t i = 0; i < qs; ++i) {
-      q[i] = static_cast<T>(static_cast<double>((i * 7919) % 97) / 97.0 - 0.5);
-      dout[i] = static_cast<T>(static_cast<double>((i * 13) % 79) / 79.0 - 0.5);
-    }
-    for (std::size_t i = 0; i < ks; ++i) {
-      k[i] = static_cast<T>(static_cast<double>((i * 104729) % 89) / 89.0 - 0.5);
-      v[i] = static_cast<T>(static_cast<double>((i * 31) % 83) / 83.0 - 0.5);
-    }
-  }
-  template <class Attention, class Mask>
-  void run(Attention& attn, const Mask& mask, bool backward) {
-    const auto in = [&](const std::vector<T>& x, std::int64_t heads) { return make_tensor_view(x.data(), {b, n, heads, d}); };
-    const auto io = [&](std::vector<T>& x, std::int64_t heads) { return make_tensor_view(x.data(), {b, n, heads, d}); };
-    attn.forward(in(q, h), in(k, hkv), in(v, hkv), mask, io(out, h), make_tensor_view(lse.data(), {b, h, n}));
-    if (backward)
-      attn.backward(in(q, h), in(k, hkv), in(v, hkv), in(out, h), make_tensor_view(std::as_const(lse).data(), {b, h, n}),
-                    in(dout, h), mask, io(dq, h), io(dk, hkv), io(dv, hkv));
-  }
-};
-
 }  // namespace detail
 
 /// cp::choose's answer for this mesh, shape, mask and costs, with the near ties measured: when
@@ -127,7 +94,7 @@ cp_choice refine(Comm& comm, Backend backend, const cp_choose_mesh& mesh, const 
       picked.push_back(i);
       if (c.ulysses_degree == 1 || c.ring_degree == 1) {
         const sequence_sharding sh(mesh.layout, shape.seq_len, mesh.ranks);
-        auto t = std::make_shared<detail::refine_tensors<T>>(shape, sh.local_len(comm.rank()));
+        auto t = std::make_shared<detail::attention_tensors<T>>(shape, sh.local_len(comm.rank()));
         if (c.ulysses_degree == 1)
           add(std::make_shared<ring_attention<Comm, Backend>>(comm, backend, sh), t);
         else
@@ -137,7 +104,7 @@ cp_choice refine(Comm& comm, Backend backend, const cp_choose_mesh& mesh, const 
         keep.push_back(m);
         const sequence_sharding sh(mesh.layout, shape.seq_len, c.ring_degree, c.ulysses_degree);
         auto a = std::make_shared<hybrid_attention<Comm, Comm, Backend>>(*m, backend, sh);
-        add(a, std::make_shared<detail::refine_tensors<T>>(shape, sh.local_len(a->shard_index())));
+        add(a, std::make_shared<detail::attention_tensors<T>>(shape, sh.local_len(a->shard_index())));
       }
     }
     std::vector<std::vector<double>> times(runs.size());
