@@ -220,12 +220,12 @@ case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate
 void print_costs(const std::string& shape, const baton::cp_costs& k) {
   std::printf("choose_costs_%s: full tile %.3g us (backward %.3g, partial %.3g / %.3g, row panel %.3g / %.3g, "
               "column panel %.3g / %.3g, call %.3g; link %.3g ps/B, all-to-all %.3g, copy %.3g, Ulysses exchange %.3g / %.3g, "
-              "latency %.3g us; share %.3f)\n",
+              "latency %.3g us; share %.3f, wake-up %.3g us)\n",
               shape.c_str(), k.full_tile_forward * 1e6, k.full_tile_backward * 1e6, k.partial_tile_forward * 1e6,
               k.partial_tile_backward * 1e6, k.row_panel_forward * 1e6, k.row_panel_backward * 1e6, k.column_panel_forward * 1e6,
               k.column_panel_backward * 1e6, k.per_call * 1e6, k.link_per_byte * 1e12, k.all_to_all_per_byte * 1e12,
               k.copy_per_byte * 1e12, k.ulysses_forward_per_byte * 1e12, k.ulysses_backward_per_byte * 1e12, k.latency * 1e6,
-              k.share);
+              k.share, k.wake_up * 1e6);
 }
 
 // --compute-only: the model's compute term alone, on one thread. Every rank's backend calls of

@@ -9,9 +9,12 @@
 #include <baton/cp/choose_calibrate.hpp>
 #include <baton/cp/choose_refine.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -92,6 +95,25 @@ TEST_CASE("cp::choose: hand-computed ring and Ulysses times, forward", "[cp][cho
     CHECK(find(c, "ulysses2").communication == Approx(6.144));
     CHECK(find(c, "ulysses2").seconds == Approx(10.144));
     CHECK(find(c, "ring2").seconds == Approx(5.024));  // the ring's price does not use it
+  }
+  SECTION("ranks that share cores pay a wake-up per wait") {
+    costs.wake_up = 0.5;
+    const baton::cp_choice c = baton::cp::choose(mesh, shape, baton::no_mask{}, costs);
+    // Ring: the wait for step 1's K and V and the agreement, 2 x 0.5 s.
+    CHECK(find(c, "ring2").communication == Approx(1.024 + 1.0));
+    CHECK(find(c, "ring2").seconds == Approx(6.024));
+    // Ulysses: five all-to-alls (q, k, v in; out, lse back) and the agreement, 6 x 0.5 s.
+    CHECK(find(c, "ulysses2").seconds == Approx(6.048 + 3.0));
+    // Forward + backward: the ring waits for K and V once a pass, for the dK and dV sent home
+    // and for each pass's agreement (5); Ulysses for 5 + 9 all-to-alls and 2 agreements (16).
+    baton::cp_choose_shape step = shape;
+    step.backward = true;
+    costs.full_tile_backward = 2;
+    const baton::cp_choice without = baton::cp::choose(mesh, step, baton::no_mask{}, hand_costs());
+    const baton::cp_choice with = baton::cp::choose(mesh, step, baton::no_mask{}, costs);
+    CHECK(find(with, "ring2").seconds - find(without, "ring2").seconds == Approx(5 * 0.5));
+    CHECK(find(with, "ulysses2").seconds - find(without, "ulysses2").seconds == Approx(16 * 0.5));
+    CHECK(find(with, "ring2").compute == find(without, "ring2").compute);  // waits are not compute
   }
 }
 
@@ -199,6 +221,9 @@ TEST_CASE("cp::choose and cp::calibrate refuse bad input", "[cp][choose]") {
   bad.ulysses_backward_per_byte = std::numeric_limits<double>::infinity();
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "finite and >= 0"));
   bad = good;
+  bad.wake_up = -1e-6;
+  CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "finite and >= 0"));
+  bad = good;
   bad.overlap = 1.5;
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, bad); }, "overlap"));
   CHECK(refused([&] { baton::cp::choose(baton::cp_choose_mesh{2}, shape, baton::no_mask{}, baton::cp_costs{}); },
@@ -247,6 +272,7 @@ TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose]
     CHECK(c.ulysses_forward_per_byte > 0);  // the layer's own exchanges, timed
     CHECK(c.ulysses_backward_per_byte > 0);
     CHECK(c.overlap == 0);
+    if (c.share >= 0.9) CHECK(c.wake_up == 0);  // measured only where ranks share cores
   }
   CHECK(got[0].ulysses_backward_per_byte == got[1].ulysses_backward_per_byte);
   CHECK(got[0].full_tile_forward == got[1].full_tile_forward);
@@ -254,6 +280,79 @@ TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose]
   CHECK(got[0].latency == got[1].latency);
   // The costs it returns are what choose accepts.
   CHECK_NOTHROW(baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 128, 2, 2, 4}, baton::causal_mask{}, got[0]));
+}
+
+namespace {
+
+// A backend whose calls take 100 us for each rank inside one at the time: ranks that share
+// cores, on any machine (two ranks in calls at once each run at half the rate of one alone).
+struct crowded_backend {
+  std::shared_ptr<std::atomic<int>> inside = std::make_shared<std::atomic<int>>(0);
+  void crowd() const {
+    const int n = ++*inside;
+    std::this_thread::sleep_for(std::chrono::microseconds(100 * n));
+    --*inside;
+  }
+  template <class... A>
+  void forward(A&&... /*call*/) const {
+    crowd();
+  }
+  template <class... A>
+  void backward(A&&... /*call*/) const {
+    crowd();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cp::calibrate: ranks that share cores get a wake-up price and the mean kernel terms, the same on every rank",
+          "[cp][choose][threads]") {
+  const crowded_backend crowded;
+  std::vector<baton::cp_costs> got(2);
+  baton::run_local(2, [&](baton::local_communicator& comm) {
+    got[static_cast<std::size_t>(comm.rank())] = baton::cp::calibrate(comm, crowded, 4, tiny_calibration(128));
+  });
+  CHECK(got[0].share < 0.9);  // rank 0 alone ran its calls in 100 us, together in up to 200
+  for (const baton::cp_costs& c : got) {
+    CHECK(std::isfinite(c.wake_up));
+    CHECK(c.wake_up >= 0);
+    CHECK(c.full_tile_forward > 0);
+  }
+  CHECK(got[0].wake_up == got[1].wake_up);
+  CHECK(got[0].full_tile_forward == got[1].full_tile_forward);
+  CHECK(got[0].partial_tile_backward == got[1].partial_tile_backward);
+  CHECK(got[0].share == got[1].share);
+  CHECK_NOTHROW(baton::cp::choose(baton::cp_choose_mesh{2}, baton::cp_choose_shape{1, 128, 2, 2, 4}, baton::causal_mask{}, got[0]));
+}
+
+TEST_CASE("cp::calibrate's rank folds: every rank's values by rank, their largest and their mean, the same bits everywhere",
+          "[cp][choose][threads]") {
+  // The middle entries' sum depends on its order: (1 + 1e16) + 1 is 1e16, (1 + 1) + 1e16 is
+  // 1e16 + 2. A mean folded in each rank's own ring order would differ between ranks, and the
+  // ranks would choose apart.
+  const auto values_of = [](int r) { return std::vector<double>{0.1 * (r + 1), r == 1 ? 1e16 : 1.0, -r - 0.5}; };
+  constexpr int ranks = 3;
+  std::vector<std::vector<std::vector<double>>> seen(ranks);
+  std::vector<std::vector<double>> largest(ranks), mean(ranks);
+  baton::run_local(ranks, [&](baton::local_communicator& comm) {
+    const auto me = static_cast<std::size_t>(comm.rank());
+    const std::vector<double> mine = values_of(comm.rank());
+    seen[me] = baton::cp::detail::values_of_every_rank(comm, std::span<const double>(mine));
+    largest[me] = mine;
+    baton::cp::detail::max_over_ranks(comm, std::span<double>(largest[me]));
+    mean[me] = mine;
+    baton::cp::detail::mean_over_ranks(comm, std::span<double>(mean[me]));
+  });
+  for (int r = 0; r < ranks; ++r) {
+    const auto at = static_cast<std::size_t>(r);
+    REQUIRE(seen[at].size() == ranks);
+    for (int from = 0; from < ranks; ++from) CHECK(seen[at][static_cast<std::size_t>(from)] == values_of(from));
+    CHECK(largest[at] == std::vector<double>{0.1 * 3, 1e16, -0.5});
+    for (std::size_t j = 0; j < 3; ++j) {
+      const double expected = ((values_of(0)[j] + values_of(1)[j]) + values_of(2)[j]) / 3;  // rank order
+      CHECK(mean[at][j] == expected);
+    }
+  }
 }
 
 TEST_CASE("cp::calibrate: a mask shorter than tokens is priced on the positions it describes", "[cp][choose]") {

@@ -64,6 +64,10 @@ struct cp_costs {
   // cores / ranks when thread ranks oversubscribe the cores. A ring step of per-rank work w_r
   // then takes max(mean w, share x max w): while a rank waits, the others get its core.
   double share = 1;
+  // Where ranks share cores: what a rank that waited for a message loses before it runs again
+  // (the others hold the cores), per wait — a ring step, an all-to-all, an agreement. 0 where
+  // each rank has a core of its own (calibrate measures it only below a share of 0.9).
+  double wake_up = 0;
 };
 
 /// One candidate's prediction for one call of the layer (forward, or forward + backward).
@@ -100,7 +104,7 @@ inline void check_choose_inputs(const cp_choose_mesh& mesh, const cp_choose_shap
   const double rates[] = {c.full_tile_forward, c.full_tile_backward, c.partial_tile_forward, c.partial_tile_backward,
                           c.row_panel_forward, c.row_panel_backward, c.column_panel_forward, c.column_panel_backward,
                           c.per_call, c.link_per_byte, c.all_to_all_per_byte, c.copy_per_byte, c.latency, c.overlap, c.share,
-                          c.ulysses_forward_per_byte, c.ulysses_backward_per_byte};
+                          c.ulysses_forward_per_byte, c.ulysses_backward_per_byte, c.wake_up};
   for (double r : rates)
     if (!std::isfinite(r) || r < 0) fail("every cost must be finite and >= 0; calibrate with baton::cp::calibrate");
   if (c.overlap > 1) fail("overlap " + std::to_string(c.overlap) + " must be in [0, 1]");
@@ -172,19 +176,20 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
         if (i + 1 < steps.size()) moved += 2 * block;  // the next K and V
         if (pass == 1 && i > first_grad_step) moved += 2 * grads;  // dK, dV one step behind
         const double transfer = moved * c.link_per_byte + (moved > 0 ? 2 * c.latency : 0);
+        const double wait = moved > 0 ? c.wake_up : 0;  // no transfer hides it
         const double merging = (pass == 0 && i > 0) ? merge * c.copy_per_byte : 0;
         p.compute += slowest;
-        p.communication += transfer + merging;
-        p.exposed += transfer - c.overlap * std::min(transfer, slowest) + merging;
+        p.communication += transfer + merging + wait;
+        p.exposed += transfer - c.overlap * std::min(transfer, slowest) + merging + wait;
       }
       if (pass == 1 && !steps.empty() && steps.back() != 0) {  // dK/dV return to their owners
-        const double back = 2 * grads * c.link_per_byte + 2 * c.latency;
+        const double back = 2 * grads * c.link_per_byte + 2 * c.latency + c.wake_up;
         p.communication += back;
         p.exposed += back;
       }
     }
-    p.communication += 2 * c.latency * passes;  // the agreement around the ring
-    p.exposed += 2 * c.latency * passes;
+    p.communication += (2 * c.latency + c.wake_up) * passes;  // the agreement around the ring
+    p.exposed += (2 * c.latency + c.wake_up) * passes;
   }
   if (uly > 1) {
     // The exchange: each tensor is packed once and sent (U-1)/U off-rank; forward gathers q, k,
@@ -201,9 +206,13 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
       // Measured, the exchange took 2-2.5x what its all-to-alls and memcpy-rate copies add up
       // to (docs/context-parallel.md, "Choosing a CP mode"): the packs gather rows of a head
       // from [b, s, H, d], not one run of memory.
-      const double t = measured > 0 ? bytes * measured * frac / world_frac
-                                    : bytes * frac * c.all_to_all_per_byte + 2 * bytes * c.copy_per_byte +
-                                          static_cast<double>((pass == 0 ? ops_fwd : ops_bwd) * s.batch) * c.latency;
+      // Each all-to-all is a wait (forward q, k, v, out, lse; backward q, k, v, out, dout, lse,
+      // dq, dk, dv), and so is the agreement.
+      const double waits = (pass == 0 ? 5 : 9) + 1;
+      const double t = (measured > 0 ? bytes * measured * frac / world_frac
+                                     : bytes * frac * c.all_to_all_per_byte + 2 * bytes * c.copy_per_byte +
+                                           static_cast<double>((pass == 0 ? ops_fwd : ops_bwd) * s.batch) * c.latency) +
+                       waits * c.wake_up;
       p.communication += t;
       p.exposed += t;
     }

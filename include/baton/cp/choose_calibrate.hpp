@@ -3,8 +3,8 @@
 // rank of the CP world calls it at once, so the kernel and the copies are timed while the
 // other ranks run theirs — on thread ranks that share cores this is the rate each rank
 // actually gets (4 ranks on 2 cores: about half a core each), which is what the model needs.
-// Every rank returns the same costs (the slowest rank's figure of each, since ring steps and
-// exchanges wait for the slowest).
+// Every rank returns the same costs: the slowest rank's figure of each (ring steps and
+// exchanges wait for the slowest), but where ranks share cores the mean of the kernel terms.
 #pragma once
 
 #include <baton/attention/backend.hpp>
@@ -49,6 +49,9 @@ namespace detail {
 // Every message of the calibration is issued by every rank in the same order and waited for
 // before the next, so one tag of the CP range serves them all (as the CP agreement's).
 inline constexpr int calibrate_tag = tags::cp::tag<0>;
+
+// A calibration's `share` from which each rank counts as having a core (or a device) of its own.
+inline constexpr double own_cores_share = 0.9;
 
 // One rank's inputs, outputs and gradients of an attention call, [batch, local, heads,
 // head_dim], the inputs of unit scale (what they are does not change the kernels' time):
@@ -116,15 +119,39 @@ double timed(Comm& comm, int repeats, F&& f) {
   return median_of(std::move(t));
 }
 
-// Every rank ends with the largest of each entry over the ranks: R-1 shifts around the ring.
+// Every rank's values, indexed by rank, on every rank: R-1 shifts around the ring (a shift
+// sends to rank+1, so after i of them a rank holds rank - i's values).
+template <class Comm>
+std::vector<std::vector<double>> values_of_every_rank(Comm& comm, std::span<const double> values) {
+  const int P = comm.size(), me = comm.rank();
+  std::vector<std::vector<double>> all(static_cast<std::size_t>(P));
+  all[static_cast<std::size_t>(me)].assign(values.begin(), values.end());
+  for (int i = 1; i < P; ++i) {
+    const std::vector<double>& held = all[static_cast<std::size_t>((me - i + 1 + P) % P)];
+    std::vector<double>& next = all[static_cast<std::size_t>((me - i + P) % P)];
+    next.resize(values.size());
+    comm.shift(std::as_bytes(std::span<const double>(held)), std::as_writable_bytes(std::span<double>(next)), 1, calibrate_tag)
+        .wait();
+  }
+  return all;
+}
+
+// Every rank ends with the largest of each entry over the ranks.
 template <class Comm>
 void max_over_ranks(Comm& comm, std::span<double> values) {
-  std::vector<double> mine(values.begin(), values.end()), got(values.size());
-  for (int i = 1; i < comm.size(); ++i) {
-    comm.shift(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(got)), 1, calibrate_tag)
-        .wait();
-    for (std::size_t j = 0; j < values.size(); ++j) values[j] = std::max(values[j], got[j]);
-    mine = got;
+  for (const std::vector<double>& theirs : values_of_every_rank(comm, values))
+    for (std::size_t j = 0; j < values.size(); ++j) values[j] = std::max(values[j], theirs[j]);
+}
+
+// Every rank ends with the mean of each entry over the ranks, summed in rank order on every
+// rank so that all of them hold the same bits (and choose the same split).
+template <class Comm>
+void mean_over_ranks(Comm& comm, std::span<double> values) {
+  const std::vector<std::vector<double>> all = values_of_every_rank(comm, values);
+  for (std::size_t j = 0; j < values.size(); ++j) {
+    double sum = 0;
+    for (const std::vector<double>& theirs : all) sum += theirs[j];
+    values[j] = sum / static_cast<double>(all.size());
   }
 }
 
@@ -210,8 +237,8 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   fit.calls = 1;
   if (own_partials) fit = mask_tiles;
   // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b, column panel f/b,
-  // Ulysses exchange f/b
-  std::array<double, 16> m{};
+  // Ulysses exchange f/b, wake-up
+  std::array<double, 17> m{};
   for (int bwd = 0; bwd < 2; ++bwd) {
     const auto b = static_cast<std::size_t>(bwd);
     warm(n, h, no_mask{});  // warm-up (and out/lse for the backward)
@@ -237,7 +264,9 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
     if (bwd == 0) {  // the same kernel on rank 0 alone, the others waiting: the share of a core
       const double alone = comm.rank() == 0 ? detail::timed_window(comm, opt.window, [&] { kernel(n, h, h, no_mask{}, false); }) : 0;
       if (comm.rank() != 0) detail::sync(comm);  // rank 0's window began with this sync
-      m[9] = comm.rank() == 0 ? std::clamp(alone / full, 0.05, 1.0) : 0.0;
+      std::array<double, 1> share{comm.rank() == 0 ? std::clamp(alone / full, 0.05, 1.0) : 0.0};
+      detail::max_over_ranks(comm, std::span<double>(share));  // every rank needs it below
+      m[9] = share[0];
     }
     const double hh = static_cast<double>(h);
     // full = panels + tiles full tiles, sparse = panels + diag full tiles (the same n/64 row
@@ -299,7 +328,49 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   }
   m[7] = detail::timed_window(comm, opt.window / 4, [&] { std::memcpy(recv.data(), send.data(), bytes); }) /
          static_cast<double>(bytes);
-  detail::max_over_ranks(comm, std::span<double>(m));  // every rank takes the largest of each figure
+  const bool shared_cores = P > 1 && m[9] < detail::own_cores_share;
+  if (shared_cores) {
+    // The wake-up: small calls (a quarter of `tokens`) running free, then as many with an
+    // all-to-all of a few bytes after each (a ring shift where the communicator has none): each
+    // rank waits for the others, then for a core the others hold. The extra per call, less a
+    // shift's latency (priced apart), is the wait. Not a shift: that waits for one neighbour
+    // only, read 0-83 us where the all-to-all reads 31-134, and left the splits of the 4-rank
+    // document shape predicted at 0.83-0.85 of their time (docs/context-parallel.md).
+    const std::int64_t rows = std::max<std::int64_t>(64, n / 4 / 64 * 64);
+    warm(rows, h, no_mask{});
+    int calls = 0;
+    const double free_running = detail::timed_window(comm, opt.window / 2, [&] {
+      kernel(rows, h, h, no_mask{}, false);
+      ++calls;
+    });
+    std::array<double, 1> agreed{static_cast<double>(calls)};
+    detail::max_over_ranks(comm, std::span<double>(agreed));  // every rank runs as many: they shift together
+    std::vector<float> token(static_cast<std::size_t>(16 * P)), tokens(token.size());
+    detail::sync(comm);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < static_cast<int>(agreed[0]); ++i) {
+      kernel(rows, h, h, no_mask{}, false);
+      if constexpr (all_to_all_communicator<Comm>)
+        comm.all_to_all(std::span<const float>(token), std::span<float>(tokens));
+      else
+        detail::sync(comm);
+    }
+    const double lockstep = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / agreed[0];
+    m[16] = std::max(lockstep - free_running - m[8], 0.0);
+  }
+  // Every rank takes the slowest rank's figures (a ring step and an exchange wait for the
+  // slowest side), except the kernel terms and the wake-up of ranks that share cores: timed on
+  // every rank at once, a rank's window is then only as fast as its luck with the scheduler,
+  // which evens out over a run (docs/context-parallel.md, "Ranks that share cores").
+  const std::array<double, 17> own = m;
+  detail::max_over_ranks(comm, std::span<double>(m));
+  if (shared_cores) {
+    const std::array<std::size_t, 10> mean_terms{0, 1, 2, 3, 4, 10, 11, 12, 13, 16};
+    std::array<double, 10> means{};
+    for (std::size_t i = 0; i < mean_terms.size(); ++i) means[i] = own[mean_terms[i]];
+    detail::mean_over_ranks(comm, std::span<double>(means));
+    for (std::size_t i = 0; i < mean_terms.size(); ++i) m[mean_terms[i]] = means[i];
+  }
   cp_costs c;
   c.full_tile_forward = m[0];
   c.full_tile_backward = m[1];
@@ -318,6 +389,7 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   c.column_panel_backward = m[13];
   c.ulysses_forward_per_byte = m[14];
   c.ulysses_backward_per_byte = m[15];
+  c.wake_up = m[16];
   return c;
 }
 

@@ -43,7 +43,7 @@ struct refine_options {
   int rounds = 3;  // rounds counted, each split once per round in a rotating order; a split's time is its median
   // Measure only when the calibration's `share` (a rank's rate with every rank computing over
   // its rate alone) is at least this: each rank has a core (or a device) of its own.
-  double min_share = 0.9;
+  double min_share = detail::own_cores_share;
 };
 
 namespace detail {
