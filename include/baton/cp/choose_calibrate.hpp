@@ -31,6 +31,11 @@
 
 namespace baton::cp {
 
+namespace detail {
+// A calibration's `share` from which each rank counts as having a core (or a device) of its own.
+inline constexpr double own_cores_share = 0.9;
+}  // namespace detail
+
 struct calibrate_options {
   std::int64_t heads = 2;       // heads of the timed kernel calls
   std::int64_t tokens = 1024;   // the timed call is tokens x tokens (a multiple of 64), of `heads` query heads
@@ -42,6 +47,9 @@ struct calibrate_options {
   std::int64_t link_bytes = 4 << 20;  // one shift / all-to-all of this many bytes per rank
   double overlap = 0.0;         // the local world copies on the rank threads: nothing hides
   int copies = 4;               // sets of tensors the kernel calls take in turn (>= 1), so that each reads cold inputs
+  // Below this share the ranks count as sharing cores: the kernel terms are the mean over the
+  // ranks and the wake-up is measured (0: never; above 1: always).
+  double shared_below = detail::own_cores_share;
 };
 
 namespace detail {
@@ -49,9 +57,6 @@ namespace detail {
 // Every message of the calibration is issued by every rank in the same order and waited for
 // before the next, so one tag of the CP range serves them all (as the CP agreement's).
 inline constexpr int calibrate_tag = tags::cp::tag<0>;
-
-// A calibration's `share` from which each rank counts as having a core (or a device) of its own.
-inline constexpr double own_cores_share = 0.9;
 
 // One rank's inputs, outputs and gradients of an attention call, [batch, local, heads,
 // head_dim], the inputs of unit scale (what they are does not change the kernels' time):
@@ -185,9 +190,10 @@ template <ring_communicator Comm, class Backend, class Mask = causal_mask>
 cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const calibrate_options& opt = {},
                    const Mask& mask = {}) {
   if (head_dim < 1 || opt.heads < 1 || opt.tokens < 64 || opt.tokens % 64 != 0 || opt.repeats < 1 || opt.link_bytes < 64 ||
-      opt.copies < 1 || !(opt.window >= 0 && opt.window <= 10) || !(opt.overlap >= 0 && opt.overlap <= 1))
+      opt.copies < 1 || !(opt.window >= 0 && opt.window <= 10) || !(opt.overlap >= 0 && opt.overlap <= 1) ||
+      !(opt.shared_below >= 0 && opt.shared_below <= 2))
     throw cp_error("baton::cp::calibrate: head_dim, heads >= 1, tokens a multiple of 64, repeats >= 1, link_bytes >= 64, "
-                   "copies >= 1, window in [0, 10] s and overlap in [0, 1] are required (got head_dim " + std::to_string(head_dim) +
+                   "copies >= 1, window in [0, 10] s, overlap in [0, 1] and shared_below in [0, 2] are required (got head_dim " + std::to_string(head_dim) +
                    ", tokens " + std::to_string(opt.tokens) + ", copies " + std::to_string(opt.copies) + ")");
   const std::int64_t n = opt.tokens, h = opt.heads, d = head_dim;
   // The mask's partial tiles are priced on its first `cut` positions: `tokens`, or the most a
@@ -328,7 +334,7 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   }
   m[7] = detail::timed_window(comm, opt.window / 4, [&] { std::memcpy(recv.data(), send.data(), bytes); }) /
          static_cast<double>(bytes);
-  const bool shared_cores = P > 1 && m[9] < detail::own_cores_share;
+  const bool shared_cores = P > 1 && m[9] < opt.shared_below;
   if (shared_cores) {
     // The wake-up: small calls (a quarter of `tokens`) running free, then as many with an
     // all-to-all of a few bytes after each (a ring shift where the communicator has none): each
