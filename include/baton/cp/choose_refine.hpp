@@ -46,10 +46,6 @@ struct refine_options {
   double min_share = detail::own_cores_share;
 };
 
-namespace detail {
-
-}  // namespace detail
-
 /// cp::choose's answer for this mesh, shape, mask and costs, with the near ties measured: when
 /// costs.share >= opt.min_share, every split predicted within opt.within of the fastest runs
 /// on this world with this backend, its `measured` time is filled and `best` is the fastest
