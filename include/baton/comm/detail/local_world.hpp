@@ -90,12 +90,27 @@ class world {
   /// only then does it need notify(), which the ringer calls after unlocking, so that the
   /// sleeper does not wake into a mutex that is still held (it would block on it at once:
   /// two more trips through the kernel, most of a hand-off's cost before this).
+  ///
+  /// Only the first ring of a sleep owes a wake-up: it clears `asleep`. One wake-up after a
+  /// ring is enough, because the sleeper's futex compares the count the ring moved (it cannot
+  /// sleep on through it). A woken rank keeps its `asleep` until it has a core and the mutex
+  /// again, and with more ranks than cores that takes a while: every message meanwhile used to
+  /// wake it again, a system call that found nobody (a quarter of the executor's futex calls
+  /// at 4 ranks on 2 cores, docs/pipeline.md).
   bool ring(int world_rank) {
     doorbell& d = bell(world_rank);
     d.rings.fetch_add(1, std::memory_order_release);
-    return d.asleep;
+    if (!d.asleep) return false;
+    d.asleep = false;
+    d.wake_owed.store(true, std::memory_order_relaxed);
+    return true;
   }
-  void notify(int world_rank) { bell(world_rank).wake(); }
+  /// Delivers the wake-up a ring owes (without the mutex); nothing where none is owed, so a
+  /// group may notify all of its members after ringing them.
+  void notify(int world_rank) {
+    doorbell& d = bell(world_rank);
+    if (d.wake_owed.exchange(false, std::memory_order_acq_rel)) d.wake();
+  }
   void wake_everyone() {
     for (std::size_t r = 0; r < bells.size(); ++r) {
       if (ring(static_cast<int>(r))) notify(static_cast<int>(r));

@@ -61,7 +61,8 @@ enum class wait_mode : std::uint8_t { automatic, spin, block };
 /// waiter of this rank may be waiting for; the rest is the owner's or guarded by the mutex.
 struct alignas(64) doorbell {
   std::atomic<std::uint32_t> rings{0};
-  bool asleep = false;  // in block() (guarded by the world's mutex): a ring must wake()
+  bool asleep = false;  // in block(), not yet rung (guarded by the world's mutex): a ring must wake()
+  std::atomic<bool> wake_owed{false};  // rung while asleep, the wake() not yet sent
 #if !defined(__linux__)
   std::condition_variable cv;
 #endif
