@@ -5,10 +5,15 @@
 //
 //   bench_comm [--pairs N]
 //
-// For every figure, memcpy (rank 0 alone, the other rank idle) and the transfer alternate
-// (--pairs, 7 by default, at least 5, the order flipping from pair to pair); each side of a
-// pair is the average over the size's iterations.
+// For every figure, memcpy and the transfer alternate (--pairs, 7 by default, at least 5, the
+// order flipping from pair to pair); each side of a pair is the average over the size's
+// iterations. The roof is memcpy on each rank's thread in turn (the other idle), the mean of
+// the two times: a transfer's copy runs on either rank's thread (whichever end finds its
+// partner waiting), and the two vCPUs of a shared guest can differ by a third in memory
+// bandwidth (docs/communicators.md), so a roof timed on one rank's thread alone put the same
+// transfer at 0.77 or 1.38 of it, depending on which vCPU that thread had.
 //   memcpy_<size>_GBps                          the roof
+//   memcpy_<size>_rank1_vs_rank0                rank 1's memcpy bandwidth over rank 0's
 //   local_{p2p,all_reduce}_<size>_busbw_GBps    the transfers
 //   local_{p2p,all_reduce}_vs_memcpy_<size>     transfer busbw / memcpy bandwidth, per pair
 #include "comm_timing.hpp"
@@ -38,11 +43,15 @@ int main(int argc, char** argv) {
       // Touched buffers: no page faults in the loops.
       std::vector<std::byte> from(s.bytes, std::byte{1}), to(s.bytes, std::byte{2});
       std::vector<float> data(s.bytes / sizeof(float), 0.0f);
-      // The roof: rank 0 copies while rank 1 waits at the barrier (asleep).
+      // The roof: each rank copies in turn while the other waits at the barrier (asleep).
+      double copy_seconds[2] = {0, 0};
       const auto copy = [&] {
-        return bench_comm::seconds_per_op(barrier, [&] {
-          if (c.rank() == 0) std::memcpy(to.data(), from.data(), s.bytes);
-        }, s.iterations);
+        for (int copier = 0; copier < 2; ++copier) {
+          copy_seconds[copier] = bench_comm::seconds_per_op(barrier, [&] {
+            if (c.rank() == copier) std::memcpy(to.data(), from.data(), s.bytes);
+          }, s.iterations);
+        }
+        return (copy_seconds[0] + copy_seconds[1]) / 2;
       };
       const auto p2p = [&] {
         return bench_comm::seconds_per_op(barrier, [&] { bench_comm::baton_p2p(c, from); }, s.iterations);
@@ -53,6 +62,7 @@ int main(int argc, char** argv) {
       };
       bench::interleave(pairs, copy, p2p, [&](int, double roof, double subject) {
         add(std::string("memcpy_") + s.name + "_GBps", bench_comm::gbps(s.bytes, roof));
+        add(std::string("memcpy_") + s.name + "_rank1_vs_rank0", copy_seconds[0] / copy_seconds[1]);
         add(std::string("local_p2p_") + s.name + "_busbw_GBps", bench_comm::gbps(s.bytes, subject));
         add(std::string("local_p2p_vs_memcpy_") + s.name, roof / subject);
       });
