@@ -105,6 +105,11 @@ class local_request {
     for (auto& op : ops_) {
       if (!op) continue;
       while (op->state == op_state::posted || op->state == op_state::matched || op->state == op_state::copying) {
+        if (op->state == op_state::matched && op->receiver_copies &&
+            detail::comm::local::clock::now() < deadline) {  // handed to the waiting receiver
+          w.sleep(group_->world_rank_of(op->owner), lock, deadline);
+          continue;
+        }
         if (op->state == op_state::matched) {  // paired, nobody copying yet: this end copies
           group_->deliver(*op, lock);
           continue;
@@ -136,8 +141,9 @@ class local_request {
     for (auto& op : ops_) {
       if (!op) continue;
       // Paired but not copied: copy now (bounded work, not a wait on the peer). Were test()
-      // to leave it, two ranks that only poll would never finish.
-      if (op->state == op_state::matched) group_->deliver(*op, lock);
+      // to leave it, two ranks that only poll would never finish. A send handed to its
+      // receiver is the exception: that rank sleeps in a wait on it and copies when it runs.
+      if (op->state == op_state::matched && !op->receiver_copies) group_->deliver(*op, lock);
       if (op->state == op_state::done || op->state == op_state::failed) continue;
       if (op->state == op_state::posted) {
         std::string why = group_->hopeless(*op, detail::comm::local::clock::time_point::max(), timeout_);

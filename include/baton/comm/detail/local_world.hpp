@@ -21,6 +21,15 @@
 // 0.50 of memcpy's speed copied at once, 0.43 handed over). A matched message can always be
 // finished by either end alone, so a rank blocked in one wait never holds up a transfer
 // another rank needs.
+//
+// One exception: a large message (receiver_copy_bytes and up) whose sender finds the receiver
+// asleep in a wait on exactly that receive is copied by the receiver, woken for it. Copies
+// that took turns between the two ranks' threads found the destination's lines dirty in the
+// other core's caches each time: 64 MiB one way ran at 0.84-0.94 of memcpy so and 0.87-1.14
+// with the receiver copying (docs/communicators.md). The data is then in the cache of the rank
+// that reads it next. Only a receiver that sleeps on that very receive is handed the copy
+// (one asleep in another wait might wait there for this sender: a deadlock), and a sender's
+// wait that reaches its deadline copies itself, so the rule above still holds.
 #pragma once
 
 #include <baton/comm/detail/checks.hpp>
@@ -201,6 +210,11 @@ enum class op_state : std::uint8_t { posted, matched, copying, done, failed };
 /// Below it a copy costs less than the extra wake-up that handing it over can cost.
 inline constexpr std::size_t deferred_copy_bytes = std::size_t{256} << 10;
 
+/// Messages of at least this many bytes whose sender pairs them with a receive its rank
+/// sleeps on are copied by the receiver (see the top of this file). The hand-off this adds to
+/// the sender's wait is a few percent of such a copy at most.
+inline constexpr std::size_t receiver_copy_bytes = std::size_t{16} << 20;
+
 /// One posted isend or irecv: a view of the caller's buffer. Owned by its request; queued
 /// (by pointer) in a mailbox until matched or cancelled.
 struct p2p_op {
@@ -212,6 +226,7 @@ struct p2p_op {
   std::byte* recv_data = nullptr;
   std::size_t bytes = 0;
   op_state state = op_state::posted;
+  bool receiver_copies = false;  // a send handed to its waiting receiver: its sender's wait leaves the copy
   p2p_op* partner = nullptr;  // the other end, once matched (alive while this one is matched)
   std::string error;  // set when state == failed
 };
@@ -318,7 +333,17 @@ class group {
     partner->state = op_state::matched;
     const std::size_t bytes = sending ? op.bytes : partner->bytes;
     const int other = world_rank_of(partner->owner);
-    const bool other_busy = w.blocked[static_cast<std::size_t>(other)].in == nullptr;
+    const blocked_on& other_wait = w.blocked[static_cast<std::size_t>(other)];
+    if (sending && bytes >= receiver_copy_bytes && other_wait.op == partner) {
+      // The receiver sleeps in a wait on exactly this receive, so it will copy as soon as it
+      // runs; the sender's wait leaves the copy to it (up to its deadline).
+      op.receiver_copies = true;
+      const bool asleep = w.ring(other);
+      lock.unlock();
+      if (asleep) w.notify(other);
+      return;
+    }
+    const bool other_busy = other_wait.in == nullptr;
     if (bytes < deferred_copy_bytes || !other_busy) {
       deliver(op, lock);
       return;
