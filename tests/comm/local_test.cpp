@@ -525,8 +525,9 @@ TEST_CASE("local world: one wake-up per sleep, however often the sleeper is rung
 
 // A large message whose sender finds the receiver asleep in a wait on exactly that receive is
 // left to the receiver to copy (docs/communicators.md, "Benchmarks": copies taking turns
-// between two cores ran 9-17 % below the two cores' mean rate). Driven by hand on a group, so which end copies is
-// deterministic: the send stays paired-not-copied until the receiver delivers it.
+// between two cores ran 9-17 % below the two cores' mean rate). Driven by hand on a group,
+// so which end copies is deterministic: the send stays paired, not copied, until the
+// receiver delivers it.
 TEST_CASE("local world: a large message is copied by a receiver asleep on it, and only then", "[comm][local]") {
   namespace local = baton::detail::comm::local;
   const auto w = std::make_shared<local::world>(3, local::wait_mode::block);
