@@ -334,22 +334,16 @@ class group {
     const std::size_t bytes = sending ? op.bytes : partner->bytes;
     const int other = world_rank_of(partner->owner);
     const blocked_on& other_wait = w.blocked[static_cast<std::size_t>(other)];
-    if (sending && bytes >= receiver_copy_bytes && other_wait.op == partner) {
-      // The receiver sleeps in a wait on exactly this receive, so it will copy as soon as it
-      // runs; the sender's wait leaves the copy to it (up to its deadline).
-      op.receiver_copies = true;
-      const bool asleep = w.ring(other);
-      lock.unlock();
-      if (asleep) w.notify(other);
-      return;
-    }
+    // The receiver sleeps in a wait on exactly this receive, so it will copy as soon as it
+    // runs; the sender's wait leaves the copy to it (up to its deadline).
+    op.receiver_copies = sending && bytes >= receiver_copy_bytes && other_wait.op == partner;
     const bool other_busy = other_wait.in == nullptr;
-    if (bytes < deferred_copy_bytes || !other_busy) {
+    if (!op.receiver_copies && (bytes < deferred_copy_bytes || !other_busy)) {
       deliver(op, lock);
       return;
     }
-    // Left for the first end that waits. Ring the partner's rank all the same: it may be
-    // between its last check and its sleep in a wait on this op.
+    // Left to the receiver, or to the first end that waits. Ring the partner's rank: it sleeps
+    // in that wait, or may be between its last check and its sleep in a wait on this op.
     const bool asleep = w.ring(other);
     lock.unlock();
     if (asleep) w.notify(other);
