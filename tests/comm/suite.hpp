@@ -448,12 +448,53 @@ void fault_collective_mismatch(C& c) {
   SUITE_CHECK(c, one == n);
 }
 
+/// Large all_reduces that disagree — in count, in element type, with a small one, with another
+/// collective, with one large enough to agree before its data — end in the same kind of error
+/// on every rank and leave no message behind (on MPI a large all_reduce of up to a few MiB
+/// sends its first data with its agreement): the all_reduces after each one sum right, both
+/// one whose agreement travels with its data and one whose agreement comes first.
+template <class C>
+void fault_large_all_reduce_mismatch(C& c) {
+  const int r = c.rank(), n = c.size();
+  const auto sums_right = [&](std::size_t count) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7 + 1));
+    c.all_reduce(std::span(v), baton::reduce_op::sum);
+    bool right = true;
+    for (std::size_t i = 0; i < count; ++i) right = right && v[i] == static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 7 + 1));
+    SUITE_CHECK_MSG(c, right, std::to_string(count) + " elements");
+  };
+  const auto sums_right_after = [&](const std::string& error, const char* part) {
+    SUITE_CHECK_HAS(c, error, part);
+    sums_right(120000);     // 480 KB: on MPI, its agreement travels with its data
+    sums_right(std::size_t{1} << 21);  // 8 MiB: on MPI, agreed first
+  };
+  std::vector<float> counts(r == 0 ? 100000 : 150000, 1.f);
+  sums_right_after(SUITE_EXPECT_ERROR(c, c.all_reduce(std::span(counts), baton::reduce_op::sum)), "different element count");
+  std::vector<float> floats(100000, 1.f);
+  std::vector<double> doubles(100000, 1.);
+  sums_right_after(SUITE_EXPECT_ERROR(c, r == n - 1 ? c.all_reduce(std::span(doubles), baton::reduce_op::sum)
+                                                    : c.all_reduce(std::span(floats), baton::reduce_op::sum)),
+                   "element type");
+  std::vector<float> small_or_large(r == 1 ? 10 : 100000, 1.f);
+  sums_right_after(SUITE_EXPECT_ERROR(c, c.all_reduce(std::span(small_or_large), baton::reduce_op::sum)),
+                   "different element count");
+  std::vector<float> broadcast(100000, 1.f);
+  sums_right_after(SUITE_EXPECT_ERROR(c, r == 0 ? c.broadcast(std::span(broadcast), 0)
+                                                : c.all_reduce(std::span(floats), baton::reduce_op::sum)),
+                   "collective mismatch");
+  std::vector<float> early_or_agreed_first(r == 0 ? std::size_t{1} << 21 : 100000, 1.f);
+  sums_right_after(SUITE_EXPECT_ERROR(c, c.all_reduce(std::span(early_or_agreed_first), baton::reduce_op::sum)),
+                   "different element count");
+}
+
 template <class C>
 void run_faults(C& c) {
   fault_receive_timeout(c);
   fault_size_mismatch(c);
   fault_invalid_peer_and_tag(c);
   fault_collective_mismatch(c);
+  fault_large_all_reduce_mismatch(c);
 }
 
 }  // namespace comm_suite

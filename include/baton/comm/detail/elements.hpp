@@ -26,6 +26,17 @@ constexpr element_kind element_kind_of() noexcept {
   else return element_kind::int64;
 }
 
+/// The bytes of one element of `kind` (0 for a value that names no kind).
+constexpr std::size_t element_bytes(element_kind kind) noexcept {
+  switch (kind) {
+    case element_kind::float32:
+    case element_kind::int32: return 4;
+    case element_kind::float64:
+    case element_kind::int64: return 8;
+  }
+  return 0;
+}
+
 /// "float", "double", "std::int32_t", "std::int64_t": for messages.
 inline const char* element_name(element_kind kind) noexcept {
   constexpr const char* names[] = {"float", "double", "std::int32_t", "std::int64_t"};

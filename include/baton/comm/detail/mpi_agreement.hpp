@@ -13,13 +13,18 @@
 // this rank's, every rank's is the same as every other's, so either all ranks go on or all see
 // a mismatch; on a mismatch one more all-reduce of the fields gives every rank the same error
 // text. A small all_reduce sends its data in the descriptor's message: the agreement then
-// costs no round trip of its own. Above mpi_options::exchange_agreement_max_ranks ranks the
-// all-pairs exchange would grow with the world, and that all-reduce is the agreement itself.
+// costs no round trip of its own, and a large one sends its first segment to every rank with
+// its descriptor, before it knows the others agree (mpi_all_reduce.hpp): a rank that then finds
+// a different call receives that segment and drops it, so no message outlives its collective.
+// Above mpi_options::exchange_agreement_max_ranks ranks the all-pairs exchange would grow with
+// the world, and that all-reduce is the agreement itself.
 #pragma once
 
 #include <baton/comm/detail/checks.hpp>
 #include <baton/comm/detail/mpi_state.hpp>
 #include <baton/comm/detail/mpi_support.hpp>
+#include <baton/comm/detail/mpi_segments.hpp>
+#include <baton/comm/detail/reduce.hpp>
 #include <baton/comm/error.hpp>
 #include <baton/core/agreement.hpp>
 #include <baton/core/tags.hpp>
@@ -34,6 +39,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace baton::detail::comm::mpi {
 
@@ -97,10 +103,42 @@ inline void throw_if_failed(const comm_state& s, const char* what, std::int64_t 
   }
 }
 
+/// Whether a descriptor that arrived as a message of `received` bytes comes from a large
+/// all_reduce that sent rank `to` its first segment with it (mpi_segments.hpp): a small
+/// all_reduce's message carries its data, any other collective's has no element count.
+inline bool sent_early_segment(const descriptor& d, int received, int ranks, int to) noexcept {
+  if (received != static_cast<int>(descriptor_bytes) || d.magic != descriptor::magic_value ||
+      d.protocol != tags::comm_mpi::first || d.operation != static_cast<std::int64_t>(collective_kind::all_reduce) ||
+      d.values[0] <= 0 || d.values[1] < 0 || d.values[1] / 16 > static_cast<std::int64_t>(element_kind::int64)) {
+    return false;
+  }
+  const auto count = static_cast<std::size_t>(d.values[0]);
+  const std::size_t bytes = element_bytes(static_cast<element_kind>(d.values[1] / 16));  // values[1]: kind x 16 + op
+  return agreement_travels_with_data(count, bytes, ranks) && chunk_begin(count, ranks, to + 1) > chunk_begin(count, ranks, to);
+}
+
+/// Receives the early segment rank `from` sent this rank, and drops it: the calls differed.
+inline void drop_early_segment(comm_state& s, int from, const char* what) {
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status{};
+  s.await(
+      [&] {
+        int found = 0;
+        s.check(MPI_Improbe(from, tag_reduce, s.coll, &found, &message, &status), "MPI_Improbe");
+        return found != 0;
+      },
+      what, [] {});
+  int bytes = 0;
+  MPI_Get_count(&status, MPI_BYTE, &bytes);
+  std::vector<std::byte> sink(static_cast<std::size_t>(std::max(bytes, 1)));
+  s.check(MPI_Mrecv(sink.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE), "MPI_Mrecv");
+}
+
 /// Sends `mine` followed by `payload` to every other rank, and receives every other rank's
 /// message of the same size. Returns where they are — rank r's at r x (descriptor_bytes +
 /// payload bytes), this rank's own copy in its own slot — when every message had this size and
-/// described the same call; otherwise null, and then on every rank (see the file comment).
+/// described the same call; otherwise null, and then on every rank (see the file comment),
+/// after dropping the early segments of ranks in a large all_reduce.
 inline const std::byte* exchange(comm_state& s, const descriptor& mine, std::span<const std::byte> payload,
                                  const char* what) {
   const auto n = static_cast<std::size_t>(s.size);
@@ -123,6 +161,7 @@ inline const std::byte* exchange(comm_state& s, const descriptor& mine, std::spa
     s.check(MPI_Isend(own, slot_count, MPI_BYTE, r, tag_agreement, s.coll, &s.requests[i++]), "MPI_Isend");
   }
   bool same = true;
+  std::vector<int> early;  // the ranks whose early segment must be dropped (allocates only then)
   s.await_requests(std::span(s.requests), what, [&](std::size_t index, int rc, const MPI_Status& status) {
     const bool receive = index < n - 1;
     if (rc != MPI_SUCCESS) {
@@ -138,8 +177,11 @@ inline const std::byte* exchange(comm_state& s, const descriptor& mine, std::spa
     MPI_Get_count(&status, MPI_BYTE, &received);
     descriptor theirs;
     std::memcpy(&theirs, base + slot * static_cast<std::size_t>(from), descriptor_bytes);
-    if (received != slot_count || !theirs.same_call(mine)) same = false;
+    if (received == slot_count && theirs.same_call(mine)) return;
+    same = false;
+    if (sent_early_segment(theirs, received, s.size, s.rank)) early.push_back(from);
   });
+  for (const int from : early) drop_early_segment(s, from, what);
   return same ? base : nullptr;
 }
 

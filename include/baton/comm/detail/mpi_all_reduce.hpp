@@ -9,6 +9,7 @@
 #include <baton/comm/detail/checks.hpp>
 #include <baton/comm/detail/elements.hpp>
 #include <baton/comm/detail/mpi_agreement.hpp>
+#include <baton/comm/detail/mpi_segments.hpp>
 #include <baton/comm/detail/mpi_state.hpp>
 #include <baton/comm/detail/mpi_support.hpp>
 #include <baton/comm/detail/reduce.hpp>
@@ -22,85 +23,136 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace baton::detail::comm::mpi {
-
-/// An all_reduce of at most this many bytes times (ranks - 1) sends its data with the
-/// agreement descriptor to every rank, instead of a reduce-scatter and an all-gather.
-inline constexpr std::size_t small_all_reduce_bytes = std::size_t{64} << 10;
-/// A large all_reduce moves each rank's pieces in segments of at most this size, folding one
-/// while the next arrives. Over shared memory (Open MPI's vader with CMA) the receiving
-/// process copies each message itself, so a segment overlaps nothing and costs a handshake
-/// (about 9 us: 64 KiB segments made a 1 MiB all_reduce of 2 ranks 50 us slower than 256 KiB
-/// ones); few, large segments are fastest there (docs/communicators.md).
-inline constexpr std::size_t all_reduce_segment_bytes = std::size_t{1} << 20;
-/// ... and the scratch of 2 segments per rank stays within this, so a segment shrinks with
-/// many ranks (256 KiB at 16).
-inline constexpr std::size_t all_reduce_scratch_bytes = std::size_t{8} << 20;
-
-/// The elements of one segment: the same on every rank (count is agreed), never more than a
-/// chunk.
-template <class T>
-std::size_t all_reduce_segment(std::size_t count, int ranks) {
-  const auto n = static_cast<std::size_t>(ranks);
-  const std::size_t bytes = std::min(all_reduce_segment_bytes, all_reduce_scratch_bytes / (2 * n));
-  return std::max<std::size_t>(1, std::min(bytes / sizeof(T), (count + n - 1) / n));
-}
 
 /// Reduce-scatter then all-gather, over baton's own messages. Rank r owns chunk r: every
 /// rank sends r its piece of it in segments, and r folds each segment's pieces in rank order
 /// (while the next arrives) into `inout`; then every rank sends its reduced chunk to every
 /// other. The traffic of MPI_Allreduce's ring: 2 (n - 1) / n of the buffer per rank.
+///
+/// With `agreeing` (this call's descriptor; mpi_segments.hpp says when), the agreement
+/// travels with the data: the descriptors and the first segment to every rank are sent at
+/// once, and anything later waits for every rank's descriptor. A round trip of its own before
+/// the data cost a 1 MiB all_reduce of 2 processes 15-25 us of its 100-300 (docs/communicators.md).
+/// Where the calls differ, every early segment is still received (into the receive posted
+/// for it, or dropped by a rank in another collective: mpi_agreement.hpp), so no message of
+/// this call is left to match a later one; the segments travel as bytes, so a segment of
+/// another size or type is a short or truncated message, not undefined behaviour.
 template <class T>
-void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op) {
+void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op, const descriptor* agreeing = nullptr) {
   const int n = s.size;
   const int me = s.rank;
   const auto un = static_cast<std::size_t>(n);
   const std::size_t count = inout.size();
-  const MPI_Datatype type = datatype_of(element_kind_of<T>());
-  const std::size_t seg = all_reduce_segment<T>(count, n);
+  const std::size_t seg = all_reduce_segment(count, sizeof(T), n);
   const auto begin = [&](int r) { return chunk_begin(count, n, r); };
   const auto length = [&](int r) { return begin(r + 1) - begin(r); };
   const auto segments = [&](int r) { return (length(r) + seg - 1) / seg; };
-  const auto piece_count = [&](int r, std::size_t k) { return static_cast<int>(std::min(seg, length(r) - k * seg)); };
+  const auto piece_count = [&](int r, std::size_t k) { return std::min(seg, length(r) - k * seg); };
+  const auto piece_bytes = [&](int r, std::size_t k) { return static_cast<int>(piece_count(r, k) * sizeof(T)); };
   T* const chunk = inout.data() + begin(me);
   const std::size_t my_segments = segments(me);
-  // Two windows of receive slots, one slot per rank (this rank's stays unused).
-  T* const window = reinterpret_cast<T*>(s.scratch.get(2 * un * seg * sizeof(T)));
+  // Two windows of receive slots, one slot per rank (this rank's stays unused), then the
+  // descriptors received.
+  const std::size_t window_bytes = 2 * un * seg * sizeof(T);
+  std::byte* const scratch = s.scratch.get(window_bytes + (agreeing ? un * descriptor_bytes : 0));
+  T* const window = reinterpret_cast<T*>(scratch);
+  std::byte* const descriptors = scratch + window_bytes;
   const auto slot = [&](std::size_t k, int r) { return window + ((k % 2) * un + static_cast<std::size_t>(r)) * seg; };
   std::size_t sends = 0;
   for (int r = 0; r < n; ++r) sends += r == me ? 0 : segments(r);
-  s.requests.assign(2 * un + sends, MPI_REQUEST_NULL);  // receives of window 0, of window 1, then the sends
+  // Receives of window 0, of window 1, the descriptors' receives and sends, then the data sends.
+  const std::size_t agreement_at = 2 * un;
+  std::size_t at = 4 * un;
+  s.requests.assign(at + sends, MPI_REQUEST_NULL);
   const auto receive = [&](std::size_t k) {
     if (k >= my_segments) return;
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
-      s.check(MPI_Irecv(slot(k, r), piece_count(me, k), type, r, tag_reduce, s.coll,
+      s.check(MPI_Irecv(slot(k, r), piece_bytes(me, k), MPI_BYTE, r, tag_reduce, s.coll,
                         &s.requests[(k % 2) * un + static_cast<std::size_t>(r)]),
               "MPI_Irecv");
     }
   };
-  receive(0);
-  receive(1);
-  std::size_t at = 2 * un;
-  for (std::size_t k = 0;; ++k) {  // the sends, segment by segment, round robin over the ranks
+  const auto send = [&](std::size_t k) {  // segment k to every rank; false when none has one
     bool any = false;
     for (int r = 0; r < n; ++r) {
       if (r == me || k >= segments(r)) continue;
       any = true;
-      s.check(MPI_Isend(inout.data() + begin(r) + k * seg, piece_count(r, k), type, r, tag_reduce, s.coll,
+      s.check(MPI_Isend(inout.data() + begin(r) + k * seg, piece_bytes(r, k), MPI_BYTE, r, tag_reduce, s.coll,
                         &s.requests[at++]),
               "MPI_Isend");
     }
-    if (!any) break;
-  }
+    return any;
+  };
   const auto fail_on_error = [&](std::size_t, int rc, const MPI_Status&) {
     if (rc != MPI_SUCCESS) throw comm_error(s.rank_text() + ": all_reduce: MPI error: " + error_text(rc));
   };
+  if (agreeing) {
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      s.check(MPI_Irecv(descriptors + descriptor_bytes * static_cast<std::size_t>(r), static_cast<int>(descriptor_bytes),
+                        MPI_BYTE, r, tag_agreement, s.coll, &s.requests[agreement_at + static_cast<std::size_t>(r)]),
+              "MPI_Irecv");
+    }
+    receive(0);
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      s.check(MPI_Isend(agreeing, static_cast<int>(descriptor_bytes), MPI_BYTE, r, tag_agreement, s.coll,
+                        &s.requests[agreement_at + un + static_cast<std::size_t>(r)]),
+              "MPI_Isend");
+    }
+    send(0);
+    bool same = true;
+    std::vector<int>& received = s.agreement_bytes;  // of each rank's descriptor; -1: a longer one
+    received.assign(un, -1);
+    s.await_requests(std::span(s.requests).subspan(agreement_at, 2 * un), "all_reduce",
+                     [&](std::size_t index, int rc, const MPI_Status& status) {
+                       if (index >= un) {
+                         fail_on_error(index, rc, status);
+                         return;
+                       }
+                       if (rc != MPI_SUCCESS && error_class(rc) != MPI_ERR_TRUNCATE) fail_on_error(index, rc, status);
+                       if (rc == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &received[index]);
+                       descriptor theirs;
+                       std::memcpy(&theirs, descriptors + descriptor_bytes * index, descriptor_bytes);
+                       if (received[index] != static_cast<int>(descriptor_bytes) || !theirs.same_call(*agreeing)) same = false;
+                     });
+    if (!same) {
+      // Settle the early segments: wait for those the other ranks sent into the receives
+      // posted for them, cancel the receives no segment will come to, drop the segments no
+      // receive was posted for, and wait until the other ranks have this rank's.
+      std::vector<int> drop;
+      for (int r = 0; r < n; ++r) {
+        if (r == me) continue;
+        descriptor theirs;
+        std::memcpy(&theirs, descriptors + descriptor_bytes * static_cast<std::size_t>(r), descriptor_bytes);
+        const bool early = sent_early_segment(theirs, received[static_cast<std::size_t>(r)], n, me);
+        MPI_Request& segment = s.requests[static_cast<std::size_t>(r)];
+        if (segment != MPI_REQUEST_NULL && !early) s.check(MPI_Cancel(&segment), "MPI_Cancel");
+        if (segment == MPI_REQUEST_NULL && early) drop.push_back(r);
+      }
+      const auto settled = [&](std::size_t index, int rc, const MPI_Status& status) {
+        if (rc != MPI_SUCCESS && error_class(rc) != MPI_ERR_TRUNCATE) fail_on_error(index, rc, status);
+      };
+      s.await_requests(std::span(s.requests).subspan(0, un), "all_reduce", settled);
+      for (const int r : drop) drop_early_segment(s, r, "all_reduce");
+      s.await_requests(std::span(s.requests).subspan(4 * un), "all_reduce", settled);
+      disagreed(s, *agreeing, "element count", "element type or reduce_op");
+    }
+  } else {
+    receive(0);
+    send(0);
+  }
+  receive(1);
+  for (std::size_t k = 1; send(k); ++k) {
+  }
   for (std::size_t k = 0; k < my_segments; ++k) {
     s.await_requests(std::span(s.requests).subspan((k % 2) * un, un), "all_reduce", fail_on_error);
     T* const out = chunk + k * seg;
-    const auto len = static_cast<std::size_t>(piece_count(me, k));
+    const std::size_t len = piece_count(me, k);
     // The fold may write over this rank's own piece while reading it only as piece 0 or 1;
     // a later rank's own piece goes to its (otherwise unused) slot first.
     if (me >= 2) std::memcpy(slot(k, me), out, len * sizeof(T));
@@ -108,8 +160,9 @@ void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op) {
     fold_in_rank_order(out, len, n, piece, op);
     receive(k + 2);
   }
-  s.await_requests(std::span(s.requests).subspan(2 * un), "all_reduce", fail_on_error);
+  s.await_requests(std::span(s.requests).subspan(4 * un), "all_reduce", fail_on_error);
   // All-gather: the sends above have completed, so the chunks may now be overwritten.
+  const MPI_Datatype type = datatype_of(element_kind_of<T>());
   s.requests.assign(2 * (un - 1), MPI_REQUEST_NULL);
   std::size_t i = 0;
   for (int r = 0; r < n; ++r) {
@@ -143,6 +196,12 @@ void all_reduce(comm_state& s, std::span<T> inout, reduce_op op) {
       return reinterpret_cast<const T*>(base + slot * static_cast<std::size_t>(r) + descriptor_bytes);
     };
     fold_in_rank_order(inout.data(), inout.size(), s.size, piece, op);
+    return;
+  }
+  if (s.size > 1 && s.options.check_collectives && s.exchange_agreement() &&
+      agreement_travels_with_data(inout.size(), sizeof(T), s.size)) {
+    refuse_collective(s, "all_reduce");
+    all_reduce_in_chunks(s, inout, op, &mine);  // agreed as the first segments travel
     return;
   }
   agree(s, collective_kind::all_reduce, mine.values[0], "element count", mine.values[1], "element type or reduce_op");

@@ -62,6 +62,7 @@ struct comm_state {
   std::shared_ptr<const std::vector<int>> board_ranks;  // rank -> board rank; null: the same
   scratch_buffer scratch;                             // agreement descriptors and all_reduce pieces
   std::vector<MPI_Request> requests;                  // of the point-to-point collective in progress
+  std::vector<int> agreement_bytes;                   // a large all_reduce's descriptors' sizes
   std::vector<int> completed_at;                      // MPI_Testsome's indices and statuses
   std::vector<MPI_Status> statuses;
   unsigned started = 0;                               // operations started (see refuse_if_aborted)
