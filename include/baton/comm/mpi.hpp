@@ -20,7 +20,8 @@
 // local world does: every rank holds bitwise the same result, and the same bits as a run on
 // threads. A small all_reduce sends its data with its descriptor (one exchange in all); a
 // large one is a reduce-scatter in segments (each folded while the next arrives) and an
-// all-gather, the traffic of MPI_Allreduce's ring (detail/mpi_all_reduce.hpp).
+// all-gather, the traffic of MPI_Allreduce's ring, whose first segments travel beside the
+// descriptors when they are all it sends (detail/mpi_all_reduce.hpp, mpi_segments.hpp).
 //
 // The pieces: mpi/options.hpp (mpi_options), mpi/session.hpp (mpi_session),
 // mpi/request.hpp (mpi_request), mpi/communicator.hpp (mpi_communicator), mpi/run.hpp
