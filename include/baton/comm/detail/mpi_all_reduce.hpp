@@ -35,7 +35,7 @@ namespace baton::detail::comm::mpi {
 /// With `agreeing` (this call's descriptor; mpi_segments.hpp says when), the agreement
 /// travels with the data: the descriptors and the first segment to every rank are sent at
 /// once, and anything later waits for every rank's descriptor. A round trip of its own before
-/// the data cost a 1 MiB all_reduce of 2 processes 15-25 us of its 100-300 (docs/communicators.md).
+/// the data cost a 1 MiB all_reduce of 2 processes 20-50 us of its 100-330 (docs/communicators.md).
 /// Where the calls differ, every early segment is still received (into the receive posted
 /// for it, or dropped by a rank in another collective: mpi_agreement.hpp), so no message of
 /// this call is left to match a later one; the segments travel as bytes, so a segment of
@@ -55,7 +55,7 @@ void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op, const
   T* const chunk = inout.data() + begin(me);
   const std::size_t my_segments = segments(me);
   // Two windows of receive slots, one slot per rank (this rank's stays unused), then the
-  // descriptors received.
+  // descriptors, one per rank (this rank's own is the one it sends).
   const std::size_t window_bytes = 2 * un * seg * sizeof(T);
   std::byte* const scratch = s.scratch.get(window_bytes + (agreeing ? un * descriptor_bytes : 0));
   T* const window = reinterpret_cast<T*>(scratch);
@@ -91,6 +91,10 @@ void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op, const
     if (rc != MPI_SUCCESS) throw comm_error(s.rank_text() + ": all_reduce: MPI error: " + error_text(rc));
   };
   if (agreeing) {
+    // Sent from the scratch (this rank's own slot), which a timed-out wait leaks with the
+    // requests, not from the caller's frame.
+    std::byte* const own = descriptors + descriptor_bytes * static_cast<std::size_t>(me);
+    std::memcpy(own, agreeing, descriptor_bytes);
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       s.check(MPI_Irecv(descriptors + descriptor_bytes * static_cast<std::size_t>(r), static_cast<int>(descriptor_bytes),
@@ -100,7 +104,7 @@ void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op, const
     receive(0);
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
-      s.check(MPI_Isend(agreeing, static_cast<int>(descriptor_bytes), MPI_BYTE, r, tag_agreement, s.coll,
+      s.check(MPI_Isend(own, static_cast<int>(descriptor_bytes), MPI_BYTE, r, tag_agreement, s.coll,
                         &s.requests[agreement_at + un + static_cast<std::size_t>(r)]),
               "MPI_Isend");
     }
