@@ -109,11 +109,11 @@ inline void throw_if_failed(const comm_state& s, const char* what, std::int64_t 
 inline bool sent_early_segment(const descriptor& d, int received, int ranks, int to) noexcept {
   if (received != static_cast<int>(descriptor_bytes) || d.magic != descriptor::magic_value ||
       d.protocol != tags::comm_mpi::first || d.operation != static_cast<std::int64_t>(collective_kind::all_reduce) ||
-      d.values[0] <= 0 || d.values[1] < 0 || d.values[1] / 16 > static_cast<std::int64_t>(element_kind::int64)) {
+      d.values[0] <= 0) {
     return false;
   }
   const auto count = static_cast<std::size_t>(d.values[0]);
-  const std::size_t bytes = element_bytes(static_cast<element_kind>(d.values[1] / 16));  // values[1]: kind x 16 + op
+  const std::size_t bytes = element_bytes_of_word(d.values[1]);
   return agreement_travels_with_data(count, bytes, ranks) && chunk_begin(count, ranks, to + 1) > chunk_begin(count, ranks, to);
 }
 

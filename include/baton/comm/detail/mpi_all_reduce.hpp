@@ -185,11 +185,9 @@ void all_reduce_in_chunks(comm_state& s, std::span<T> inout, reduce_op op, const
 /// reduced in chunks.
 template <class T>
 void all_reduce(comm_state& s, std::span<T> inout, reduce_op op) {
-  const std::int64_t type_and_op =
-      static_cast<std::int64_t>(element_kind_of<T>()) * 16 + static_cast<std::int64_t>(op);
-  const descriptor mine = describe_call(s, collective_kind::all_reduce, static_cast<std::int64_t>(inout.size()), type_and_op);
-  const auto n = static_cast<std::size_t>(s.size);
-  if (s.size > 1 && s.exchange_agreement() && (n - 1) * inout.size_bytes() <= small_all_reduce_bytes) {
+  const descriptor mine = describe_call(s, collective_kind::all_reduce, static_cast<std::int64_t>(inout.size()),
+                                        type_and_op_word(element_kind_of<T>(), op));
+  if (s.size > 1 && s.exchange_agreement() && small_all_reduce(inout.size(), sizeof(T), s.size)) {
     // Small: the data travels with the descriptor to every other rank, and every rank folds
     // all contributions itself — one exchange in all.
     refuse_collective(s, "all_reduce");
