@@ -218,7 +218,7 @@ case_result run_case(const shape_case& c, int rounds, const baton::cp::calibrate
 
 // choose_costs_<shape>: what a shape's predictions rest on (microseconds, ps per byte).
 void print_costs(const std::string& shape, const baton::cp_costs& k) {
-  std::printf("choose_costs_%s: full tile %.3g us (backward %.3g, partial %.3g / %.3g, row panel %.3g / %.3g, "
+  std::printf("choose_costs_%s: full tile %.3g us (backward %.3g, partial %.3g / %.3g + its area, row panel %.3g / %.3g, "
               "column panel %.3g / %.3g, call %.3g; link %.3g ps/B, all-to-all %.3g, copy %.3g, Ulysses exchange %.3g / %.3g, "
               "latency %.3g us; share %.3f, wake-up %.3g us)\n",
               shape.c_str(), k.full_tile_forward * 1e6, k.full_tile_backward * 1e6, k.partial_tile_forward * 1e6,

@@ -116,6 +116,38 @@ TEST_CASE("cp::choose: hand-computed ring and Ulysses times, forward", "[cp][cho
   }
 }
 
+TEST_CASE("cp::choose: a partial tile costs its fixed part plus the area the kernel computes in it", "[cp][choose]") {
+  // One rank, S = 128, one head, forward: documents of 32 tokens leave the two diagonal tiles
+  // partial and the other two empty. Each 4-row group of a diagonal tile computes the 32 key
+  // columns of its document (a whole number of vectors at any vector width): half a tile each.
+  std::vector<std::int64_t> ids(128);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i / 32);
+  const baton::document_mask docs(std::move(ids));
+  const baton::positions all(0, 128);
+  const auto tiles = baton::detail::cp::count_call_tiles(docs, all, all, 128, 128);
+  CHECK(tiles.full == 0);
+  CHECK(tiles.partial == 2);
+  CHECK(tiles.partial_area == 1.0);
+  baton::cp_costs costs = hand_costs();
+  costs.partial_area_forward = 2;
+  const baton::cp_choose_mesh one{1, baton::shard_layout::contiguous};
+  const baton::cp_choose_shape shape{1, 128, 1, 1, 1, 4, false};
+  // 2 x (3 s fixed + 0.5 x 2 s) = 8 s; without the area term 6 s.
+  CHECK(find(baton::cp::choose(one, shape, docs, costs), "ring1").compute == Approx(8.0));
+  costs.partial_area_forward = 0;
+  CHECK(find(baton::cp::choose(one, shape, docs, costs), "ring1").compute == Approx(6.0));
+  // A causal diagonal tile: row group g computes keys [0, 4g + 4) rounded up to whole vectors.
+  const std::int64_t width = baton::detail::core::simd::width_v<float>;  // the kernel rounds a row group's keys out to whole vectors
+  double area = 0;
+  for (std::int64_t g = 0; g < 16; ++g) area += static_cast<double>((4 * g + 4 + width - 1) / width * width * 4) / 4096.0;
+  const auto causal = baton::detail::cp::count_call_tiles(baton::causal_mask{}, all, all, 128, 128);
+  CHECK(causal.full == 1);
+  CHECK(causal.partial == 2);
+  CHECK(causal.partial_area == Approx(2 * area));
+  CHECK(area > 0.5);
+  CHECK(area < 0.7);
+}
+
 TEST_CASE("cp::choose: a measured Ulysses exchange, scaled to a hybrid's group", "[cp][choose]") {
   // S = 128 over 4 ranks, 4 heads, dim 1, forward: Ulysses4 and hybrid 2x2 each exchange 4
   // tensors of 32 tokens x 4 heads x 4 bytes = 512 bytes per rank. Only the exchange costs.
@@ -267,7 +299,9 @@ TEST_CASE("cp::calibrate: positive costs, the same on every rank", "[cp][choose]
   for (const baton::cp_costs& c : got) {
     CHECK(c.full_tile_forward > 0);
     CHECK(c.full_tile_backward > 0);
-    CHECK(c.partial_tile_forward >= 0.5 * c.full_tile_forward);
+    CHECK(c.partial_tile_forward >= 0.1 * c.full_tile_forward);  // the fixed part's floor
+    CHECK(c.partial_area_forward == c.full_tile_forward);          // the computed area at the full tiles' rate
+    CHECK(c.partial_area_backward == c.full_tile_backward);
     CHECK(c.link_per_byte > 0);
     CHECK(c.all_to_all_per_byte > 0);
     CHECK(c.copy_per_byte > 0);

@@ -44,7 +44,10 @@ struct cp_choose_shape {
 /// Measured rates (seconds). Tiles are 64 x 64 (query x key) of one head and batch entry.
 struct cp_costs {
   double full_tile_forward = 0, full_tile_backward = 0;        // a tile every pair of which is allowed
-  double partial_tile_forward = 0, partial_tile_backward = 0;  // a tile the mask cuts
+  double partial_tile_forward = 0, partial_tile_backward = 0;  // a tile the mask cuts: its fixed part
+  // ... plus, per full tile's worth of the area the kernel computes in it (its row groups' key
+  // spans), this: a partial tile that computes 0.4 of a tile costs partial_tile + 0.4 x this.
+  double partial_area_forward = 0, partial_area_backward = 0;
   double row_panel_forward = 0, row_panel_backward = 0;        // 64 rows of a call and query head, set up and walked
   double column_panel_forward = 0, column_panel_backward = 0;  // 64 keys of a call and kv head, packed and written
   double per_call = 0;              // fixed cost of one backend call (packing, setup)
@@ -102,6 +105,7 @@ inline void check_choose_inputs(const cp_choose_mesh& mesh, const cp_choose_shap
   if (s.heads % s.kv_heads != 0)
     fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide heads (" + std::to_string(s.heads) + ")");
   const double rates[] = {c.full_tile_forward, c.full_tile_backward, c.partial_tile_forward, c.partial_tile_backward,
+                          c.partial_area_forward, c.partial_area_backward,
                           c.row_panel_forward, c.row_panel_backward, c.column_panel_forward, c.column_panel_backward,
                           c.per_call, c.link_per_byte, c.all_to_all_per_byte, c.copy_per_byte, c.latency, c.overlap, c.share,
                           c.ulysses_forward_per_byte, c.ulysses_backward_per_byte, c.wake_up};
@@ -129,9 +133,11 @@ inline double ulysses_pass_bytes(double q, double kv, int pass) noexcept {
 // backward) over bh = batch entries x local query heads and bkv = batch entries x local kv heads.
 inline double work_seconds(const cp_costs& c, const tile_count& t, double bh, double bkv, int pass) {
   const double calls = static_cast<double>(t.calls) * c.per_call;
-  return pass == 0 ? bh * (t.full * c.full_tile_forward + t.partial * c.partial_tile_forward + t.panels * c.row_panel_forward) +
+  return pass == 0 ? bh * (t.full * c.full_tile_forward + t.partial * c.partial_tile_forward +
+                           t.partial_area * c.partial_area_forward + t.panels * c.row_panel_forward) +
                          bkv * t.columns * c.column_panel_forward + calls
-                   : bh * (t.full * c.full_tile_backward + t.partial * c.partial_tile_backward + t.panels * c.row_panel_backward) +
+                   : bh * (t.full * c.full_tile_backward + t.partial * c.partial_tile_backward +
+                           t.partial_area * c.partial_area_backward + t.panels * c.row_panel_backward) +
                          bkv * t.columns * c.column_panel_backward + calls;
 }
 

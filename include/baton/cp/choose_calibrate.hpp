@@ -237,11 +237,9 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   for (std::int64_t i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = i / 64;
   const document_mask blocks(std::move(ids));
   const double tiles = static_cast<double>((n / 64) * (n / 64)), diag = static_cast<double>(n / 64);
-  baton::detail::cp::tile_count fit;  // the partial call's tiles: causal's unless the mask has its own
-  fit.full = (tiles - diag) / 2;
-  fit.partial = fit.panels = fit.columns = diag;
-  fit.calls = 1;
-  if (own_partials) fit = mask_tiles;
+  // The partial call's tiles: causal's unless the mask has its own.
+  const baton::detail::cp::tile_count fit =
+      own_partials ? mask_tiles : baton::detail::cp::count_call_tiles(causal_mask{}, positions(0, n), positions(0, n), n, n);
   // full f/b, partial f/b, per_call, link, a2a, copy, latency, share, row panel f/b, column panel f/b,
   // Ulysses exchange f/b, wake-up
   std::array<double, 17> m{};
@@ -284,9 +282,13 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
     const double per_panel = tiles > diag ? std::max((sparse - call) / hh - diag * per_full, 0.0) / diag : 0.0;
     const double per_column =
         tiles > diag && h > 1 ? std::clamp((sparse - shared) / ((hh - 1) * diag), 0.0, per_panel) : 0.0;
-    // A partial tile costs at least half a full one (it tests the mask); noise cannot push it lower.
-    const double per_partial =
-        std::max((partial - call) / hh - fit.full * per_full - fit.panels * per_panel, 0.5 * per_full * fit.partial) / fit.partial;
+    // A partial tile costs the area it computes at the full tiles' rate plus a fixed part, what
+    // is left: at least a tenth of a full tile (it tests the mask), so that noise cannot push
+    // it lower.
+    const double per_partial = std::max((partial - call) / hh - fit.full * per_full - fit.panels * per_panel -
+                                            fit.partial_area * per_full,
+                                        0.1 * per_full * fit.partial) /
+                               fit.partial;
     m[b] = per_full;
     m[2 + b] = per_partial;
     m[10 + b] = per_panel - per_column;
@@ -382,6 +384,8 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   c.full_tile_backward = m[1];
   c.partial_tile_forward = m[2];
   c.partial_tile_backward = m[3];
+  c.partial_area_forward = m[0];
+  c.partial_area_backward = m[1];
   c.per_call = m[4];
   c.link_per_byte = m[5];
   c.all_to_all_per_byte = m[6] > 0 ? m[6] : m[5];

@@ -21,6 +21,10 @@
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+// nvcc's front end defines __GNUC__ but warns at GCC's unroll pragma: a .cu file that reaches
+// these kernels (through cp/choose.hpp's tile model) runs them without it.
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #define BATON_ATTN_UNROLL _Pragma("GCC unroll 16")
 #else
 #define BATON_ATTN_UNROLL

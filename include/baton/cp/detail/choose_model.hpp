@@ -4,6 +4,7 @@
 // flash backend's 64 x 64 tiles from each call's corner and classified by the mask.
 #pragma once
 
+#include <baton/attention/detail/flash_tiles.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
 #include <baton/cp/detail/ring_core.hpp>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,13 +26,18 @@ namespace baton::detail::cp {
 // call's 64-row panels (per query head: each is set up, walked and finished whatever its
 // tiles, while empty tiles are skipped) and its 64-key column panels (per kv head: the key
 // block's packing and its dK/dV rows, shared by the query heads of a GQA group). A call costs
-// its non-empty tiles plus its panels.
+// its non-empty tiles plus its panels. A partial tile costs a fixed part (its pairs are tested)
+// plus the part of it the kernel computes — each 4-row group's span of key columns from its
+// first allowed key to its last, rounded out to whole vectors (tile_extent) — counted in
+// `partial_area` in full tiles: the diagonal tile of a causal mask computes 0.625 of a tile with
+// 16-float vectors, a document mask's partial tiles anywhere from one vector's width to all of it.
 struct tile_count {
-  double full = 0, partial = 0, panels = 0, columns = 0;
+  double full = 0, partial = 0, partial_area = 0, panels = 0, columns = 0;
   std::int64_t calls = 0;
   tile_count& operator+=(const tile_count& o) {
     full += o.full;
     partial += o.partial;
+    partial_area += o.partial_area;
     panels += o.panels;
     columns += o.columns;
     calls += o.calls;
@@ -44,6 +51,10 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
   tile_count t;
   t.calls = 1;
   const std::int64_t tile = trim_tile;
+  static_assert(trim_tile == baton::detail::attention::block_q && trim_tile == baton::detail::attention::block_k,
+                "the model cuts calls into the flash kernels' tiles");
+  using extent = baton::detail::attention::tile_extent<float>;
+  std::unique_ptr<extent> cut;  // made at the first partial tile (16 KiB)
   std::vector<position_block> kb;
   for (std::int64_t j = 0; j < nk; j += tile) {
     kb.emplace_back(kpos, j, std::min(tile, nk - j));
@@ -57,7 +68,15 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
       const double area = static_cast<double>(rows * k.size()) / static_cast<double>(tile * tile);
       switch (mask.classify(qb, k)) {
         case block_kind::full: t.full += area; break;
-        case block_kind::partial: t.partial += area; break;
+        case block_kind::partial: {
+          t.partial += area;
+          if (!cut) cut = std::make_unique_for_overwrite<extent>();
+          cut->set(block_kind::partial, mask, qb, k, rows, k.size());
+          std::int64_t cells = 0;
+          for (std::int64_t g = 0; g < cut->groups(); ++g) cells += (cut->col_end[g] - cut->col_begin[g]) * baton::detail::attention::tile_rows;
+          t.partial_area += static_cast<double>(cells) / static_cast<double>(tile * tile);
+          break;
+        }
         case block_kind::empty: break;
       }
     }
