@@ -285,10 +285,10 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
     // A partial tile costs the area it computes at the full tiles' rate plus a fixed part, what
     // is left: at least a tenth of a full tile (it tests the mask), so that noise cannot push
     // it lower.
-    const double per_partial = std::max((partial - call) / hh - fit.full * per_full - fit.panels * per_panel -
-                                            fit.partial_area * per_full,
-                                        0.1 * per_full * fit.partial) /
-                               fit.partial;
+    const double per_partial =
+        std::max(((partial - call) / hh - fit.full * per_full - fit.panels * per_panel - fit.partial_area * per_full) /
+                     fit.partial,
+                 0.1 * per_full);
     m[b] = per_full;
     m[2 + b] = per_partial;
     m[10 + b] = per_panel - per_column;
