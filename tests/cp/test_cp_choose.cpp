@@ -128,6 +128,9 @@ TEST_CASE("cp::choose: a partial tile costs its fixed part plus the area the ker
   CHECK(tiles.full == 0);
   CHECK(tiles.partial == 2);
   CHECK(tiles.partial_area == 1.0);
+  baton::flash_tile_coverage coverage;  // the attention layer's count of one tile, which the model sums
+  CHECK(coverage.of(docs, baton::position_block(all, 0, 64), baton::position_block(all, 0, 64)) == 0.5);
+  CHECK(coverage.of(docs, baton::position_block(all, 64, 64), baton::position_block(all, 64, 64)) == 0.5);
   baton::cp_costs costs = hand_costs();
   costs.partial_area_forward = 2;
   const baton::cp_choose_mesh one{1, baton::shard_layout::contiguous};

@@ -4,9 +4,9 @@
 // flash backend's 64 x 64 tiles from each call's corner and classified by the mask.
 #pragma once
 
-#include <baton/attention/detail/flash_tiles.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
+#include <baton/attention/tiles.hpp>
 #include <baton/cp/detail/ring_core.hpp>
 #include <baton/cp/detail/ring_plan.hpp>
 #include <baton/cp/detail/ulysses_layout.hpp>
@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -28,7 +27,7 @@ namespace baton::detail::cp {
 // block's packing and its dK/dV rows, shared by the query heads of a GQA group). A call costs
 // its non-empty tiles plus its panels. A partial tile costs a fixed part (its pairs are tested)
 // plus the part of it the kernel computes — each 4-row group's span of key columns from its
-// first allowed key to its last, rounded out to whole vectors (tile_extent) — counted in
+// first allowed key to its last, rounded out to whole vectors (flash_tile_coverage) — counted in
 // `partial_area` in full tiles: the diagonal tile of a causal mask computes 0.625 of a tile with
 // 16-float vectors, a document mask's partial tiles anywhere from one vector's width to all of it.
 struct tile_count {
@@ -51,10 +50,8 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
   tile_count t;
   t.calls = 1;
   const std::int64_t tile = trim_tile;
-  static_assert(trim_tile == baton::detail::attention::block_q && trim_tile == baton::detail::attention::block_k,
-                "the model cuts calls into the flash kernels' tiles");
-  using extent = baton::detail::attention::tile_extent<float>;
-  std::unique_ptr<extent> cut;  // made at the first partial tile (16 KiB)
+  static_assert(trim_tile == flash_tile_size, "the model cuts calls into the flash kernels' tiles");
+  flash_tile_coverage coverage;
   std::vector<position_block> kb;
   for (std::int64_t j = 0; j < nk; j += tile) {
     kb.emplace_back(kpos, j, std::min(tile, nk - j));
@@ -68,15 +65,10 @@ tile_count count_call_tiles(const Mask& mask, const positions& qpos, const posit
       const double area = static_cast<double>(rows * k.size()) / static_cast<double>(tile * tile);
       switch (mask.classify(qb, k)) {
         case block_kind::full: t.full += area; break;
-        case block_kind::partial: {
+        case block_kind::partial:
           t.partial += area;
-          if (!cut) cut = std::make_unique_for_overwrite<extent>();
-          cut->set(block_kind::partial, mask, qb, k, rows, k.size());
-          std::int64_t cells = 0;
-          for (std::int64_t g = 0; g < cut->groups(); ++g) cells += (cut->col_end[g] - cut->col_begin[g]) * baton::detail::attention::tile_rows;
-          t.partial_area += static_cast<double>(cells) / static_cast<double>(tile * tile);
+          t.partial_area += coverage.of(mask, qb, k);
           break;
-        }
         case block_kind::empty: break;
       }
     }
