@@ -169,11 +169,15 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
     const double merge = tensor_bytes(s, sh.max_local_len(), hq, acc) * 2;  // read + write the accumulator
     // The owner's own dK/dV stays home when its block comes first: the travelling sum starts a step later.
     const std::size_t first_grad_step = own_grad_stays_home(steps) ? 1 : 0;
+    // Each (step, rank)'s tiles, counted once for both passes.
+    std::vector<std::vector<tile_count>> step_tiles(steps.size());
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      for (int r = 0; r < ring; ++r) step_tiles[i].push_back(ring_step_tiles(mask, groups, r, steps[i]));
     for (int pass = 0; pass < passes; ++pass) {
       for (std::size_t i = 0; i < steps.size(); ++i) {
         double most = 0, sum = 0;
         for (int r = 0; r < ring; ++r) {
-          const double w = work(ring_step_tiles(mask, groups, r, steps[i]), pass);
+          const double w = work(step_tiles[i][static_cast<std::size_t>(r)], pass);
           most = std::max(most, w);
           sum += w;
         }
