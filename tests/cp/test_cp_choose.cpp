@@ -131,6 +131,12 @@ TEST_CASE("cp::choose: a partial tile costs its fixed part plus the area the ker
   baton::flash_tile_coverage coverage;  // the attention layer's count of one tile, which the model sums
   CHECK(coverage.of(docs, baton::position_block(all, 0, 64), baton::position_block(all, 0, 64)) == 0.5);
   CHECK(coverage.of(docs, baton::position_block(all, 64, 64), baton::position_block(all, 64, 64)) == 0.5);
+  try {  // a block longer than a tile is refused, not read past the kernel's tile scratch
+    (void)coverage.of(docs, baton::position_block(all, 0, 128), baton::position_block(all, 0, 64));
+    FAIL("a 128-query block was accepted");
+  } catch (const baton::attention_error& e) {
+    CHECK(std::string(e.what()).find("at most 64 queries and keys (got 128 x 64)") != std::string::npos);
+  }
   baton::cp_costs costs = hand_costs();
   costs.partial_area_forward = 2;
   const baton::cp_choose_mesh one{1, baton::shard_layout::contiguous};

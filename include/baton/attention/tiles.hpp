@@ -6,11 +6,13 @@
 #pragma once
 
 #include <baton/attention/detail/flash_tiles.hpp>
+#include <baton/attention/error.hpp>
 #include <baton/attention/masks.hpp>
 #include <baton/attention/positions.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace baton {
 
@@ -25,9 +27,13 @@ static_assert(detail::attention::block_q == detail::attention::block_k, "the hos
 /// Holds the kernel's 16 KiB of tile scratch, so that one object serves many tiles.
 class flash_tile_coverage {
  public:
-  /// q and k hold at most flash_tile_size positions each.
+  /// q and k hold at most flash_tile_size positions each (more throws attention_error).
   template <attention_mask Mask>
   [[nodiscard]] double of(const Mask& mask, const position_block& q, const position_block& k) {
+    if (q.size() > flash_tile_size || k.size() > flash_tile_size)
+      throw attention_error("baton::flash_tile_coverage: a tile holds at most " + std::to_string(flash_tile_size) +
+                            " queries and keys (got " + std::to_string(q.size()) + " x " + std::to_string(k.size()) +
+                            "); cut the call into flash_tile_size blocks first");
     if (!extent_) extent_ = std::make_unique_for_overwrite<extent>();
     extent_->set(block_kind::partial, mask, q, k, q.size(), k.size());
     std::int64_t cells = 0;
