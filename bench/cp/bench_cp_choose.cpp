@@ -22,13 +22,13 @@
 // With the Kokkos flash backend (the reference one where Kokkos
 // is absent: slow at these sizes, use --quick).
 //
-//   bench_cp_choose [--quick] [--pairs N] [--compute-only] [--tokens N] [--copies N] [--window S]
+//   bench_cp_choose [--quick] [--pairs N] [--compute-only] [--tokens N] [--heads N] [--copies N] [--window S]
 //                   [--refine-rounds N] [--refine-within X] [--refine-min-share X]
 // --quick (the ctest entry) is a smoke run: tiny sizes, 20 ms calibration windows; its
 // figures say nothing about the model. --compute-only checks the model's compute term alone,
 // on one thread (compute_check below): choose_compute_pred_over_measured_<shape>_<mode> per
-// round, and how many splits' medians lie within 0.85-1.15. --tokens, --copies and --window
-// set those calibrate_options (to compare calibrations; the defaults otherwise), --refine-*
+// round, and how many splits' medians lie within 0.85-1.15. --tokens, --heads, --copies and
+// --window set those calibrate_options (to compare calibrations; the defaults otherwise), --refine-*
 // those refine_options (--refine-min-share 0 measures on shared cores too).
 #include "bench_common.hpp"
 
@@ -380,6 +380,7 @@ int main(int argc, char** argv) {
   baton::cp::refine_options refinement;  // the defaults
   for (int i = 1; i + 1 < argc; ++i) {  // calibrate_options other than the defaults, to compare them
     if (std::strcmp(argv[i], "--tokens") == 0) calibration.tokens = std::atoll(argv[i + 1]);
+    if (std::strcmp(argv[i], "--heads") == 0) calibration.heads = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--copies") == 0) calibration.copies = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--window") == 0) calibration.window = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--refine-rounds") == 0) refinement.rounds = std::atoi(argv[i + 1]);
