@@ -218,6 +218,10 @@ class hybrid_attention
                                            ulysses_->rank());
   }
 
+  // The gathered tensors stay dense, as the exchange leaves them: the ring computes on its
+  // own K/V and accumulates into the outputs in place only where they are dense.
+  static constexpr bool gathers_head_major = false;
+
   // The ring over the groups. A ring's members share their Ulysses rank, so they hold the
   // same heads: where that is none (more Ulysses ranks than heads), ulysses_stage skips the
   // attention on the whole ring together.

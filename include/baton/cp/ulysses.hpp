@@ -58,39 +58,56 @@ inline ulysses_geometry ulysses_geometry_of(const local_shape& s, const sequence
   return g;
 }
 
-// One tensor, sequence -> heads, into the head-sharded buffer dst [b, e.total(), count(me), x]:
-// in place when the shards and head groups are equal, else through the general exchange. `e`
-// is the exchange of the tensor's sequence (queries' or, in cross-attention, keys').
+// Views of a workspace's head-sharded buffers: a rank's whole sequence for its heads, stored
+// dense or head-major (bshd_head_major; the LSE is [b, h, s] either way). The gradients are
+// there only when gathered for a backward.
+template <class T>
+struct ulysses_gathered {
+  tensor_view<T, 4> q, k, v, out, dout, dq, dk, dv;
+  tensor_view<lse_t<T>, 3> lse;
+  bool head_major = false;
+};
+
+// One tensor, sequence -> heads, into the head-sharded dst [b, e.total(), count(me), x] (a
+// dense buffer, or a head-major one: bshd_head_major): in place when the shards and head
+// groups are equal and dst is dense (or holds one head, where both layouts are one), run by
+// run into a head-major dst, else through the general exchange. `e` is the exchange of the
+// tensor's sequence (queries' or, in cross-attention, keys').
 template <class T, class Comm, class M>
-void gather_heads(Comm& comm, M& mem, const ulysses_geometry& g, const exchange_shape& e,
-                  const tensor_view<const T, 4>& src, const head_split& split, T* dst, scratch<M>& send,
-                  scratch<M>& recv) {
+void gather_heads(Comm& comm, M& mem, const exchange_shape& e,
+                  const tensor_view<const T, 4>& src, const head_split& split, const tensor_view<T, 4>& dst,
+                  bool head_major, scratch<M>& send, scratch<M>& recv) {
   if (in_place_exchange(e, split)) {
-    heads_from_sequence_into<T>(comm, mem, src, split, dst, send);
+    if (!head_major || split.per_rank() == 1)
+      heads_from_sequence_into<T>(comm, mem, src, split, dst.data, send);
+    else
+      heads_from_sequence_head_major<T>(comm, mem, src, split, dst, send, recv);
     return;
   }
-  heads_from_sequence_general<T>(comm, mem, e, src, split, bshd(dst, g.batch, e.total(), split.count(e.rank), src.extent(3)),
-                                 send, recv);
+  heads_from_sequence_general<T>(comm, mem, e, src, split, dst, send, recv);
 }
 
 // One tensor, heads -> sequence, from the head-sharded src [b, e.total(), count(me), x].
 template <class T, class Comm, class M>
-void scatter_heads(Comm& comm, M& mem, const ulysses_geometry& g, const exchange_shape& e, const T* src,
-                   const head_split& split, const tensor_view<T, 4>& dst, scratch<M>& send, scratch<M>& recv) {
+void scatter_heads(Comm& comm, M& mem, const exchange_shape& e,
+                   const tensor_view<const T, 4>& src, const head_split& split, const tensor_view<T, 4>& dst,
+                   bool head_major, scratch<M>& send, scratch<M>& recv) {
   if (in_place_exchange(e, split)) {
-    sequence_from_heads_from<T>(comm, mem, src, split, dst, recv);
+    if (!head_major || split.per_rank() == 1)
+      sequence_from_heads_from<T>(comm, mem, src.data, split, dst, recv);
+    else
+      sequence_from_heads_head_major<T>(comm, mem, src, split, dst, send, recv);
     return;
   }
-  sequence_from_heads_general<T>(comm, mem, e, bshd(src, g.batch, e.total(), split.count(e.rank), dst.extent(3)), split,
-                                 dst, send, recv);
+  sequence_from_heads_general<T>(comm, mem, e, src, split, dst, send, recv);
 }
 
 template <class T, class Comm, class M>
 void gather_qkv(Comm& comm, M& mem, const ulysses_geometry& g, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-                tensor_view<const T, 4> v, T* gq, T* gk, T* gv, scratch<M>& send, scratch<M>& recv) {
-  gather_heads<T>(comm, mem, g, g.exchange, q, g.q_split, gq, send, recv);
-  gather_heads<T>(comm, mem, g, g.kv_exchange, k, g.kv_split, gk, send, recv);
-  gather_heads<T>(comm, mem, g, g.kv_exchange, v, g.kv_split, gv, send, recv);
+                tensor_view<const T, 4> v, const ulysses_gathered<T>& x, scratch<M>& send, scratch<M>& recv) {
+  gather_heads<T>(comm, mem, g.exchange, q, g.q_split, x.q, x.head_major, send, recv);
+  gather_heads<T>(comm, mem, g.kv_exchange, k, g.kv_split, x.k, x.head_major, send, recv);
+  gather_heads<T>(comm, mem, g.kv_exchange, v, g.kv_split, x.v, x.head_major, send, recv);
 }
 
 // The LSE (h/d of a tensor's bytes) keeps the packed exchange of ulysses_core.hpp when the
@@ -148,24 +165,17 @@ struct ulysses_workspace {
   }
 };
 
-// Views of a workspace's head-sharded buffers: a rank's whole sequence for its heads. The
-// gradients are there only when gathered for a backward.
-template <class T>
-struct ulysses_gathered {
-  tensor_view<T, 4> q, k, v, out, dout, dq, dk, dv;
-  tensor_view<lse_t<T>, 3> lse;
-};
-
 template <class T, class M>
-ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geometry& g, bool backward) {
+ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geometry& g, bool backward, bool head_major) {
   using W = ulysses_workspace<M>;
-  const auto q_shaped = [&](typename W::slot s) {
-    return bshd<T>(ws.template get<T>(s, g), g.batch, g.seq(), g.heads_q(), g.dim);
+  const auto shaped = [&](typename W::slot s, std::int64_t seq, std::int64_t heads) {
+    T* const p = ws.template get<T>(s, g);
+    return head_major ? bshd_head_major<T>(p, g.batch, seq, heads, g.dim) : bshd<T>(p, g.batch, seq, heads, g.dim);
   };
-  const auto kv_shaped = [&](typename W::slot s) {
-    return bshd<T>(ws.template get<T>(s, g), g.batch, g.kv_seq(), g.heads_kv(), g.dim);
-  };
+  const auto q_shaped = [&](typename W::slot s) { return shaped(s, g.seq(), g.heads_q()); };
+  const auto kv_shaped = [&](typename W::slot s) { return shaped(s, g.kv_seq(), g.heads_kv()); };
   ulysses_gathered<T> x;
+  x.head_major = head_major;
   x.q = q_shaped(W::q);
   x.k = kv_shaped(W::k);
   x.v = kv_shaped(W::v);
@@ -180,14 +190,14 @@ ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geome
   return x;
 }
 
-// Sequence shards in, head shards out: q, k, v for a forward.
+// Sequence shards in, head shards out (stored head-major when head_major): q, k, v for a forward.
 template <class T, class Comm, class M>
 ulysses_gathered<T> gather_for_forward(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry& g,
-                                       tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v) {
+                                       tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
+                                       bool head_major) {
   using W = ulysses_workspace<M>;
-  const ulysses_gathered<T> x = gathered_views<T>(ws, g, false);
-  gather_qkv<T>(comm, *ws.mem, g, q, k, v, x.q.data, x.k.data, x.v.data, ws.slots[W::exchange],
-                ws.slots[W::exchange_recv]);
+  const ulysses_gathered<T> x = gathered_views<T>(ws, g, false, head_major);
+  gather_qkv<T>(comm, *ws.mem, g, q, k, v, x, ws.slots[W::exchange], ws.slots[W::exchange_recv]);
   return x;
 }
 
@@ -196,15 +206,15 @@ template <class T, class Comm, class M>
 ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry& g,
                                         tensor_view<const T, 4> q, tensor_view<const T, 4> k, tensor_view<const T, 4> v,
                                         tensor_view<const T, 4> out, tensor_view<const lse_t<T>, 3> lse,
-                                        tensor_view<const T, 4> dout) {
+                                        tensor_view<const T, 4> dout, bool head_major) {
   using W = ulysses_workspace<M>;
-  const ulysses_gathered<T> x = gathered_views<T>(ws, g, true);
+  const ulysses_gathered<T> x = gathered_views<T>(ws, g, true, head_major);
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  gather_qkv<T>(comm, mem, g, q, k, v, x.q.data, x.k.data, x.v.data, send, recv);
-  gather_heads<T>(comm, mem, g, g.exchange, out, g.q_split, x.out.data, send, recv);
-  gather_heads<T>(comm, mem, g, g.exchange, dout, g.q_split, x.dout.data, send, recv);
+  gather_qkv<T>(comm, mem, g, q, k, v, x, send, recv);
+  gather_heads<T>(comm, mem, g.exchange, out, g.q_split, x.out, head_major, send, recv);
+  gather_heads<T>(comm, mem, g.exchange, dout, g.q_split, x.dout, head_major, send, recv);
   gather_lse<T>(comm, mem, g, lse, x.lse.data, send, recv);
   return x;
 }
@@ -217,7 +227,7 @@ void scatter_out_lse(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometr
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  scatter_heads<T>(comm, mem, g, g.exchange, x.out.data, g.q_split, out, send, recv);
+  scatter_heads<T>(comm, mem, g.exchange, x.out.as_const(), g.q_split, out, x.head_major, send, recv);
   scatter_lse<T>(comm, mem, g, x.lse.data, lse, send, recv);
 }
 
@@ -229,9 +239,9 @@ void scatter_grads(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry&
   M& mem = *ws.mem;
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
-  scatter_heads<T>(comm, mem, g, g.exchange, x.dq.data, g.q_split, dq, send, recv);
-  scatter_heads<T>(comm, mem, g, g.kv_exchange, x.dk.data, g.kv_split, dk, send, recv);
-  scatter_heads<T>(comm, mem, g, g.kv_exchange, x.dv.data, g.kv_split, dv, send, recv);
+  scatter_heads<T>(comm, mem, g.exchange, x.dq.as_const(), g.q_split, dq, x.head_major, send, recv);
+  scatter_heads<T>(comm, mem, g.kv_exchange, x.dk.as_const(), g.kv_split, dk, x.head_major, send, recv);
+  scatter_heads<T>(comm, mem, g.kv_exchange, x.dv.as_const(), g.kv_split, dv, x.head_major, send, recv);
 }
 
 // The Ulysses stage of ulysses_attention and hybrid_attention (CRTP): the run_forward and
@@ -244,6 +254,8 @@ void scatter_grads(Comm& comm, ulysses_workspace<M>& ws, const ulysses_geometry&
 //   ulysses_workspace<Memory>& workspace();  (a member declared after the backend and the
 //       memory space, so that its buffers are freed first: a device buffer is freed on the
 //       backend's stream)
+//   static constexpr bool gathers_head_major;  (store the gathered tensors head-major:
+//       bshd_head_major)
 //   template <class T, class Mask>
 //   void attend_forward(const ulysses_geometry&, const ulysses_gathered<T>&, const Mask&, double scale);
 //   template <class T, class Mask>
@@ -264,7 +276,7 @@ class ulysses_stage {
     Derived& self = static_cast<Derived&>(*this);
     ulysses_workspace<Memory>& ws = self.workspace();
     ws.mem = &self.memory();
-    const ulysses_gathered<T> x = gather_for_forward<T>(self.exchange_group(), ws, g, q, k, v);
+    const ulysses_gathered<T> x = gather_for_forward<T>(self.exchange_group(), ws, g, q, k, v, Derived::gathers_head_major);
     if (g.heads_q() > 0) self.template attend_forward<T>(g, x, mask, scale);
     scatter_out_lse<T>(self.exchange_group(), ws, g, x, out, lse);
   }
@@ -277,7 +289,8 @@ class ulysses_stage {
     Derived& self = static_cast<Derived&>(*this);
     ulysses_workspace<Memory>& ws = self.workspace();
     ws.mem = &self.memory();
-    const ulysses_gathered<T> x = gather_for_backward<T>(self.exchange_group(), ws, g, q, k, v, out, lse, dout);
+    const ulysses_gathered<T> x =
+        gather_for_backward<T>(self.exchange_group(), ws, g, q, k, v, out, lse, dout, Derived::gathers_head_major);
     if (g.heads_q() > 0) self.template attend_backward<T>(g, x, mask, scale);
     scatter_grads<T>(self.exchange_group(), ws, g, x, dq, dk, dv);
   }
@@ -375,6 +388,11 @@ class ulysses_attention
   detail::cp::ulysses_workspace<Memory>& workspace() noexcept { return ws_; }
 
   static constexpr const char* name = "baton::ulysses_attention";
+  // The gathered tensors are stored head-major on the host: the CPU kernels then read each
+  // head's rows one after another, not heads x dim apart, which made a document-masked call
+  // 10-14 % slower (docs/context-parallel.md, "The Ulysses call stored head-major"). On a
+  // device the layout the exchange leaves stays (the CUDA kernels were never timed on both).
+  static constexpr bool gathers_head_major = Memory::location == cp_memory_location::host;
   static constexpr auto forward_op = detail::cp::op_ulysses_forward;
   static constexpr auto backward_op = detail::cp::op_ulysses_backward;
   int world_size() const noexcept { return comm_->size(); }

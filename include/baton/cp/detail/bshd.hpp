@@ -18,6 +18,21 @@ tensor_view<T, 4> bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std
   return make_tensor_view(p, std::array<std::int64_t, 4>{b, s, h, d});
 }
 
+// A [b, s, h, d] view of a buffer stored head-major, [b][h][s][d]: each head's rows one
+// after another (Ulysses' gathered tensors on the host: the kernels read a head's rows
+// without striding over the other heads).
+template <class T>
+tensor_view<T, 4> bshd_head_major(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
+  return {p, {{b, s, h, d}, {h * s * d, d, s * d, 1}}};
+}
+
+// The same elements with the sequence and head axes swapped ([b, h, s, d]): a copy between
+// two head-major views walks each head's rows in storage order.
+template <class T>
+tensor_view<T, 4> heads_outer(const tensor_view<T, 4>& v) noexcept {
+  return {v.data, v.layout.permuted({0, 2, 1, 3})};
+}
+
 // A dense LSE [b, h, s] at p.
 template <class T>
 tensor_view<T, 3> lse_view(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {

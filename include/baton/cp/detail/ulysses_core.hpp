@@ -132,6 +132,74 @@ void sequence_from_heads_from(Comm& comm, M& mem, const T* src, const head_split
   }
 }
 
+// The buffers of a head-major exchange (below): per rank a block of one batch entry's s_local
+// tokens of hc heads, stored [hc][s_local][x], in the send and the receive scratch.
+template <class T>
+struct head_major_blocks {
+  std::int64_t ranks, s_local, hc, x;
+  T* send;
+  T* recv;
+  template <class M>
+  head_major_blocks(M& mem, std::int64_t ranks_, std::int64_t s_local_, std::int64_t hc_, std::int64_t x_,
+                    scratch<M>& send_scratch, scratch<M>& recv_scratch)
+      : ranks(ranks_), s_local(s_local_), hc(hc_), x(x_),
+        send(send_scratch.template get<T>(mem, count())), recv(recv_scratch.template get<T>(mem, count())) {}
+  std::int64_t block() const noexcept { return s_local * hc * x; }
+  std::size_t count() const noexcept { return static_cast<std::size_t>(ranks * block()); }
+  // Block j of `base` as [1, s_local, hc, x].
+  template <class U>
+  tensor_view<U, 4> at(U* base, std::int64_t j) const noexcept {
+    return bshd_head_major(base + j * block(), 1, s_local, hc, x);
+  }
+  template <class Comm>
+  void exchange(Comm& comm) const {
+    comm.all_to_all(std::span<const T>(send, count()), std::span<T>(recv, count()));
+  }
+};
+
+// One tensor, sequence -> heads, into a head-major dst: dst is the [b, P s_local, hc, x] view
+// of a buffer stored [b][hc][P s_local][x] (bshd_head_major). Rank i's tokens of a head are
+// one run of s_local x elements there, so each rank packs its block for rank j head-major,
+// [hc][s_local][x], and what arrives is copied run by run to its place: one copy more than
+// the in-place exchange above (at memcpy speed), for a backend that then reads each head's
+// rows one after another instead of hc x apart — on the host kernels a tenth of a
+// document-masked call (docs/context-parallel.md). One all-to-all per batch entry.
+template <class T, class Comm, class M>
+void heads_from_sequence_head_major(Comm& comm, M& mem, const tensor_view<const T, 4>& src, const head_split& split,
+                                    const tensor_view<T, 4>& dst, scratch<M>& send_scratch, scratch<M>& recv_scratch) {
+  const head_major_blocks<T> io(mem, comm.size(), src.extent(1), split.per_rank(), src.extent(3), send_scratch,
+                                recv_scratch);
+  for (std::int64_t b = 0; b < src.extent(0); ++b) {
+    const tensor_view<const T, 4> rows = src.slice(0, b, 1);
+    for (std::int64_t j = 0; j < io.ranks; ++j) mem.copy(rows.slice(2, split.first(j), io.hc), io.at(io.send, j));
+    mem.synchronize();
+    io.exchange(comm);
+    const tensor_view<T, 4> mine = dst.slice(0, b, 1);
+    for (std::int64_t i = 0; i < io.ranks; ++i)
+      mem.copy(heads_outer(io.at(static_cast<const T*>(io.recv), i)), heads_outer(mine.slice(1, i * io.s_local, io.s_local)));
+    mem.synchronize();  // the copies read recv before the next batch entry's all-to-all overwrites it
+  }
+}
+
+// The inverse, from a head-major src (the [b, P s_local, hc, x] view of [b][hc][P s_local][x]):
+// rank j's tokens of each head are copied run by run into its block, [hc][s_local][x], and
+// the blocks received are unpacked into dst [b, s_local, H, x], summing replicas.
+template <class T, class Comm, class M>
+void sequence_from_heads_head_major(Comm& comm, M& mem, const tensor_view<const T, 4>& src, const head_split& split,
+                                    const tensor_view<T, 4>& dst, scratch<M>& send_scratch, scratch<M>& recv_scratch) {
+  const head_major_blocks<T> io(mem, comm.size(), dst.extent(1), split.per_rank(), dst.extent(3), send_scratch,
+                                recv_scratch);
+  for (std::int64_t b = 0; b < dst.extent(0); ++b) {
+    const tensor_view<const T, 4> heads = src.slice(0, b, 1);
+    for (std::int64_t j = 0; j < io.ranks; ++j)
+      mem.copy(heads_outer(heads.slice(1, j * io.s_local, io.s_local)), heads_outer(io.at(io.send, j)));
+    mem.synchronize();  // src was written by the backend on the memory space, the blocks just now
+    io.exchange(comm);
+    unpack_heads_part(mem, static_cast<const T*>(io.recv), io.block(), 0, split, dst.slice(0, b, 1), /*head_major=*/true);
+    mem.synchronize();  // the unpack reads recv before the next batch entry overwrites it
+  }
+}
+
 // The general exchange, for shards of different lengths or heads dealt unevenly (see
 // head_split): one all-to-all whose blocks are all sized for the longest shard and the most
 // heads, [b][max_len][max_heads][x], the unused rows and heads left zero. The receiving side

@@ -132,36 +132,39 @@ T* pack_sequence_part(M& mem, const tensor_view<U, 4>& src, std::int64_t i, std:
 }
 
 // Rank j's heads within a received block: this tensor's part starts at part_offset within
-// each block of block_size elements and holds [b, s_local, hc, x].
+// each block of block_size elements and holds [b, s_local, hc, x] (stored [b][hc][s_local][x]
+// when head_major).
 template <class U>
 tensor_view<const U, 4> received_part(const U* recv, std::int64_t block_size, std::int64_t part_offset, std::int64_t j,
-                             std::int64_t b, std::int64_t s_local, std::int64_t hc, std::int64_t x) noexcept {
-  return bshd(recv + j * block_size + part_offset, b, s_local, hc, x);
+                             std::int64_t b, std::int64_t s_local, std::int64_t hc, std::int64_t x,
+                             bool head_major = false) noexcept {
+  const U* p = recv + j * block_size + part_offset;
+  return head_major ? bshd_head_major(p, b, s_local, hc, x) : bshd(p, b, s_local, hc, x);
 }
 
 // Received blocks (block j = my tokens of rank j's heads; this tensor's part starts at
-// part_offset within each block of block_size elements) -> dst [b, s_local, heads, x].
-// Where heads were replicated (gradients of replicated kv heads) the replicas are summed in
-// rank order in accumulator type cp_accumulator_t<T> (in a buffer of the memory space):
-// deterministic, and exact when nothing is replicated.
+// part_offset within each block of block_size elements, head-major when head_major) -> dst
+// [b, s_local, heads, x]. Where heads were replicated (gradients of replicated kv heads) the
+// replicas are summed in rank order in accumulator type cp_accumulator_t<T> (in a buffer of
+// the memory space): deterministic, and exact when nothing is replicated.
 template <class M, class T, class U>
 void unpack_heads_part(M& mem, const U* recv, std::int64_t block_size, std::int64_t part_offset,
-                       const head_split& split, const tensor_view<T, 4>& dst) {
+                       const head_split& split, const tensor_view<T, 4>& dst, bool head_major = false) {
   using A = cp_accumulator_t<T>;
   const std::int64_t hc = split.per_rank(), b = dst.extent(0), sl = dst.extent(1), x = dst.extent(3);
   if (!split.replicated()) {
     // Each head comes from exactly one rank: copy rows of hc x inner. The value still goes
     // through A(0) + v, as the summing path does, so both give the same bits (-0 -> +0).
     for (std::int64_t j = 0; j < split.parts; ++j)
-      mem.copy(received_part(recv, block_size, part_offset, j, b, sl, hc, x), dst.slice(2, split.first(j), hc),
-               cp_copy_mode::through_accumulator);
+      mem.copy(received_part(recv, block_size, part_offset, j, b, sl, hc, x, head_major),
+               dst.slice(2, split.first(j), hc), cp_copy_mode::through_accumulator);
     return;
   }
   auto sum = mem.template allocate<A>(static_cast<std::size_t>(dst.size()));
   const tensor_view<A, 4> acc = bshd(sum.data(), b, sl, dst.extent(2), x);
   mem.fill(std::span<A>(sum.data(), static_cast<std::size_t>(dst.size())), A(0));
   for (std::int64_t j = 0; j < split.parts; ++j)
-    mem.accumulate(acc.slice(2, split.first(j), hc), received_part(recv, block_size, part_offset, j, b, sl, hc, x));
+    mem.accumulate(acc.slice(2, split.first(j), hc), received_part(recv, block_size, part_offset, j, b, sl, hc, x, head_major));
   mem.copy(acc.as_const(), dst);
 }
 
