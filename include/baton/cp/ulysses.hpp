@@ -213,8 +213,8 @@ ulysses_gathered<T> gather_for_backward(Comm& comm, ulysses_workspace<M>& ws, co
   scratch<M>& send = ws.slots[W::exchange];
   scratch<M>& recv = ws.slots[W::exchange_recv];
   gather_qkv<T>(comm, mem, g, q, k, v, x, send, recv);
-  gather_heads<T>(comm, mem, g.exchange, out, g.q_split, x.out, head_major, send, recv);
-  gather_heads<T>(comm, mem, g.exchange, dout, g.q_split, x.dout, head_major, send, recv);
+  gather_heads<T>(comm, mem, g.exchange, out, g.q_split, x.out, x.head_major, send, recv);
+  gather_heads<T>(comm, mem, g.exchange, dout, g.q_split, x.dout, x.head_major, send, recv);
   gather_lse<T>(comm, mem, g, lse, x.lse.data, send, recv);
   return x;
 }

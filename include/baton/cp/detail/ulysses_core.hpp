@@ -160,10 +160,11 @@ struct head_major_blocks {
 // One tensor, sequence -> heads, into a head-major dst: dst is the [b, P s_local, hc, x] view
 // of a buffer stored [b][hc][P s_local][x] (bshd_head_major). Rank i's tokens of a head are
 // one run of s_local x elements there, so each rank packs its block for rank j head-major,
-// [hc][s_local][x], and what arrives is copied run by run to its place: one copy more than
-// the in-place exchange above (at memcpy speed), for a backend that then reads each head's
-// rows one after another instead of hc x apart — on the host kernels a tenth of a
-// document-masked call (docs/context-parallel.md). One all-to-all per batch entry.
+// [hc][s_local][x] (the pack writes hc streams of x elements), and what arrives is copied
+// run by run to its place: one copy of whole runs more than the in-place exchange above, for
+// a backend that then reads each head's rows one after another instead of hc x apart — on
+// the host kernels a tenth of a document-masked call (docs/context-parallel.md). One
+// all-to-all per batch entry.
 template <class T, class Comm, class M>
 void heads_from_sequence_head_major(Comm& comm, M& mem, const tensor_view<const T, 4>& src, const head_split& split,
                                     const tensor_view<T, 4>& dst, scratch<M>& send_scratch, scratch<M>& recv_scratch) {
