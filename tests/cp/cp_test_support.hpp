@@ -212,11 +212,12 @@ struct area_summing_backend {
 
 // Ring attention through its core (detail::cp::ring_forward / ring_backward) on the local
 // world, with the trimming of its block calls set by `trim` (detail::cp::trim_tile, or 0 for
-// calls as the piece planner makes them); returns the results in full order and adds each
-// rank's backend call area (forward + backward) to `area`.
+// calls as the piece planner makes them) and the layout it computes in (ring_geometry::
+// head_major); returns the results in full order and adds each rank's backend call area
+// (forward + backward) to `area`.
 template <class T, class Mask, class Backend>
 tensors<T> run_ring_core(const baton::sequence_sharding& sharding, const problem<T>& p, const Mask& mask,
-                         const Backend& backend, std::int64_t trim, std::int64_t& area) {
+                         const Backend& backend, std::int64_t trim, std::int64_t& area, bool head_major = false) {
   using L = baton::lse_t<T>;
   const dims& d = p.d;
   const int R = sharding.degree();
@@ -230,6 +231,7 @@ tensors<T> run_ring_core(const baton::sequence_sharding& sharding, const problem
     g.heads_q = d.heads_q;
     g.heads_kv = d.heads_kv;
     g.dim = d.dim;
+    g.head_major = head_major;
     area_summing_backend<Backend> counted{backend, &areas, me};
     baton::host_memory mem;
     const std::int64_t sl = sharding.local_len(me);

@@ -114,6 +114,17 @@ TEST_CASE("cp::choose: hand-computed ring and Ulysses times, forward", "[cp][cho
     CHECK(find(with, "ulysses2").seconds - find(without, "ulysses2").seconds == Approx(16 * 0.5));
     CHECK(find(with, "ring2").compute == find(without, "ring2").compute);  // waits are not compute
   }
+  SECTION("the ring's head-major copies are priced as local passes, none with one head") {
+    costs.copy_per_byte = 0.001;
+    const baton::cp_choice c = baton::cp::choose(mesh, shape, baton::no_mask{}, costs);
+    // The hop (1.024 s), step 1's merge (read + write of the 512-byte fp32 output: 1.024 s), and
+    // the copies: q, k, v in and out back, 4 x 512 bytes, each read and written (4.096 s).
+    CHECK(find(c, "ring2").communication == Approx(1.024 + 1.024 + 4.096));
+    // One head, one kv head: the dense layout is head-major already, nothing is copied.
+    const baton::cp_choose_shape one_head{1, 128, 1, 1, 1, 4, false};
+    const baton::cp_choice single = baton::cp::choose(mesh, one_head, baton::no_mask{}, costs);
+    CHECK(find(single, "ring2").communication == Approx(0.512 + 0.512));
+  }
 }
 
 TEST_CASE("cp::choose: a partial tile costs its fixed part plus the area the kernel computes in it", "[cp][choose]") {

@@ -145,6 +145,89 @@ TEST_CASE("Ulysses: the host gathers each head's rows one after another, and the
   }
 }
 
+namespace {
+
+// Counts, per rank, the backend calls whose every tensor stores each head's rows one after
+// another (head-major: the sequence stride is the head dim, or one head) and those that do not.
+struct layout_log {
+  int head_major = 0, other = 0;
+};
+struct layout_checking_backend {
+  baton::reference_attention inner;
+  std::vector<layout_log>* logs = nullptr;
+  int rank = 0;
+  template <class... V>
+  void count(const V&... t) const {
+    const bool all = ((t.extent(2) == 1 || t.stride(1) == t.extent(3)) && ...);
+    ++(all ? (*logs)[static_cast<std::size_t>(rank)].head_major : (*logs)[static_cast<std::size_t>(rank)].other);
+  }
+  template <class Q, class K, class V, class M, class O, class L>
+  void forward(Q q, K k, V v, const M& mask, O out, L lse, const baton::attention_params& p) const {
+    count(q, k, v, out);
+    inner.forward(q, k, v, mask, out, lse, p);
+  }
+  template <class Q, class K, class V, class O, class L, class D, class M, class G1, class G2, class G3>
+  void backward(Q q, K k, V v, O out, L lse, D dout, const M& mask, G1 dq, G2 dk, G3 dv,
+                const baton::attention_params& p) const {
+    count(q, k, v, out, dout, dq, dk, dv);
+    inner.backward(q, k, v, out, lse, dout, mask, dq, dk, dv, p);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ring: on the host it computes head-major, with the bits of the dense layout", "[cp][ring]") {
+  // The ring stages dense shards head-major (K/V blocks travel so, the accumulators are so):
+  // every backend call sees each head's rows one after another, in ring_attention and in the
+  // hybrid's ring, and the results are those of the ring computing on the dense shards, bit
+  // for bit (the same calls on the same values), for uneven shards, GQA and several masks.
+  const dims d{2, 29, 4, 2, 5};
+  std::vector<std::int64_t> documents(29, 0);
+  for (std::size_t i = 9; i < documents.size(); ++i) documents[i] = i < 20 ? 1 : 2;
+  const auto check = [&](const auto& mask, const char* what) {
+    INFO(what);
+    const problem<double> p = make_problem<double>(d, mask, 31);
+    for (const int R : {2, 3}) {
+      INFO(R << " ranks");
+      const sequence_sharding zigzag(shard_layout::zigzag, d.seq, R);
+      std::int64_t area = 0;
+      const tensors<double> dense = run_ring_core<double>(zigzag, p, mask, baton::reference_attention{}, 0, area, false);
+      const tensors<double> head_major = run_ring_core<double>(zigzag, p, mask, baton::reference_attention{}, 0, area, true);
+      CHECK(compare(dense, p.reference).max() <= 1e-12);
+      CHECK(same_bits(head_major, dense));
+
+      std::vector<layout_log> logs(static_cast<std::size_t>(R));
+      tensors<double> result(d);
+      baton::run_local(R, [&](baton::local_communicator& comm) {
+        baton::ring_attention attn(comm, layout_checking_backend{{}, &logs, comm.rank()}, zigzag);
+        run_rank<double>(attn, zigzag, attn.shard_index(), p, mask, result, 0);
+      });
+      CHECK(same_bits(result, dense));
+      for (const layout_log& log : logs) {
+        CHECK(log.head_major > 0);
+        CHECK(log.other == 0);
+      }
+    }
+    // The hybrid's ring (2 x 2): on the gathered head-major tensors, in place.
+    std::vector<layout_log> logs(4);
+    tensors<double> result(d);
+    const sequence_sharding sharding(shard_layout::zigzag, d.seq, 2, 2);
+    baton::run_local(4, [&](baton::local_communicator& comm) {
+      auto mesh = baton::make_cp_mesh(comm, 2, 2);
+      baton::hybrid_attention attn(mesh, layout_checking_backend{{}, &logs, comm.rank()}, sharding);
+      run_rank<double>(attn, sharding, attn.shard_index(), p, mask, result, 0);
+    });
+    CHECK(compare(result, p.reference).max() <= 1e-12);
+    for (const layout_log& log : logs) {
+      CHECK(log.head_major > 0);
+      CHECK(log.other == 0);
+    }
+  };
+  check(baton::no_mask{}, "no mask");
+  check(baton::causal_mask{}, "causal");
+  check(baton::intersect(baton::causal_mask{}, baton::document_mask(documents)), "causal documents");
+}
+
 TEST_CASE("balanced shardings: ring and hybrid over balanced_sharding equal the unsharded reference",
           "[cp][lengths][balance]") {
   // Random uneven documents (causal inside each), as packed training data looks.

@@ -200,6 +200,19 @@ cp_mode_prediction predict_split(const cp_choose_shape& s, const cp_costs& c, co
     }
     p.communication += (2 * c.latency + c.wake_up) * passes;  // the agreement around the ring
     p.exposed += (2 * c.latency + c.wake_up) * passes;
+    if (uly == 1) {
+      // ring_attention on the host computes on head-major copies (ring_core.hpp): q, k, v in
+      // and out back in the forward; q, out, dout, k, v in and dq, dk, dv back in the backward;
+      // each copy a read and a write. (Hybrid's ring computes on the gathered tensors; with one
+      // head the two layouts are one.)
+      const double q_bytes = hq > 1 ? tensor_bytes(s, sh.max_local_len(), hq, s.element_bytes) : 0;
+      const double kv_bytes = hkv > 1 ? block : 0;
+      for (int pass = 0; pass < passes; ++pass) {
+        const double copied = pass == 0 ? 2 * q_bytes + 2 * kv_bytes : 4 * q_bytes + 4 * kv_bytes;
+        p.communication += 2 * copied * c.copy_per_byte;
+        p.exposed += 2 * copied * c.copy_per_byte;
+      }
+    }
   }
   if (uly > 1) {
     // The exchange: each tensor is packed once and sent (U-1)/U off-rank; forward gathers q, k,

@@ -13,6 +13,7 @@
 #include <baton/core/tags.hpp>
 #include <baton/core/tensor_view.hpp>
 #include <baton/cp/choose.hpp>
+#include <baton/cp/detail/bshd.hpp>
 #include <baton/cp/error.hpp>
 #include <baton/cp/memory.hpp>
 #include <baton/cp/sharding.hpp>
@@ -217,8 +218,10 @@ cp_costs calibrate(Comm& comm, Backend backend, std::int64_t head_dim, const cal
   const auto kernel = [&](std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, const auto& km, bool bwd) {
     detail::attention_tensors<float>& t = sets[next];
     next = (next + 1) % copies;
-    // [1, rows, hh, d] over x: read-only through a const x, writable otherwise.
-    const auto view = [&](auto& x, std::int64_t hh) { return make_tensor_view(x.data(), {1, rows, hh, d}); };
+    // [1, rows, hh, d] over x, stored head-major as every mode computes on the host (the
+    // gathered tensors of Ulysses and hybrid, the ring's staged copies): read-only through a
+    // const x, writable otherwise.
+    const auto view = [&](auto& x, std::int64_t hh) { return baton::detail::cp::bshd_head_major(x.data(), 1, rows, hh, d); };
     const auto in = [&](const std::vector<float>& x, std::int64_t hh) { return view(x, hh); };
     if (!bwd) {
       backend.forward(in(t.q, heads), in(t.k, kv_heads), in(t.v, kv_heads), km, view(t.out, heads),

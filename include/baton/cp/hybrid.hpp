@@ -180,6 +180,7 @@ class hybrid_attention
     rg.heads_q = g.heads_q();
     rg.heads_kv = g.heads_kv();
     rg.dim = g.dim;
+    rg.head_major = gathers_head_major;  // the ring computes in the layout the exchange leaves
     return rg;
   }
 
@@ -218,9 +219,9 @@ class hybrid_attention
                                            ulysses_->rank());
   }
 
-  // The gathered tensors stay dense, as the exchange leaves them: the ring computes on its
-  // own K/V and accumulates into the outputs in place only where they are dense.
-  static constexpr bool gathers_head_major = false;
+  // As in ulysses_attention: head-major on the host, and the ring over the groups then
+  // computes in that layout too, on the gathered tensors in place.
+  static constexpr bool gathers_head_major = Memory::location == cp_memory_location::host;
 
   // The ring over the groups. A ring's members share their Ulysses rank, so they hold the
   // same heads: where that is none (more Ulysses ranks than heads), ulysses_stage skips the

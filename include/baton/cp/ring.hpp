@@ -121,6 +121,8 @@ class ring_attention : public detail::cp::front_end<ring_attention<Comm, Backend
     g.heads_q = s.heads_q;
     g.heads_kv = s.heads_kv;
     g.dim = s.dim;
+    // On the host the ring computes head-major (ring_core.hpp); a device keeps the caller's layout.
+    g.head_major = Memory::location == cp_memory_location::host;
     return g;
   }
 

@@ -169,8 +169,7 @@ template <class T, class M>
 ulysses_gathered<T> gathered_views(ulysses_workspace<M>& ws, const ulysses_geometry& g, bool backward, bool head_major) {
   using W = ulysses_workspace<M>;
   const auto shaped = [&](typename W::slot s, std::int64_t seq, std::int64_t heads) {
-    T* const p = ws.template get<T>(s, g);
-    return head_major ? bshd_head_major<T>(p, g.batch, seq, heads, g.dim) : bshd<T>(p, g.batch, seq, heads, g.dim);
+    return bshd_stored<T>(head_major, ws.template get<T>(s, g), g.batch, seq, heads, g.dim);
   };
   const auto q_shaped = [&](typename W::slot s) { return shaped(s, g.seq(), g.heads_q()); };
   const auto kv_shaped = [&](typename W::slot s) { return shaped(s, g.kv_seq(), g.heads_kv()); };

@@ -140,9 +140,12 @@ inline std::vector<memory_estimate> estimate_memory(const lm_config& config, con
     const double q_elems = ring_tokens * split(m.heads, ulysses) * hd, kv_elems = ring_tokens * split(m.kv_heads, ulysses) * hd;
     const double lse_elems = ring_tokens * split(m.heads, ulysses);
     double bytes = 0;
+    // ring_attention stages its dense shards head-major (hybrid's ring computes on the
+    // gathered tensors, head-major already); with one head the two layouts are one.
+    const detail::train::ring_staging staged{ulysses == 1 && m.heads > 1, ulysses == 1 && m.kv_heads > 1};
     if (ring > 1)
-      bytes += detail::train::pool_bytes(detail::train::ring_forward_leases(ring, kv_elems, q_elems, lse_elems, e),
-                                         detail::train::ring_backward_leases(ring, kv_elems, q_elems, e));
+      bytes += detail::train::pool_bytes(detail::train::ring_forward_leases(ring, kv_elems, q_elems, lse_elems, e, staged),
+                                         detail::train::ring_backward_leases(ring, kv_elems, q_elems, e, staged));
     if (ulysses > 1) {
       // Per block (ulysses_workspace): q, O, dO, dq and k, v, dk, dv gathered, the LSE, and the
       // exchange's send and receive scratch (q, k and v of this rank's shard at once).

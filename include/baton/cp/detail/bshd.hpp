@@ -26,6 +26,13 @@ tensor_view<T, 4> bshd_head_major(T* p, std::int64_t b, std::int64_t s, std::int
   return {p, {{b, s, h, d}, {h * s * d, d, s * d, 1}}};
 }
 
+// A [b, s, h, d] buffer at p in either layout: head-major or dense.
+template <class T>
+tensor_view<T, 4> bshd_stored(bool head_major, T* p, std::int64_t b, std::int64_t s, std::int64_t h,
+                              std::int64_t d) noexcept {
+  return head_major ? bshd_head_major<T>(p, b, s, h, d) : bshd<T>(p, b, s, h, d);
+}
+
 // The same elements with the sequence and head axes swapped ([b, h, s, d]): a copy between
 // two head-major views walks each head's rows in storage order.
 template <class T>

@@ -18,6 +18,13 @@
 // every accumulator to the rank that owns the keys. The owner's own part (step 0) does not
 // travel: it waits at home for the others' sum.
 //
+// Layout (ring_geometry::head_major): on the host the ring computes on head-major copies
+// ([b][h][s][d], bshd_head_major) of what the caller passed dense: the K/V blocks travel
+// head-major, the queries, outputs and gradients are staged once per call, and the
+// accumulators are head-major, so the CPU kernels read a head's rows one after another
+// (a document-masked call was 12-17 % slower on rows h x d apart; docs/context-parallel.md,
+// "The ring computes head-major"). Hybrid's gathered tensors already are.
+//
 // Memory: every buffer comes from the memory space M and every copy, fill, accumulation and
 // merge is a call on it (memory.hpp), so the same steps run on host or device memory. M is
 // synchronised before a buffer is handed to the communicator (a transfer reads what the
@@ -202,23 +209,25 @@ struct kv_transfer {
 
 // The K/V block a rank holds, and the buffer the next one arrives in. K and V travel as two
 // messages of `capacity` elements each (the longest shard's K or V, so that every rank sends
-// the same count); in a buffer, V starts at `capacity` whatever the block's own length. The
-// rank's own K and V, when dense and that long, are computed on and sent from where they
-// are; otherwise they are first packed into the buffer, the padding past a short shard
-// zeroed (it travels but is never read).
+// the same count); in a buffer, V starts at `capacity` whatever the block's own length, and
+// each is stored in the ring's layout (dense or head-major). The rank's own K and V, when in
+// that layout and that long, are computed on and sent from where they are; otherwise they
+// are first packed into the buffer, the padding past a short shard zeroed (it travels but
+// is never read).
 template <class T, class M>
 class kv_blocks {
  public:
-  kv_blocks(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity)
-      : mem_(&mem), k_(k), v_(v), capacity_(capacity) {
+  kv_blocks(M& mem, const tensor_view<const T, 4>& k, const tensor_view<const T, 4>& v, std::int64_t capacity,
+            bool head_major)
+      : mem_(&mem), k_(k), v_(v), capacity_(capacity), head_major_(head_major) {
     const auto kv = k, vv = v;
-    const std::array<std::int64_t, 4> dense = bshd<const T>(nullptr, kv.extent(0), kv.extent(1), kv.extent(2), kv.extent(3)).strides();
-    own_in_place_ = kv.size() == capacity && has_layout(kv, dense) && has_layout(vv, dense);
+    own_in_place_ = kv.size() == capacity && has_layout(kv, stored<const T>(nullptr, kv.extent(1)).strides()) &&
+                    has_layout(vv, stored<const T>(nullptr, vv.extent(1)).strides());
     if (own_in_place_) return;
     held_ = mem.template allocate<T>(static_cast<std::size_t>(2 * capacity));
     const std::int64_t used = kv.size(), padding = capacity - used;
-    mem.copy(kv, bshd(held_.data(), kv.extent(0), kv.extent(1), kv.extent(2), kv.extent(3)));
-    mem.copy(vv, bshd(held_.data() + capacity, vv.extent(0), vv.extent(1), vv.extent(2), vv.extent(3)));
+    mem.copy(kv, stored(held_.data(), kv.extent(1)));
+    mem.copy(vv, stored(held_.data() + capacity, vv.extent(1)));
     if (padding > 0) {
       mem.fill(std::span<T>(held_.data() + used, static_cast<std::size_t>(padding)), T(0));
       mem.fill(std::span<T>(held_.data() + capacity + used, static_cast<std::size_t>(padding)), T(0));
@@ -227,11 +236,10 @@ class kv_blocks {
 
   // K and V of the block held, whose owner's shard has `len` positions.
   tensor_view<const T, 4> k(std::int64_t len) const noexcept {
-    return own_in_place_ ? k_ : bshd<const T>(held_.data(), k_.extent(0), len, k_.extent(2), k_.extent(3));
+    return own_in_place_ ? k_ : stored(held_.data(), len);
   }
   tensor_view<const T, 4> v(std::int64_t len) const noexcept {
-    return own_in_place_ ? v_
-                         : bshd<const T>(held_.data() + capacity_, v_.extent(0), len, v_.extent(2), v_.extent(3));
+    return own_in_place_ ? v_ : stored(held_.data() + capacity_, len);
   }
 
   // Sends the block held `hops` ranks on and receives the one `hops` ranks back, once
@@ -259,9 +267,15 @@ class kv_blocks {
 
  private:
   using buffer_t = typename M::template buffer<T>;
+  // A K or V block of `len` positions at p, in the ring's layout.
+  template <class E>
+  tensor_view<E, 4> stored(E* p, std::int64_t len) const noexcept {
+    return bshd_stored<E>(head_major_, p, k_.extent(0), len, k_.extent(2), k_.extent(3));
+  }
   M* mem_;
   tensor_view<const T, 4> k_, v_;
   std::int64_t capacity_;
+  bool head_major_;
   buffer_t held_, next_;
   bool own_in_place_ = false;
 };
@@ -273,6 +287,14 @@ struct ring_geometry {
   // them (the kv_sharding's offset added); empty: the keys are the queries' pieces.
   std::vector<std::vector<shard_piece>> kv_pieces;
   std::int64_t batch = 0, heads_q = 0, heads_kv = 0, dim = 0;
+  // The layout the ring computes in: head-major on the host, dense on a device (see above).
+  bool head_major = false;
+
+  // A [batch, len, heads, dim] tensor at p in that layout.
+  template <class E>
+  tensor_view<E, 4> stored(E* p, std::int64_t len, std::int64_t heads) const noexcept {
+    return bshd_stored<E>(head_major, p, batch, len, heads, dim);
+  }
 
   const std::vector<shard_piece>& q_of(int rank) const noexcept { return pieces[static_cast<std::size_t>(rank)]; }
   const std::vector<shard_piece>& kv_of(int rank) const noexcept {
@@ -295,6 +317,17 @@ struct ring_geometry {
   // Elements of the K (or V) a transfer carries: the longest shard's.
   std::int64_t kv_capacity() const noexcept { return batch * max_kv_len() * heads_kv * dim; }
 };
+
+// `x` in the ring's layout: x itself when it has it, else a copy in `storage`.
+template <class T, class M>
+tensor_view<const T, 4> in_ring_layout(M& mem, const ring_geometry& g, const tensor_view<const T, 4>& x,
+                                       typename M::template buffer<T>& storage) {
+  if (has_layout(x, g.stored<const T>(nullptr, x.extent(1), x.extent(2)).strides())) return x;
+  storage = mem.template allocate<T>(static_cast<std::size_t>(x.size()));
+  const tensor_view<T, 4> staged = g.stored(storage.data(), x.extent(1), x.extent(2));
+  mem.copy(x, staged);
+  return staged.as_const();
+}
 
 // The ring steps at which some rank's queries need the block it holds: the others are
 // skipped by every rank at once, compute and transfer (the block jumps k hops in one shift),
@@ -393,12 +426,14 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
   if (!active.empty()) reserve_backend<T>(backend, g, me);
 
   const auto out_size = static_cast<std::size_t>(b * sl * hq * d), lse_size = static_cast<std::size_t>(b * hq * sl);
-  kv_blocks<T, M> blocks(mem, k, v, g.kv_capacity());
+  kv_blocks<T, M> blocks(mem, k, v, g.kv_capacity(), g.head_major);
+  typename M::template buffer<T> q_staged;
+  q = in_ring_layout(mem, g, q, q_staged);
   // The running (out, lse), in fp32 or better: the caller's out and lse themselves when they
-  // have that type and are dense.
+  // have that type and the ring's layout.
   typename M::template buffer<A> out_acc, lse_acc;
   bool out_in_place = false, lse_in_place = false;
-  const tensor_view<A, 4> out_all = accumulator_for<A>(mem, out, bshd<A>(nullptr, b, sl, hq, d).strides(), out_acc, out_in_place);
+  const tensor_view<A, 4> out_all = accumulator_for<A>(mem, out, g.stored<A>(nullptr, sl, hq).strides(), out_acc, out_in_place);
   const tensor_view<A, 4> lse_all =
       accumulator_for<A>(mem, lse_as_bshd(lse), lse_as_bshd<A>(nullptr, b, hq, sl).strides(), lse_acc, lse_in_place);
   // A query row's accumulators start as the empty result (0, -inf), set when first needed:
@@ -414,7 +449,11 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
       return;
     }
     for (std::int64_t bi = 0; bi < b; ++bi) {
-      mem.fill(std::span<A>(&out_all(bi, row, 0, 0), static_cast<std::size_t>(count * hq * d)), A(0));
+      if (g.head_major)  // each head's rows are one run
+        for (std::int64_t h = 0; h < hq; ++h)
+          mem.fill(std::span<A>(&out_all(bi, row, h, 0), static_cast<std::size_t>(count * d)), A(0));
+      else
+        mem.fill(std::span<A>(&out_all(bi, row, 0, 0), static_cast<std::size_t>(count * hq * d)), A(0));
       for (std::int64_t h = 0; h < hq; ++h)
         mem.fill(std::span<A>(&lse_all(bi, row, h, 0), static_cast<std::size_t>(count)),
                  -std::numeric_limits<A>::infinity());
@@ -466,7 +505,7 @@ void ring_forward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g, 
         }
       }
       touch(c.q_offset, c.q_count, true);
-      const auto ob = bshd<T>(out_blk.data(), b, c.q_count, hq, d);
+      const auto ob = g.stored<T>(out_blk.data(), c.q_count, hq);
       const auto lb = lse_view<L>(lse_blk.data(), b, hq, c.q_count);
       call(ob, lb);
       mem.merge(out_all.slice(1, c.q_offset, c.q_count), lse_all.slice(1, c.q_offset, c.q_count),
@@ -495,16 +534,20 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   if (!active.empty()) reserve_backend<T>(backend, g, me);
 
   const auto kv_size = static_cast<std::size_t>(2 * capacity), dq_size = static_cast<std::size_t>(b * sl * hq * d);
-  kv_blocks<T, M> blocks(mem, k, v, capacity);
+  kv_blocks<T, M> blocks(mem, k, v, capacity, g.head_major);
+  typename M::template buffer<T> q_staged, out_staged, dout_staged;
+  q = in_ring_layout(mem, g, q, q_staged);
+  out = in_ring_layout(mem, g, out, out_staged);
+  dout = in_ring_layout(mem, g, dout, dout_staged);
   typename M::template buffer<A> dq_acc;
   bool dq_in_place = false;
-  const tensor_view<A, 4> dq_all = accumulator_for<A>(mem, dq, bshd<A>(nullptr, b, sl, hq, d).strides(), dq_acc, dq_in_place);
+  const tensor_view<A, 4> dq_all = accumulator_for<A>(mem, dq, g.stored<A>(nullptr, sl, hq).strides(), dq_acc, dq_in_place);
   mem.fill(std::span<A>(dq_all.data, dq_size), A(0));
   // This step's dK/dV for the held block (then its sum with what arrived); the accumulator
   // arriving from the previous holder; the sum being sent on. Three buffers so that the
   // send of one step overlaps the next compute.
   // Each is laid out as the held block's owner's K and V: [b, len(owner), hkv, d] at 0 and at
-  // `capacity`.
+  // `capacity`, in the ring's layout.
   auto grad_step = mem.template allocate<A>(kv_size), grad_in = mem.template allocate<A>(kv_size),
        grad_out = mem.template allocate<A>(kv_size);
   // When the own block is the first one held and others follow, the owner's own dK/dV does
@@ -517,9 +560,9 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
   bool own_k_in_place = false, own_v_in_place = false;
   tensor_view<A, 4> own_k, own_v;
   if (own_kept) {
-    const std::array<std::int64_t, 4> dense = bshd<A>(nullptr, b, g.kv_len(me), hkv, d).strides();
-    own_k = accumulator_for<A>(mem, dk, dense, own_k_acc, own_k_in_place);
-    own_v = accumulator_for<A>(mem, dv, dense, own_v_acc, own_v_in_place);
+    const std::array<std::int64_t, 4> layout = g.stored<A>(nullptr, g.kv_len(me), hkv).strides();
+    own_k = accumulator_for<A>(mem, dk, layout, own_k_acc, own_k_in_place);
+    own_v = accumulator_for<A>(mem, dv, layout, own_v_acc, own_v_in_place);
   }
   // When the accumulators have the element type (float, double), the backend adds into them
   // itself (params.accumulate); otherwise each call writes a block that is then accumulated.
@@ -538,8 +581,8 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
     const bool own_here = own_kept && i == 0;  // this step's dK/dV is the own part, summed in own_k, own_v
     const std::span<const shard_piece> k_pieces(g.kv_of(owner));
     const std::int64_t kl = g.kv_len(owner);
-    const tensor_view<A, 4> dk_all = own_here ? own_k : bshd(grad_step.data(), b, kl, hkv, d);
-    const tensor_view<A, 4> dv_all = own_here ? own_v : bshd(grad_step.data() + capacity, b, kl, hkv, d);
+    const tensor_view<A, 4> dk_all = own_here ? own_k : g.stored(grad_step.data(), kl, hkv);
+    const tensor_view<A, 4> dv_all = own_here ? own_v : g.stored(grad_step.data() + capacity, kl, hkv);
     if (own_here) {
       mem.fill(std::span<A>(own_k.data, static_cast<std::size_t>(own_k.size())), A(0));
       mem.fill(std::span<A>(own_v.data, static_cast<std::size_t>(own_v.size())), A(0));
@@ -562,9 +605,9 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
              dk_all.slice(1, c.k_offset, c.k_count),
              dv_all.slice(1, c.k_offset, c.k_count));
       } else {
-        const auto gq = bshd<T>(dq_blk.data(), b, c.q_count, hq, d);
-        const auto gk = bshd<T>(dk_blk.data(), b, c.k_count, hkv, d);
-        const auto gv = bshd<T>(dv_blk.data(), b, c.k_count, hkv, d);
+        const auto gq = g.stored<T>(dq_blk.data(), c.q_count, hq);
+        const auto gk = g.stored<T>(dk_blk.data(), c.k_count, hkv);
+        const auto gv = g.stored<T>(dv_blk.data(), c.k_count, hkv);
         call(gq, gk, gv);
         mem.accumulate(dq_all.slice(1, c.q_offset, c.q_count), gq.as_const());
         mem.accumulate(dk_all.slice(1, c.k_offset, c.k_count), gk.as_const());
@@ -593,8 +636,8 @@ void ring_backward(Ring& ring, Backend& backend, M& mem, const ring_geometry& g,
 
   if (!dq_in_place) mem.copy(dq_all.as_const(), dq);
   const std::int64_t kl = g.kv_len(me);
-  const auto others_k = bshd(static_cast<const A*>(grad_in.data()), b, kl, hkv, d);
-  const auto others_v = bshd(static_cast<const A*>(grad_in.data()) + capacity, b, kl, hkv, d);
+  const auto others_k = g.stored(static_cast<const A*>(grad_in.data()), kl, hkv);
+  const auto others_v = g.stored(static_cast<const A*>(grad_in.data()) + capacity, kl, hkv);
   if (own_kept) {  // the own part, kept here, plus the others' sum
     mem.accumulate(own_k, others_k);
     mem.accumulate(own_v, others_v);

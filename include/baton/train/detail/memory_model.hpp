@@ -219,20 +219,30 @@ inline double pool_bytes(std::vector<double> a, std::vector<double> b) {
 // accumulators are float): the forward's running O is a float buffer beside the bf16 one
 // given, and the backward's dQ accumulator too, with the bf16 dQ, dK, dV of each call, and
 // the float sums of the owner's own dK and dV (which float and double sum in dk and dv).
+// The ring computes head-major on tensors given dense (ring_attention on the host:
+// ring_core.hpp). staged.q (more than one query head): q, and O and dO in the backward, are
+// copied and the O and dQ accumulators are buffers; staged.kv (more than one kv head): K and
+// V are packed into a block buffer of their own and the own dK, dV sums are buffers.
+struct ring_staging {
+  bool q = false, kv = false;
+};
 inline std::vector<double> ring_forward_leases(int ring, double kv_capacity, double q_elems, double lse_elems,
-                                               element_sizes e) {
+                                               element_sizes e, ring_staging staged = {}) {
   std::vector<double> l{2 * kv_capacity * e.stored, q_elems * e.stored, lse_elems * e.value};
-  if (e.bf16()) l.push_back(q_elems * e.value);
-  if (ring > 2) l.push_back(2 * kv_capacity * e.stored);
+  if (e.bf16() || staged.q) l.push_back(q_elems * e.value);
+  if (staged.q) l.push_back(q_elems * e.stored);
+  if (ring > 2 || staged.kv) l.push_back(2 * kv_capacity * e.stored);
   return l;
 }
-inline std::vector<double> ring_backward_leases(int ring, double kv_capacity, double q_elems, element_sizes e) {
+inline std::vector<double> ring_backward_leases(int ring, double kv_capacity, double q_elems, element_sizes e,
+                                                ring_staging staged = {}) {
   std::vector<double> l{2 * kv_capacity * e.stored, 2 * kv_capacity * e.value, 2 * kv_capacity * e.value,
                         2 * kv_capacity * e.value};
-  if (e.bf16())
-    l.insert(l.end(), {q_elems * e.value, q_elems * e.stored, kv_capacity * e.stored, kv_capacity * e.stored,
-                       kv_capacity * e.value, kv_capacity * e.value});
-  if (ring > 2) l.push_back(2 * kv_capacity * e.stored);
+  if (e.bf16()) l.insert(l.end(), {q_elems * e.stored, kv_capacity * e.stored, kv_capacity * e.stored});
+  if (e.bf16() || staged.q) l.push_back(q_elems * e.value);
+  if (e.bf16() || staged.kv) l.insert(l.end(), {kv_capacity * e.value, kv_capacity * e.value});
+  if (staged.q) l.insert(l.end(), {q_elems * e.stored, q_elems * e.stored, q_elems * e.stored});
+  if (ring > 2 || staged.kv) l.push_back(2 * kv_capacity * e.stored);
   return l;
 }
 
