@@ -121,7 +121,7 @@ double thread_cpu_seconds() {
 
 // The one-rank baseline: one forward + backward of the whole sequence on the calling thread,
 // on the values stored head-major ([b][h][s][d]), as ring, Ulysses and hybrid compute on the
-// host: on the dense [b, s, h, d] the same call runs 3-17 % slower (a head's rows h x d apart;
+// host: on the dense [b, s, h, d] the same call runs 3-21 % slower (a head's rows h x d apart;
 // docs/context-parallel.md, "The ring computes head-major"), which a dense baseline would
 // credit to the CP layers' efficiency.
 class single_rank {

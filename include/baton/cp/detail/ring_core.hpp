@@ -22,7 +22,7 @@
 // ([b][h][s][d], bshd_head_major) of what the caller passed dense: the K/V blocks travel
 // head-major, the queries, outputs and gradients are staged once per call, and the
 // accumulators are head-major, so the CPU kernels read a head's rows one after another
-// (a document-masked call was 12-17 % slower on rows h x d apart; docs/context-parallel.md,
+// (a document-masked call was 12-21 % slower on rows h x d apart; docs/context-parallel.md,
 // "The ring computes head-major"). Hybrid's gathered tensors already are.
 //
 // Memory: every buffer comes from the memory space M and every copy, fill, accumulation and
